@@ -1,0 +1,36 @@
+/* mxshard/config.h - portability macros shared by every mxshard header.
+ *
+ * MXS_HOST_DEVICE marks the scalar rules (conversions, index math) that the
+ * host path and the CUDA kernels both call, so each rule has one definition.
+ * Under nvcc it expands to `__host__ __device__`; in plain C/C++ to nothing.
+ */
+#ifndef MXSHARD_CONFIG_H
+#define MXSHARD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define MXS_HOST_DEVICE __host__ __device__
+#else
+#define MXS_HOST_DEVICE
+#endif
+
+/* Every function in the headers is `static inline`: including a header in
+ * several translation units never produces duplicate symbols. */
+#define MXS_API static inline
+#define MXS_HD static inline MXS_HOST_DEVICE
+
+#ifdef __cplusplus
+#define MXS_EXTERN_C_BEGIN extern "C" {
+#define MXS_EXTERN_C_END }
+#else
+#define MXS_EXTERN_C_BEGIN
+#define MXS_EXTERN_C_END
+#endif
+
+#define MXS_VERSION_MAJOR 0
+#define MXS_VERSION_MINOR 1
+#define MXS_VERSION_PATCH 0
+
+#endif /* MXSHARD_CONFIG_H */

@@ -1,0 +1,31 @@
+/* mxshard/mxshard.h - MXFP8 primary weights under sharded optimizers.
+ *
+ * Header-only host library (C99 and C++). Include this one header:
+ *
+ *     #include <mxshard/mxshard.h>
+ *
+ *   formats.h    f32 <-> E4M3, amax -> E8M0 (CEIL / FLOOR), bf16/f16
+ *   status.h     mxs_status, mxs_status_str
+ *   tensor.h     mxs_tensor, planes, scale layouts, mxs_scale_bytes
+ *   geometry.h   which blocks a shard [start, start+len) touches
+ *   quantize.h   mxs_host_quantize (copy-back), dequantize, scale layouts
+ *   writeback.h  mxs_wb_make_plan, mxs_host_wb_partial / _apply
+ *
+ * The compiled CUDA kernels are declared in <mxshard/cuda.h>, the NCCL glue
+ * in <mxshard/nccl.h>. See README.md and docs/ for the manual.
+ *
+ * Nothing here allocates, prints, aborts or keeps global state; every
+ * fallible call validates all its arguments before writing anything.
+ */
+#ifndef MXSHARD_MXSHARD_H
+#define MXSHARD_MXSHARD_H
+
+#include "config.h"
+#include "formats.h"
+#include "status.h"
+#include "tensor.h"
+#include "geometry.h"
+#include "quantize.h"
+#include "writeback.h"
+
+#endif /* MXSHARD_MXSHARD_H */

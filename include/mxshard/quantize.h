@@ -1,0 +1,332 @@
+/* mxshard/quantize.h - whole-tensor quantize (copy-back), dequantize and
+ * scale-layout conversion on the CPU (SPEC sections 2, 5, 7).
+ *
+ *   mxs_host_quantize(dst, src, dtype, rounding)
+ *       Quantizes a whole rows x cols source (f32, bf16 or f16) into exactly
+ *       the planes dst->dirs names, scales in dst->scale_layout. This is the
+ *       BF16 copy-back: a row-only primary stays row-only.
+ *   mxs_host_dequantize(t, plane, dst, dtype)
+ *       One plane back to f32 / bf16 / f16 (the high-precision backward
+ *       override of a row-only weight).
+ *   mxs_host_convert_scales(rows, cols, plane, from, src, to, dst)
+ *       One scale plane between COMPACT, PADDED and SWIZZLED.
+ *
+ * The engine below (_mxs_host_*) walks a weight in 32x32 tiles - one
+ * row-wise block column by one 32-row group - so both planes' amaxes come
+ * out of one read of the source. The writeback (writeback.h) runs the same
+ * engine restricted to a shard.
+ */
+#ifndef MXSHARD_QUANTIZE_H
+#define MXSHARD_QUANTIZE_H
+
+#include <string.h>
+
+#include "config.h"
+#include "formats.h"
+#include "geometry.h"
+#include "status.h"
+#include "tensor.h"
+
+MXS_EXTERN_C_BEGIN
+
+/* ---- engine (private) ---------------------------------------------------- */
+
+enum { _MXS_JOB_QUANTIZE = 0, _MXS_JOB_PARTIAL = 1, _MXS_JOB_APPLY = 2 };
+
+/* One weight processed over the flat range [lo, hi).
+ *   QUANTIZE: amax -> exponent -> scale[] and cast every element.
+ *   PARTIAL : amax -> exponent -> scale[] (the packed buffer, COMPACT);
+ *             fused: also cast the blocks wholly inside [lo, hi).
+ *   APPLY   : exponent <- scale[] (the reduced packed buffer); cast the
+ *             elements in [lo, hi); fused: skip blocks wholly inside. */
+typedef struct _mxs_host_job {
+    int64_t rows, cols;
+    int64_t lo, hi;
+    const void *src; /* src element 0 is flat index src_base */
+    int64_t src_base;
+    mxs_dtype src_dtype;
+    mxs_dtype round_through;
+    mxs_rounding rounding;
+    int mode, fused;
+    unsigned planes;
+    uint8_t *out[2];     /* data bytes per plane [row, col]: out[p][f - out_base[p]] */
+    int64_t out_base[2];
+    mxs_scale_geom geom[2];
+    uint8_t *scale[2];   /* QUANTIZE/PARTIAL: written; APPLY: read */
+} _mxs_host_job;
+
+/* Widen n source elements starting at element idx into dst (f32), applying
+ * the round-through. One switch per call, not per element. */
+MXS_API void _mxs_host_load(float *dst, const void *src, mxs_dtype dtype, int64_t idx, int64_t n, mxs_dtype rt) {
+    int64_t k;
+    switch (dtype) {
+    case MXS_BF16: {
+        const uint16_t *p = (const uint16_t *)src + idx;
+        for (k = 0; k < n; k++) dst[k] = mxs_bf16_to_f32(p[k]);
+        if (rt == MXS_F16)
+            for (k = 0; k < n; k++) dst[k] = mxs_round_through(dst[k], MXS_F16);
+        return; /* bf16 -> bf16 round-through is the identity */
+    }
+    case MXS_F16: {
+        const uint16_t *p = (const uint16_t *)src + idx;
+        for (k = 0; k < n; k++) dst[k] = mxs_f16_to_f32(p[k]);
+        if (rt == MXS_BF16)
+            for (k = 0; k < n; k++) dst[k] = mxs_round_through(dst[k], MXS_BF16);
+        return;
+    }
+    default: {
+        const float *p = (const float *)src + idx;
+        if (rt == MXS_BF16)
+            for (k = 0; k < n; k++) dst[k] = mxs_bf16_to_f32(mxs_bf16_from_f32(p[k]));
+        else if (rt == MXS_F16)
+            for (k = 0; k < n; k++) dst[k] = mxs_f16_to_f32(mxs_f16_from_f32(p[k]));
+        else
+            memcpy(dst, p, (size_t)n * sizeof(float));
+        return;
+    }
+    }
+}
+
+MXS_API void _mxs_host_cast_span(uint8_t *out, const float *x, int64_t n, float mult) {
+    int64_t k;
+    for (k = 0; k < n; k++) out[k] = mxs_quantize_elem(x[k], mult);
+}
+
+/* Tile (group g, block column t): rows 32g.., cols 32t.. */
+MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
+    float x[MXS_BLOCK][MXS_BLOCK];
+    int64_t lo[MXS_BLOCK], hi[MXS_BLOCK];
+    float mult_row[MXS_BLOCK], mult_col[MXS_BLOCK];
+    int full_row[MXS_BLOCK];
+    const int64_t r0 = g * MXS_BLOCK, c0 = t * MXS_BLOCK;
+    const int64_t nr = job->rows - r0 < MXS_BLOCK ? job->rows - r0 : MXS_BLOCK;
+    const int64_t nc = job->cols - c0 < MXS_BLOCK ? job->cols - c0 : MXS_BLOCK;
+    const int do_row = (job->planes & MXS_ROWWISE) != 0, do_col = (job->planes & MXS_COLWISE) != 0;
+    int64_t i, j, maxlo = 0, minhi = nc;
+    int any = 0, all_rows = 1, need_cast;
+    int64_t col_full_lo, col_full_hi; /* columns [lo,hi) whose 32x1 block is wholly inside */
+
+    for (i = 0; i < nr; i++) {
+        mxs_range rc = mxs_shard_row_cols(job->cols, r0 + i, job->lo, job->hi - job->lo);
+        int64_t l = rc.first - c0, h = rc.first + rc.count - c0;
+        l = l < 0 ? 0 : l;
+        h = h > nc ? nc : h;
+        if (h <= l) { l = 0; h = 0; all_rows = 0; }
+        else any = 1;
+        lo[i] = l;
+        hi[i] = h;
+        full_row[i] = l == 0 && h == nc;
+        if (l > maxlo) maxlo = l;
+        if (h < minhi) minhi = h;
+    }
+    if (!any) return;
+    col_full_lo = all_rows ? maxlo : 0;
+    col_full_hi = all_rows && minhi > maxlo ? minhi : 0;
+
+    /* Anything to cast in this tile? (APPLY-fused only touches straddlers.) */
+    if (job->mode == _MXS_JOB_APPLY && job->fused) {
+        need_cast = 0;
+        if (do_col && (col_full_hi - col_full_lo) < nc) need_cast = 1;
+        for (i = 0; i < nr && do_row && !need_cast; i++) need_cast = hi[i] > lo[i] && !full_row[i];
+        if (!need_cast) return;
+    }
+
+    for (i = 0; i < nr; i++) {
+        int64_t f = (r0 + i) * job->cols + c0;
+        for (j = 0; j < lo[i]; j++) x[i][j] = 0.0f;
+        if (hi[i] > lo[i]) _mxs_host_load(&x[i][lo[i]], job->src, job->src_dtype, f + lo[i] - job->src_base,
+                                          hi[i] - lo[i], job->round_through);
+        for (j = hi[i]; j < nc; j++) x[i][j] = 0.0f;
+    }
+
+    /* Exponents: from the amax (QUANTIZE, PARTIAL) or from the reduced
+     * buffer (APPLY). Elements outside [lo, hi) were loaded as 0 and do not
+     * move an amax (amax >= 0). */
+    if (do_row) {
+        for (i = 0; i < nr; i++) {
+            uint8_t e;
+            int64_t off = mxs_scale_geom_offset(&job->geom[0], r0 + i, t);
+            if (job->mode == _MXS_JOB_APPLY) {
+                e = job->scale[0][off];
+            } else {
+                float amax = 0.0f;
+                for (j = 0; j < nc; j++) amax = mxs_amax_step(amax, x[i][j]);
+                e = mxs_e8m0_from_amax(amax, job->rounding);
+                job->scale[0][off] = e;
+            }
+            mult_row[i] = mxs_e8m0_quant_mult(e);
+        }
+    }
+    if (do_col) {
+        float amax[MXS_BLOCK];
+        if (job->mode != _MXS_JOB_APPLY) {
+            for (j = 0; j < nc; j++) amax[j] = 0.0f;
+            for (i = 0; i < nr; i++)
+                for (j = 0; j < nc; j++) amax[j] = mxs_amax_step(amax[j], x[i][j]);
+        }
+        for (j = 0; j < nc; j++) {
+            uint8_t e;
+            int64_t off = mxs_scale_geom_offset(&job->geom[1], c0 + j, g);
+            if (job->mode == _MXS_JOB_APPLY) {
+                e = job->scale[1][off];
+            } else {
+                e = mxs_e8m0_from_amax(amax[j], job->rounding);
+                job->scale[1][off] = e;
+            }
+            mult_col[j] = mxs_e8m0_quant_mult(e);
+        }
+    }
+
+    if (job->mode == _MXS_JOB_PARTIAL && !job->fused) return;
+
+    for (i = 0; i < nr; i++) {
+        int64_t f = (r0 + i) * job->cols + c0;
+        if (hi[i] <= lo[i]) continue;
+        if (do_row) {
+            /* PARTIAL-fused casts whole blocks only; APPLY-fused the others. */
+            int cast = job->mode == _MXS_JOB_QUANTIZE || !job->fused ||
+                       (job->mode == _MXS_JOB_PARTIAL ? full_row[i] : !full_row[i]);
+            if (cast)
+                _mxs_host_cast_span(job->out[0] + (f + lo[i] - job->out_base[0]), &x[i][lo[i]], hi[i] - lo[i],
+                                    mult_row[i]);
+        }
+        if (do_col) {
+            uint8_t *out = job->out[1] + (f - job->out_base[1]);
+            int64_t a = lo[i], b = hi[i];
+            if (job->mode == _MXS_JOB_PARTIAL && job->fused) {
+                a = a > col_full_lo ? a : col_full_lo; /* whole column blocks only */
+                b = b < col_full_hi ? b : col_full_hi;
+                for (j = a; j < b; j++) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
+            } else if (job->mode == _MXS_JOB_APPLY && job->fused) {
+                for (j = a; j < b; j++)
+                    if (j < col_full_lo || j >= col_full_hi) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
+            } else {
+                for (j = a; j < b; j++) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
+            }
+        }
+    }
+}
+
+/* Runs the job over the groups the range touches (APPLY-fused: only the two
+ * edge groups can hold straddling blocks). */
+MXS_API void _mxs_host_run(const _mxs_host_job *job) {
+    mxs_range groups = mxs_shard_groups(job->cols, job->lo, job->hi - job->lo);
+    int64_t kr = mxs_row_blocks_per_row(job->cols), g, t;
+    for (g = groups.first; g < groups.first + groups.count; g++) {
+        if (job->mode == _MXS_JOB_APPLY && job->fused && g != groups.first && g != groups.first + groups.count - 1)
+            continue;
+        for (t = 0; t < kr; t++) _mxs_host_tile(job, g, t);
+    }
+}
+
+/* ---- public API ---------------------------------------------------------- */
+
+/* Quantizes the whole rows x cols `src` into exactly the planes dst->dirs
+ * names (SPEC sections 5 and 7). Validates everything before writing:
+ * MXS_ERR_INVALID_ARGUMENT (NULL dst/src, bad dtype/rounding/dirs/layout),
+ * MXS_ERR_SHAPE, MXS_ERR_OVERFLOW, MXS_ERR_ABSENT_PLANE (a named plane has a
+ * NULL data or scale pointer). Padding entries of PADDED/SWIZZLED scale
+ * planes are written as 0x00. */
+MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding r) {
+    _mxs_host_job job;
+    mxs_status s;
+    int p;
+    if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_rounding_valid((int)r))
+        return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_tensor_check(dst)) != MXS_OK) return s;
+
+    memset(&job, 0, sizeof job);
+    job.rows = dst->rows;
+    job.cols = dst->cols;
+    job.lo = 0;
+    job.hi = dst->rows * dst->cols;
+    job.src = src;
+    job.src_dtype = src_dtype;
+    job.round_through = MXS_F32;
+    job.rounding = r;
+    job.mode = _MXS_JOB_QUANTIZE;
+    job.planes = dst->dirs;
+    job.out[0] = dst->row_data;
+    job.out[1] = dst->col_data;
+    job.scale[0] = dst->row_scale;
+    job.scale[1] = dst->col_scale;
+    for (p = 0; p < 2; p++) {
+        if (!(dst->dirs & (unsigned)(p + 1))) continue;
+        mxs_scale_geom_make(dst->rows, dst->cols, (mxs_dirs)(p + 1), dst->scale_layout, &job.geom[p]);
+        if (dst->scale_layout != MXS_SCALES_COMPACT) /* padding entries are 0x00 */
+            memset(job.scale[p], 0, (size_t)mxs_scale_geom_bytes(&job.geom[p]));
+    }
+    _mxs_host_run(&job);
+    return MXS_OK;
+}
+
+/* Checks that [a, a+an) and [b, b+bn) do not overlap. */
+MXS_API int _mxs_disjoint(const void *a, int64_t an, const void *b, int64_t bn) {
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return pa + (uintptr_t)an <= pb || pb + (uintptr_t)bn <= pa;
+}
+
+/* Dequantizes one plane (MXS_ROWWISE or MXS_COLWISE) of t into dst, rows x
+ * cols elements of `dst_dtype` (f32, or bf16/f16 rounded to nearest even):
+ * x' = e4m3_to_f32(q) * 2^(e-127), in f32. t's scales are read in its layout. */
+MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_dirs plane, void *dst, mxs_dtype dst_dtype) {
+    mxs_scale_geom g;
+    const uint8_t *data, *scale;
+    int64_t r, c, elems;
+    mxs_status s;
+    if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane))
+        return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
+    if (!(t->dirs & (unsigned)plane)) return MXS_ERR_ABSENT_PLANE;
+    data = plane == MXS_ROWWISE ? t->row_data : t->col_data;
+    scale = plane == MXS_ROWWISE ? t->row_scale : t->col_scale;
+    if (!data || !scale) return MXS_ERR_ABSENT_PLANE;
+    elems = t->rows * t->cols;
+    if (elems > INT64_MAX / 4) return MXS_ERR_OVERFLOW;
+    if (!_mxs_disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), data, elems)) return MXS_ERR_ALIASING;
+    mxs_scale_geom_make(t->rows, t->cols, plane, t->scale_layout, &g);
+    for (r = 0; r < t->rows; r++) {
+        int64_t f = r * t->cols;
+        for (c = 0; c < t->cols; c++) {
+            uint8_t e = scale[mxs_scale_geom_offset(&g, mxs_scale_m(&g, r, c), mxs_scale_k(&g, r, c))];
+            float v = mxs_dequantize_elem(data[f + c], e);
+            if (dst_dtype == MXS_F32) ((float *)dst)[f + c] = v;
+            else if (dst_dtype == MXS_BF16) ((uint16_t *)dst)[f + c] = mxs_bf16_from_f32(v);
+            else ((uint16_t *)dst)[f + c] = mxs_f16_from_f32(v);
+        }
+    }
+    return MXS_OK;
+}
+
+/* Converts one scale plane of a rows x cols tensor from layout `from` (src)
+ * to layout `to` (dst). Every dst byte is written once: logical entries are
+ * copied, padding entries become 0x00 (source padding is ignored). src and
+ * dst must not overlap (MXS_ERR_ALIASING). */
+MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
+                                           const uint8_t *src, mxs_scale_layout to, uint8_t *dst) {
+    mxs_scale_geom gs, gd;
+    int64_t off, bytes, m, k;
+    mxs_tensor shape;
+    mxs_status s;
+    if (!src || !dst || !mxs_plane_valid((int)plane) || !mxs_layout_valid((int)from) || !mxs_layout_valid((int)to))
+        return MXS_ERR_INVALID_ARGUMENT;
+    memset(&shape, 0, sizeof shape);
+    shape.rows = rows;
+    shape.cols = cols;
+    shape.dirs = MXS_BOTH;
+    shape.scale_layout = from;
+    if ((s = mxs_tensor_check_shape(&shape)) != MXS_OK) return s;
+    mxs_scale_geom_make(rows, cols, plane, from, &gs);
+    mxs_scale_geom_make(rows, cols, plane, to, &gd);
+    bytes = mxs_scale_geom_bytes(&gd);
+    if (!_mxs_disjoint(src, mxs_scale_geom_bytes(&gs), dst, bytes)) return MXS_ERR_ALIASING;
+    for (off = 0; off < bytes; off++) {
+        mxs_scale_geom_coords(&gd, off, &m, &k);
+        dst[off] = mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : 0;
+    }
+    return MXS_OK;
+}
+
+MXS_EXTERN_C_END
+
+#endif /* MXSHARD_QUANTIZE_H */
