@@ -16,6 +16,17 @@
 #define MXS_HOST_DEVICE
 #endif
 
+/* Non-aliasing pointer qualifier (C99 restrict; the common extension in C++). */
+#if defined(__cplusplus) || (defined(__STDC_VERSION__) && __STDC_VERSION__ < 199901L)
+#if defined(__GNUC__) || defined(__clang__) || defined(_MSC_VER) || defined(__CUDACC__)
+#define MXS_RESTRICT __restrict
+#else
+#define MXS_RESTRICT
+#endif
+#else
+#define MXS_RESTRICT restrict
+#endif
+
 /* Every function in the headers is `static inline`: including a header in
  * several translation units never produces duplicate symbols. */
 #define MXS_API static inline

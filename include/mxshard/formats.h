@@ -62,28 +62,30 @@ MXS_HD float mxs_f32_from_bits(uint32_t u) {
 /* ---- f32 -> E4M3: round to nearest even, satfinite ---------------------- */
 
 /* cvt.rn.satfinite.e4m3x2.f32: |x| >= 448 and +-inf -> +-448, NaN -> 0x7F,
- * -0.0 -> 0x80. Branch-free integer code (selects only).
+ * -0.0 -> 0x80. Branch-free (selects only), so loops over it vectorise.
  *
- *   normal   (|x| >= 2^-6): keep the f32 exponent and the top 3 mantissa
- *            bits; round the dropped 20 bits to nearest even by adding
- *            0x7FFFF + lsb and truncating (a carry bumps the exponent);
- *            rebias 127 -> 7, i.e. subtract 120 << 3 from (bits >> 20).
- *   subnormal(|x| <  2^-6): q = RNE(|x| / 2^-9) = RNE(m * 2^(e - 141)) with
- *            m the 24-bit significand; shifts past 31 give 0.            */
+ *   normal    (|x| >= 2^-6): keep the f32 exponent and the top 3 mantissa
+ *             bits; round the dropped 20 bits to nearest even by adding
+ *             0x7FFFF + lsb and truncating (a carry bumps the exponent);
+ *             rebias 127 -> 7, i.e. subtract 120 << 3 from (bits >> 20).
+ *   subnormal (|x| <  2^-6): q = RNE(|x| / 2^-9). The ulp of 2^14 is 2^-9,
+ *             so the f32 sum |x| + 2^14 is rounded (to nearest even) to a
+ *             multiple of 2^-9 and its low bits are q. The addend is a bit
+ *             pattern, never a product, so no FMA contraction can change it;
+ *             a flushed (FTZ) subnormal |x| gives the same q = 0.       */
 MXS_HD uint8_t mxs_e4m3_from_f32(float x) {
     uint32_t u = mxs_f32_bits(x);
     uint32_t sign = (u >> 24) & 0x80u;
     uint32_t a = u & 0x7FFFFFFFu;
     uint32_t q_norm = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
-    uint32_t e = a >> 23;
-    uint32_t m = (a & 0x7FFFFFu) | (e ? 0x800000u : 0u);
-    uint32_t shift = 141u - e; /* e <= 120 here, so shift >= 21 */
-    shift = shift > 31u ? 31u : shift;
-    uint32_t q_sub = (m + ((1u << (shift - 1u)) - 1u) + ((m >> shift) & 1u)) >> shift;
-    uint32_t q = a >= 0x3C800000u ? q_norm : q_sub;   /* 2^-6 */
-    q = a >= 0x43E00000u ? MXS_E4M3_MAX_CODE : q;     /* >= 448, incl. inf */
-    q |= sign;
-    return (uint8_t)(a > 0x7F800000u ? MXS_E4M3_NAN : q);
+    uint32_t q_sub = mxs_f32_bits(mxs_f32_from_bits(a) + 16384.0f) - 0x46800000u; /* 2^14 */
+    /* all-ones / all-zeros masks rather than ?: so compilers vectorise */
+    uint32_t is_norm = 0u - (uint32_t)(a >= 0x3C800000u); /* >= 2^-6 */
+    uint32_t is_sat = 0u - (uint32_t)(a >= 0x43E00000u);  /* >= 448, incl. inf */
+    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
+    uint32_t q = (q_norm & is_norm) | (q_sub & ~is_norm);
+    q = ((MXS_E4M3_MAX_CODE & is_sat) | (q & ~is_sat)) | sign;
+    return (uint8_t)((MXS_E4M3_NAN & is_nan) | (q & ~is_nan));
 }
 
 /* E4M3 -> f32, exact. 0x7F / 0xFF decode to a quiet NaN. */
@@ -162,13 +164,19 @@ MXS_HD float mxs_dequantize_elem(uint8_t q, uint8_t e) {
     return mxs_e4m3_to_f32(q) * mxs_e8m0_to_f32(e);
 }
 
-/* Block amax step: IEEE maxNum of |x| (NaN ignored, like fmaxf), without
- * calling libm. Start from 0.0f; an all-NaN or empty block stays 0. */
-MXS_HD float mxs_amax_step(float amax, float x) {
+/* Block amax (SPEC section 1): IEEE maxNum of |x| - NaN ignored, like
+ * fmaxf - without libm. Works on bit patterns: for non-negative floats the
+ * integer order of the bits is the float order, so the running amax is an
+ * integer max (which compilers vectorise). Start from 0; an all-NaN or empty
+ * block stays 0. */
+MXS_HD uint32_t mxs_amax_bits_step(uint32_t amax_bits, float x) {
     uint32_t a = mxs_f32_bits(x) & 0x7FFFFFFFu;
-    /* amax >= 0 and never NaN; comparing bit patterns of non-negative floats
-     * orders them like the floats. */
-    return (a <= 0x7F800000u && a > mxs_f32_bits(amax)) ? mxs_f32_from_bits(a) : amax;
+    a = a > 0x7F800000u ? 0u : a; /* NaN does not count */
+    return a > amax_bits ? a : amax_bits;
+}
+
+MXS_HD float mxs_amax_step(float amax, float x) {
+    return mxs_f32_from_bits(mxs_amax_bits_step(mxs_f32_bits(amax), x));
 }
 
 /* ---- bf16 / f16 ---------------------------------------------------------- */

@@ -87,7 +87,7 @@ MXS_API void _mxs_host_load(float *dst, const void *src, mxs_dtype dtype, int64_
     }
 }
 
-MXS_API void _mxs_host_cast_span(uint8_t *out, const float *x, int64_t n, float mult) {
+MXS_API void _mxs_host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x, int64_t n, float mult) {
     int64_t k;
     for (k = 0; k < n; k++) out[k] = mxs_quantize_elem(x[k], mult);
 }
@@ -149,20 +149,20 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
             if (job->mode == _MXS_JOB_APPLY) {
                 e = job->scale[0][off];
             } else {
-                float amax = 0.0f;
-                for (j = 0; j < nc; j++) amax = mxs_amax_step(amax, x[i][j]);
-                e = mxs_e8m0_from_amax(amax, job->rounding);
+                uint32_t amax = 0u;
+                for (j = 0; j < nc; j++) amax = mxs_amax_bits_step(amax, x[i][j]);
+                e = mxs_e8m0_from_amax(mxs_f32_from_bits(amax), job->rounding);
                 job->scale[0][off] = e;
             }
             mult_row[i] = mxs_e8m0_quant_mult(e);
         }
     }
     if (do_col) {
-        float amax[MXS_BLOCK];
+        uint32_t amax[MXS_BLOCK];
         if (job->mode != _MXS_JOB_APPLY) {
-            for (j = 0; j < nc; j++) amax[j] = 0.0f;
+            for (j = 0; j < nc; j++) amax[j] = 0u;
             for (i = 0; i < nr; i++)
-                for (j = 0; j < nc; j++) amax[j] = mxs_amax_step(amax[j], x[i][j]);
+                for (j = 0; j < nc; j++) amax[j] = mxs_amax_bits_step(amax[j], x[i][j]);
         }
         for (j = 0; j < nc; j++) {
             uint8_t e;
@@ -170,7 +170,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
             if (job->mode == _MXS_JOB_APPLY) {
                 e = job->scale[1][off];
             } else {
-                e = mxs_e8m0_from_amax(amax[j], job->rounding);
+                e = mxs_e8m0_from_amax(mxs_f32_from_bits(amax[j]), job->rounding);
                 job->scale[1][off] = e;
             }
             mult_col[j] = mxs_e8m0_quant_mult(e);

@@ -90,13 +90,12 @@ MXS_HD int mxs_scale_geom_make(int64_t rows, int64_t cols, mxs_dirs plane, mxs_s
                                mxs_scale_geom *g) {
     int64_t Mp_bytes;
     g->colwise = plane == MXS_COLWISE;
+    g->layout = (int)layout;
     g->M = g->colwise ? cols : rows;
     g->K = mxs_ceil_div(g->colwise ? rows : cols, MXS_BLOCK);
-    if (g->M > INT64_MAX - 127) return 0;
-    g->Mp = mxs_round_up(g->M, 128);
+    g->Mp = g->M > INT64_MAX - 127 ? INT64_MAX : mxs_round_up(g->M, 128);
     g->Kp = mxs_round_up(g->K, 4);
-    g->layout = (int)layout;
-    return mxs_mul_ok(g->Mp, g->Kp, &Mp_bytes);
+    return g->M <= INT64_MAX - 127 && mxs_mul_ok(g->Mp, g->Kp, &Mp_bytes);
 }
 
 /* Bytes the plane occupies: M*K compact, Mp*Kp padded or swizzled. */
