@@ -89,7 +89,34 @@ MXS_API void _mxs_host_load(float *dst, const void *src, mxs_dtype dtype, int64_
 
 MXS_API void _mxs_host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x, int64_t n, float mult) {
     int64_t k;
+    if (n == MXS_BLOCK) { /* a constant trip count vectorises even at -O2 */
+        for (k = 0; k < MXS_BLOCK; k++) out[k] = mxs_quantize_elem(x[k], mult);
+        return;
+    }
     for (k = 0; k < n; k++) out[k] = mxs_quantize_elem(x[k], mult);
+}
+
+/* Column-wise cast of one tile row: each element has its column's multiplier. */
+MXS_API void _mxs_host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x,
+                                 const float *MXS_RESTRICT mult, int64_t a, int64_t b) {
+    int64_t k;
+    if (a == 0 && b == MXS_BLOCK) {
+        for (k = 0; k < MXS_BLOCK; k++) out[k] = mxs_quantize_elem(x[k], mult[k]);
+        return;
+    }
+    for (k = a; k < b; k++) out[k] = mxs_quantize_elem(x[k], mult[k]);
+}
+
+/* Running amax bits of a row of the tile. */
+MXS_API uint32_t _mxs_host_amax_span(const float *x, int64_t n) {
+    uint32_t amax = 0u;
+    int64_t k;
+    if (n == MXS_BLOCK) {
+        for (k = 0; k < MXS_BLOCK; k++) amax = mxs_amax_bits_step(amax, x[k]);
+        return amax;
+    }
+    for (k = 0; k < n; k++) amax = mxs_amax_bits_step(amax, x[k]);
+    return amax;
 }
 
 /* Tile (group g, block column t): rows 32g.., cols 32t.. */
@@ -149,9 +176,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
             if (job->mode == _MXS_JOB_APPLY) {
                 e = job->scale[0][off];
             } else {
-                uint32_t amax = 0u;
-                for (j = 0; j < nc; j++) amax = mxs_amax_bits_step(amax, x[i][j]);
-                e = mxs_e8m0_from_amax(mxs_f32_from_bits(amax), job->rounding);
+                e = mxs_e8m0_from_amax(mxs_f32_from_bits(_mxs_host_amax_span(x[i], nc)), job->rounding);
                 job->scale[0][off] = e;
             }
             mult_row[i] = mxs_e8m0_quant_mult(e);
@@ -196,12 +221,12 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
             if (job->mode == _MXS_JOB_PARTIAL && job->fused) {
                 a = a > col_full_lo ? a : col_full_lo; /* whole column blocks only */
                 b = b < col_full_hi ? b : col_full_hi;
-                for (j = a; j < b; j++) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
+                _mxs_host_cast_cols(out, x[i], mult_col, a, b);
             } else if (job->mode == _MXS_JOB_APPLY && job->fused) {
                 for (j = a; j < b; j++)
                     if (j < col_full_lo || j >= col_full_hi) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
             } else {
-                for (j = a; j < b; j++) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
+                _mxs_host_cast_cols(out, x[i], mult_col, a, b);
             }
         }
     }
