@@ -74,13 +74,14 @@ mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclCo
  * plane). Shards may be empty, unaligned, replicated or overlapping; sorted
  * by (start, rank), each rank sends only what no earlier shard covers:
  *
- *   flat index   0        10        20        30        40     48
- *   rank 0 shard [====================)                          [0,20)
- *   rank 1 shard           [===================)                 [10,30)
- *   rank 2 shard                                                 (empty)
- *   rank 3 shard                          [=================)    [28,48)
- *   sends        |rank 0: [0,20)     |r1:[20,30)|r3:[30,48) |
- *                                              ^ [28,30) is sent once, by rank 1
+ *   flat index   0         10        20        30        40      48
+ *   rank 0 shard [===================)                              [0,20)
+ *   rank 1 shard           [===================)                    [10,30)
+ *   rank 2 shard                                                    empty
+ *   rank 3 shard                             [===================)  [28,48)
+ *   sent by      |rank 0 ------------|rank 1 --|rank 3 ----------|
+ *                [0,20)               [20,30)   [30,48): [28,30) lies in two
+ *                                               shards and is sent once, by rank 1
  *
  *   segment of rank q = [max(start_q, M_q), start_q + len_q), where M_q is
  *   the largest shard end among the non-empty shards ordered before q;

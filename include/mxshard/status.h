@@ -24,7 +24,8 @@ typedef enum {
     MXS_ERR_NCCL = 8,             /* an NCCL call failed */
     MXS_ERR_PLAN_MISMATCH = 9,    /* ranks disagree on the writeback plan */
     MXS_ERR_UNSUPPORTED = 10,     /* valid request this build cannot serve */
-    MXS_ERR_ALIASING = 11         /* an output overlaps an input or another output */
+    MXS_ERR_ALIASING = 11,        /* an output overlaps an input or another output */
+    MXS_ERR_REDUCE = 12           /* the caller's reduction callback reported a failure */
 } mxs_status;
 
 MXS_API const char *mxs_status_str(mxs_status s) {
@@ -46,6 +47,9 @@ MXS_API const char *mxs_status_str(mxs_status s) {
         return "MXS_ERR_PLAN_MISMATCH: the writeback plan (shapes, planes, rounding) differs between ranks";
     case MXS_ERR_UNSUPPORTED: return "MXS_ERR_UNSUPPORTED: this build of mxshard cannot serve the request";
     case MXS_ERR_ALIASING: return "MXS_ERR_ALIASING: an output buffer overlaps an input or another output";
+    case MXS_ERR_REDUCE:
+        return "MXS_ERR_REDUCE: the caller's MAX reduction callback failed; apply did not run (in fused mode the "
+               "blocks wholly inside the shard were already written)";
     }
     return "mxs_status: unknown status code";
 }

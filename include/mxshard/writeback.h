@@ -220,7 +220,7 @@ MXS_API mxs_status mxs_host_wb_partial(const mxs_wb_batch *b, const mxs_wb_plan 
     mxs_status s;
     if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
     if (!packed && plan->packed_bytes > 0) return MXS_ERR_INVALID_ARGUMENT;
-    if (plan->packed_bytes > 0) memset(packed, 0, (size_t)plan->packed_bytes);
+    if (packed && plan->packed_bytes > 0) memset(packed, 0, (size_t)plan->packed_bytes);
     co = plan->row_region_bytes;
     for (i = 0; i < b->n_items; i++) {
         const mxs_wb_item *it = &b->items[i];
@@ -283,7 +283,7 @@ MXS_API mxs_status mxs_host_wb_writeback(const mxs_wb_batch *b, const mxs_wb_pla
     mxs_status s;
     if (!reduce_max) return MXS_ERR_INVALID_ARGUMENT;
     if ((s = mxs_host_wb_partial(b, plan, packed)) != MXS_OK) return s;
-    if (reduce_max(packed, plan->packed_bytes, user) != 0) return MXS_ERR_INVALID_ARGUMENT;
+    if (reduce_max(packed, plan->packed_bytes, user) != 0) return MXS_ERR_REDUCE;
     return mxs_host_wb_apply(b, plan, packed);
 }
 

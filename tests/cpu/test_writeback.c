@@ -1,4 +1,804 @@
-/* placeholder: filled in by the writeback tests */
+/* Suite cpu / writeback: the writeback API one rank at a time (SPEC section 4
+ * steps 1, 2 and 4, and section 6 for bad input). The whole-group invariant
+ * runs in test_sim.c. Outputs are poisoned (0xA5, sometimes 0x5A) before
+ * every call and followed by guard bytes; comparisons are byte for byte.
+ */
 #include <criterion/criterion.h>
+#include <stdio.h>
+
 #include <mxshard/mxshard.h>
-Test(writeback, placeholder_builds) { cr_assert_eq(mxs_e4m3_from_f32(1.0f), 0x38); }
+
+#include "sim.h"
+
+#define POISON_A 0xA5u
+#define POISON_B 0x5Au
+#define GUARD 32
+
+/* ---- a one-rank fixture -------------------------------------------------------- */
+
+/* A buffer with its poison and guard. */
+typedef struct {
+    uint8_t *p;
+    int64_t n;
+} buf_t;
+
+static buf_t buf_new(int64_t n, uint8_t poison) {
+    buf_t b;
+    b.n = n;
+    b.p = (uint8_t *)malloc((size_t)n + GUARD);
+    cr_assert(b.p != NULL);
+    memset(b.p, poison, (size_t)n + GUARD);
+    return b;
+}
+static int64_t buf_count_not(const buf_t *b, uint8_t v) { /* bytes (guard included) != v */
+    int64_t k, bad = 0;
+    for (k = 0; k < b->n + GUARD; k++) bad += b->p[k] != v;
+    return bad;
+}
+static int64_t guard_bad(const buf_t *b, uint8_t v) {
+    int64_t k, bad = 0;
+    for (k = b->n; k < b->n + GUARD; k++) bad += b->p[k] != v;
+    return bad;
+}
+
+#define MAXI 4
+typedef struct {
+    int n;
+    mxs_wb_item items[MAXI];
+    mxs_wb_batch batch;
+    buf_t data[MAXI][2], scale[MAXI][2], frag[MAXI][2], packed;
+    float *full[MAXI];    /* the whole master of each weight, f32 */
+    mxs_tensor ref[MAXI]; /* whole-tensor quantize, same layout */
+    uint8_t poison;
+} fixture;
+
+typedef struct {
+    int64_t rows, cols;
+    unsigned dirs;
+    int64_t start, len;
+    int fragment; /* 0 in place, 1 fragment with NULL data, 2 fragment and data kept */
+} item_spec;
+
+static float value_at(uint64_t seed, int64_t w, int64_t i) {
+    uint64_t h = mxs_sim_hash4(seed, (uint64_t)w, (uint64_t)i, 7);
+    int e = (int)((mxs_sim_hash4(seed, (uint64_t)w, (uint64_t)(i / 29), 8)) % 30) - 15 - (int)(h % 5);
+    float v = ldexpf(1.0f + (float)(h >> 40) * 0x1.0p-24f, e);
+    return (h >> 20) & 1 ? -v : v;
+}
+
+static void fixture_init(fixture *fx, const item_spec *spec, int n, mxs_scale_layout layout, mxs_rounding rnd,
+                         mxs_wb_mode mode, uint8_t poison, uint64_t seed) {
+    int k, p;
+    memset(fx, 0, sizeof *fx);
+    fx->n = n;
+    fx->poison = poison;
+    for (k = 0; k < n; k++) {
+        mxs_wb_item *it = &fx->items[k];
+        int64_t elems = spec[k].rows * spec[k].cols, i;
+        mxs_tensor *t = &it->primary;
+        t->rows = spec[k].rows;
+        t->cols = spec[k].cols;
+        t->dirs = spec[k].dirs;
+        t->scale_layout = layout;
+        fx->full[k] = (float *)malloc((size_t)elems * sizeof(float));
+        for (i = 0; i < elems; i++) fx->full[k][i] = value_at(seed, k, i);
+        it->master = fx->full[k] + spec[k].start;
+        it->master_dtype = MXS_F32;
+        it->start = spec[k].start;
+        it->len = spec[k].len;
+        fx->ref[k] = *t;
+        for (p = 0; p < 2; p++) {
+            mxs_dirs plane = p ? MXS_COLWISE : MXS_ROWWISE;
+            if (!(t->dirs & (unsigned)plane)) continue;
+            fx->data[k][p] = buf_new(elems, poison);
+            fx->scale[k][p] = buf_new(mxs_scale_bytes(t, plane), poison);
+            if (spec[k].fragment) fx->frag[k][p] = buf_new(spec[k].len, poison);
+            if (p == 0) {
+                t->row_data = spec[k].fragment == 1 ? NULL : fx->data[k][0].p;
+                t->row_scale = fx->scale[k][0].p;
+                it->row_fragment = spec[k].fragment ? fx->frag[k][0].p : NULL;
+                fx->ref[k].row_data = (uint8_t *)malloc((size_t)elems);
+                fx->ref[k].row_scale = (uint8_t *)malloc((size_t)mxs_scale_bytes(t, plane));
+            } else {
+                t->col_data = spec[k].fragment == 1 ? NULL : fx->data[k][1].p;
+                t->col_scale = fx->scale[k][1].p;
+                it->col_fragment = spec[k].fragment ? fx->frag[k][1].p : NULL;
+                fx->ref[k].col_data = (uint8_t *)malloc((size_t)elems);
+                fx->ref[k].col_scale = (uint8_t *)malloc((size_t)mxs_scale_bytes(t, plane));
+            }
+        }
+        cr_assert_eq(mxs_host_quantize(&fx->ref[k], fx->full[k], MXS_F32, rnd), MXS_OK);
+    }
+    fx->batch.items = fx->items;
+    fx->batch.n_items = n;
+    fx->batch.rounding = rnd;
+    fx->batch.mode = mode;
+}
+
+static void fixture_alloc_packed(fixture *fx, int64_t bytes) { fx->packed = buf_new(bytes, fx->poison); }
+
+static void fixture_free(fixture *fx) {
+    int k, p;
+    for (k = 0; k < fx->n; k++) {
+        for (p = 0; p < 2; p++) {
+            free(fx->data[k][p].p);
+            free(fx->scale[k][p].p);
+            free(fx->frag[k][p].p);
+        }
+        free(fx->ref[k].row_data);
+        free(fx->ref[k].row_scale);
+        free(fx->ref[k].col_data);
+        free(fx->ref[k].col_scale);
+        free(fx->full[k]);
+    }
+    free(fx->packed.p);
+}
+
+/* Every output byte (data, scales, fragments, packed, guards) still poisoned. */
+static int64_t fixture_touched(const fixture *fx) {
+    int64_t bad = 0;
+    int k, p;
+    for (k = 0; k < fx->n; k++)
+        for (p = 0; p < 2; p++) {
+            if (fx->data[k][p].p) bad += buf_count_not(&fx->data[k][p], fx->poison);
+            if (fx->scale[k][p].p) bad += buf_count_not(&fx->scale[k][p], fx->poison);
+            if (fx->frag[k][p].p) bad += buf_count_not(&fx->frag[k][p], fx->poison);
+        }
+    if (fx->packed.p) bad += buf_count_not(&fx->packed, fx->poison);
+    return bad;
+}
+
+static int64_t fixture_guards(const fixture *fx) {
+    int64_t bad = 0;
+    int k, p;
+    for (k = 0; k < fx->n; k++)
+        for (p = 0; p < 2; p++) {
+            if (fx->data[k][p].p) bad += guard_bad(&fx->data[k][p], fx->poison);
+            if (fx->scale[k][p].p) bad += guard_bad(&fx->scale[k][p], fx->poison);
+            if (fx->frag[k][p].p) bad += guard_bad(&fx->frag[k][p], fx->poison);
+        }
+    if (fx->packed.p) bad += guard_bad(&fx->packed, fx->poison);
+    return bad;
+}
+
+/* ---- independent reference pieces ------------------------------------------------ */
+
+static int row_block_inside(int64_t cols, int64_t f, int64_t start, int64_t end) {
+    int64_t r = f / cols, c0 = (f % cols) / 32 * 32;
+    int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
+    return r * cols + c0 >= start && r * cols + c1 <= end;
+}
+static int col_block_inside(int64_t rows, int64_t cols, int64_t f, int64_t start, int64_t end) {
+    int64_t r0 = (f / cols) / 32 * 32, c = f % cols;
+    int64_t r1 = r0 + 32 < rows ? r0 + 32 : rows;
+    return r0 * cols + c >= start && (r1 - 1) * cols + c < end;
+}
+
+/* This rank's partial exponents, compact layout, computed directly from
+ * SPEC section 3: e8m0 of the amax over the block's elements inside the
+ * shard, 0x00 when the shard misses the block. */
+static void expected_partial(const mxs_wb_item *it, const float *full, mxs_rounding rnd, mxs_dirs plane, uint8_t *out) {
+    const int64_t rows = it->primary.rows, cols = it->primary.cols;
+    const int64_t kr = (cols + 31) / 32, kc = (rows + 31) / 32;
+    int64_t nblk = plane == MXS_ROWWISE ? rows * kr : kc * cols, b, f;
+    float *amax = (float *)calloc((size_t)nblk, sizeof(float));
+    char *hit = (char *)calloc((size_t)nblk, 1);
+    for (f = it->start; f < it->start + it->len; f++) {
+        int64_t r = f / cols, c = f % cols;
+        b = plane == MXS_ROWWISE ? r * kr + c / 32 : (r / 32) * cols + c;
+        amax[b] = mxs_amax_step(amax[b], full[f]);
+        hit[b] = 1;
+    }
+    for (b = 0; b < nblk; b++) out[b] = hit[b] ? mxs_e8m0_from_amax(amax[b], rnd) : 0x00;
+    free(amax);
+    free(hit);
+}
+
+/* ---- plan ------------------------------------------------------------------------- */
+
+/* SPEC section 4 step 1: compact row-wise scales of every item with a row
+ * plane, in batch order, then the compact column-wise scales. */
+Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {
+    mxs_sim_rng rng = {42};
+    int iter;
+    for (iter = 0; iter < 300; iter++) {
+        mxs_wb_item items[9];
+        mxs_wb_slot slots[9];
+        mxs_wb_batch b;
+        mxs_wb_plan plan = {0, 0, 0, 0};
+        uint8_t dummy = 0;
+        int n = (int)mxs_sim_range_i(&rng, 0, 9), k;
+        int64_t ro = 0, co = 0, colbytes = 0;
+        memset(items, 0, sizeof items);
+        memset(&b, 0, sizeof b);
+        for (k = 0; k < n; k++) {
+            mxs_tensor *t = &items[k].primary;
+            t->rows = mxs_sim_range_i(&rng, 1, 300);
+            t->cols = mxs_sim_range_i(&rng, 1, 300);
+            t->dirs = (unsigned)mxs_sim_range_i(&rng, 1, 3);
+            t->scale_layout = (mxs_scale_layout)mxs_sim_range_i(&rng, 0, 2);
+            t->row_data = t->row_scale = (t->dirs & 1u) ? &dummy : NULL;
+            t->col_data = t->col_scale = (t->dirs & 2u) ? &dummy : NULL;
+            if (t->dirs & 1u) ro += t->rows * ((t->cols + 31) / 32);
+            if (t->dirs & 2u) colbytes += ((t->rows + 31) / 32) * t->cols;
+        }
+        b.items = items;
+        b.n_items = n;
+        cr_assert_eq(mxs_wb_make_plan(&b, &plan, slots), MXS_OK);
+        cr_assert_eq(plan.n_items, n);
+        cr_assert_eq(plan.row_region_bytes, ro);
+        cr_assert_eq(plan.packed_bytes, ro + colbytes);
+        co = ro;
+        ro = 0;
+        for (k = 0; k < n; k++) {
+            const mxs_tensor *t = &items[k].primary;
+            if (t->dirs & 1u) {
+                cr_assert_eq(slots[k].row_offset, ro, "item %d row slot", k);
+                ro += t->rows * ((t->cols + 31) / 32);
+            } else {
+                cr_assert_eq(slots[k].row_offset, -1);
+            }
+            if (t->dirs & 2u) {
+                cr_assert_eq(slots[k].col_offset, co, "item %d col slot", k);
+                co += ((t->rows + 31) / 32) * t->cols;
+            } else {
+                cr_assert_eq(slots[k].col_offset, -1);
+            }
+        }
+    }
+}
+
+/* Every rank computes the same plan from shapes and flags alone; a different
+ * batch (shape, flags, count, rounding, round-through) changes the
+ * fingerprint. */
+Test(writeback, plan_depends_only_on_shapes_flags_and_options) {
+    static const item_spec a[] = {
+        {45, 70, MXS_BOTH, 100, 1900, 0}, {33, 40, MXS_ROWWISE, 5, 995, 0}, {64, 33, MXS_COLWISE, 30, 1970, 1}};
+    static const item_spec other_shards[] = {
+        {45, 70, MXS_BOTH, 0, 0, 2}, {33, 40, MXS_ROWWISE, 0, 1320, 1}, {64, 33, MXS_COLWISE, 2000, 112, 0}};
+    fixture f1, f2;
+    mxs_wb_plan p1 = {0, 0, 0, 0}, p2 = {0, 0, 0, 0};
+    mxs_wb_item saved;
+    fixture_init(&f1, a, 3, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 1);
+    fixture_init(&f2, other_shards, 3, MXS_SCALES_SWIZZLED, MXS_ROUND_CEIL, MXS_WB_STRICT, POISON_A, 2);
+    cr_assert_eq(mxs_wb_make_plan(&f1.batch, &p1, NULL), MXS_OK);
+    cr_assert_eq(mxs_wb_make_plan(&f2.batch, &p2, NULL), MXS_OK);
+    cr_assert_eq(p1.fingerprint, p2.fingerprint, "shards, masters, layouts, mode and pointers are rank-local");
+    cr_assert_eq(p1.packed_bytes, p2.packed_bytes);
+
+#define CHANGED(stmt, undo)                                                                                            \
+    do {                                                                                                               \
+        stmt;                                                                                                          \
+        cr_assert_eq(mxs_wb_make_plan(&f2.batch, &p2, NULL), MXS_OK, "%s", #stmt);                                     \
+        cr_assert_neq(p1.fingerprint, p2.fingerprint, "fingerprint must change: %s", #stmt);                           \
+        undo;                                                                                                          \
+    } while (0)
+    saved = f2.items[0];
+    CHANGED(f2.items[0].primary.rows = 46, f2.items[0] = saved);
+    CHANGED(f2.items[0].primary.cols = 71, f2.items[0] = saved);
+    CHANGED((f2.items[0].primary.rows = 70, f2.items[0].primary.cols = 45), f2.items[0] = saved);
+    CHANGED((f2.items[0].primary.dirs = MXS_ROWWISE, f2.items[0].col_fragment = NULL), f2.items[0] = saved);
+    CHANGED(f2.batch.n_items = 2, f2.batch.n_items = 3);
+    CHANGED(f2.batch.rounding = MXS_ROUND_FLOOR, f2.batch.rounding = MXS_ROUND_CEIL);
+    CHANGED(f2.batch.round_through = MXS_BF16, f2.batch.round_through = MXS_F32);
+    CHANGED(f2.batch.round_through = MXS_F16, f2.batch.round_through = MXS_F32);
+#undef CHANGED
+    cr_assert_eq(mxs_wb_make_plan(&f2.batch, &p2, NULL), MXS_OK);
+    cr_assert_eq(p1.fingerprint, p2.fingerprint);
+    fixture_free(&f1);
+    fixture_free(&f2);
+}
+
+/* ---- partial ------------------------------------------------------------------------ */
+
+static const item_spec partial_specs[][3] = {
+    {{45, 70, MXS_BOTH, 100, 1900, 0}, {33, 40, MXS_ROWWISE, 5, 995, 0}, {64, 33, MXS_COLWISE, 30, 1970, 0}},
+    {{97, 65, MXS_BOTH, 31, 3000, 1}, {1, 300, MXS_ROWWISE, 33, 200, 2}, {70, 1, MXS_BOTH, 3, 60, 2}},
+    {{32, 32, MXS_BOTH, 0, 1024, 0}, {40, 40, MXS_COLWISE, 0, 0, 0}, {129, 3, MXS_BOTH, 96, 290, 1}},
+};
+
+/* Checks the data bytes of item k, plane p after partial: STRICT writes none;
+ * FUSED writes exactly the elements of blocks wholly inside the shard, with
+ * their final bytes; the primary plane outside the slice is never touched. */
+static int64_t partial_data_violations(const fixture *fx, int k, int p, const item_spec *sp) {
+    const int64_t rows = sp->rows, cols = sp->cols, end = sp->start + sp->len;
+    const uint8_t *ref = p ? fx->ref[k].col_data : fx->ref[k].row_data;
+    const uint8_t *prim = fx->data[k][p].p;
+    int64_t f, bad = 0;
+    for (f = 0; f < rows * cols; f++)
+        if ((sp->fragment || f < sp->start || f >= end) && prim[f] != fx->poison) bad++;
+    for (f = sp->start; f < end; f++) {
+        uint8_t got = sp->fragment ? fx->frag[k][p].p[f - sp->start] : prim[f];
+        int written = fx->batch.mode == MXS_WB_FUSED &&
+                      (p ? col_block_inside(rows, cols, f, sp->start, end) : row_block_inside(cols, f, sp->start, end));
+        if (written ? got != ref[f] : got != fx->poison) bad++;
+    }
+    return bad;
+}
+
+static void check_partial(mxs_wb_mode mode) {
+    int set, k, p, pz, rnd;
+    for (set = 0; set < 3; set++)
+        for (pz = 0; pz < 2; pz++)
+            for (rnd = 0; rnd < 2; rnd++) {
+                fixture fx;
+                mxs_wb_plan plan = {0, 0, 0, 0};
+                mxs_wb_slot slots[3];
+                uint8_t *expect;
+                int64_t fused_written = 0;
+                fixture_init(&fx, partial_specs[set], 3, (mxs_scale_layout)(set % 3), (mxs_rounding)rnd, mode,
+                             pz ? POISON_B : POISON_A, 10u + (uint64_t)set);
+                cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, slots), MXS_OK);
+                fixture_alloc_packed(&fx, plan.packed_bytes);
+                cr_assert_eq(mxs_host_wb_partial(&fx.batch, &plan, fx.packed.p), MXS_OK);
+                expect = (uint8_t *)malloc((size_t)plan.packed_bytes + 1);
+                for (k = 0; k < 3; k++) {
+                    if (slots[k].row_offset >= 0)
+                        expected_partial(&fx.items[k], fx.full[k], (mxs_rounding)rnd, MXS_ROWWISE,
+                                         expect + slots[k].row_offset);
+                    if (slots[k].col_offset >= 0)
+                        expected_partial(&fx.items[k], fx.full[k], (mxs_rounding)rnd, MXS_COLWISE,
+                                         expect + slots[k].col_offset);
+                }
+                cr_assert_eq(memcmp(expect, fx.packed.p, (size_t)plan.packed_bytes), 0, "partial exponents (set %d)",
+                             set);
+                free(expect);
+                for (k = 0; k < 3; k++)
+                    for (p = 0; p < 2; p++) {
+                        if (!fx.data[k][p].p) continue;
+                        cr_assert_eq(partial_data_violations(&fx, k, p, &partial_specs[set][k]), 0,
+                                     "mode %d set %d item %d plane %d", mode, set, k, p);
+                        cr_assert_eq(buf_count_not(&fx.scale[k][p], fx.poison), 0, "partial wrote a scale plane");
+                        if (fx.frag[k][p].p) fused_written += buf_count_not(&fx.frag[k][p], fx.poison);
+                    }
+                cr_assert_eq(fixture_guards(&fx), 0);
+                if (mode == MXS_WB_STRICT) cr_assert_eq(fused_written, 0);
+                fixture_free(&fx);
+            }
+}
+
+Test(writeback, strict_partial_writes_no_data_byte) { check_partial(MXS_WB_STRICT); }
+Test(writeback, fused_partial_writes_only_blocks_wholly_inside_the_shard) { check_partial(MXS_WB_FUSED); }
+
+/* ---- apply ------------------------------------------------------------------------- */
+
+/* Apply with the group's reduced exponents (here: the whole-tensor compact
+ * scales, which is what the MAX over a covering set of shards yields)
+ * writes every scale byte in the primary's layout and the shard's slice,
+ * nothing else; the result equals whole-tensor quantize on the slice. */
+Test(writeback, apply_writes_all_scales_and_only_the_shard_slice) {
+    int set, mode, rnd, k, p;
+    for (set = 0; set < 3; set++)
+        for (mode = 0; mode < 2; mode++)
+            for (rnd = 0; rnd < 2; rnd++) {
+                fixture fx;
+                mxs_wb_plan plan = {0, 0, 0, 0};
+                mxs_wb_slot slots[3];
+                mxs_scale_layout lay = (mxs_scale_layout)((set + mode) % 3);
+                fixture_init(&fx, partial_specs[set], 3, lay, (mxs_rounding)rnd, (mxs_wb_mode)mode, POISON_A,
+                             20u + (uint64_t)set);
+                cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, slots), MXS_OK);
+                fixture_alloc_packed(&fx, plan.packed_bytes);
+                cr_assert_eq(mxs_host_wb_partial(&fx.batch, &plan, fx.packed.p), MXS_OK);
+                /* the "reduction": the global exponents */
+                for (k = 0; k < 3; k++) {
+                    mxs_tensor whole = fx.ref[k];
+                    whole.scale_layout = MXS_SCALES_COMPACT;
+                    if (slots[k].row_offset >= 0) whole.row_scale = fx.packed.p + slots[k].row_offset;
+                    if (slots[k].col_offset >= 0) whole.col_scale = fx.packed.p + slots[k].col_offset;
+                    whole.row_data = whole.row_data ? (uint8_t *)malloc((size_t)(whole.rows * whole.cols)) : NULL;
+                    whole.col_data = whole.col_data ? (uint8_t *)malloc((size_t)(whole.rows * whole.cols)) : NULL;
+                    cr_assert_eq(mxs_host_quantize(&whole, fx.full[k], MXS_F32, (mxs_rounding)rnd), MXS_OK);
+                    free(whole.row_data);
+                    free(whole.col_data);
+                }
+                cr_assert_eq(mxs_host_wb_apply(&fx.batch, &plan, fx.packed.p), MXS_OK);
+                for (k = 0; k < 3; k++) {
+                    const item_spec *sp = &partial_specs[set][k];
+                    int64_t elems = sp->rows * sp->cols, f;
+                    for (p = 0; p < 2; p++) {
+                        const uint8_t *ref_d, *ref_s;
+                        if (!fx.data[k][p].p) continue;
+                        ref_d = p ? fx.ref[k].col_data : fx.ref[k].row_data;
+                        ref_s = p ? fx.ref[k].col_scale : fx.ref[k].row_scale;
+                        cr_assert_eq(memcmp(fx.scale[k][p].p, ref_s, (size_t)fx.scale[k][p].n), 0,
+                                     "scales of item %d plane %d", k, p);
+                        for (f = 0; f < elems; f++) {
+                            int in = f >= sp->start && f < sp->start + sp->len;
+                            uint8_t got = fx.data[k][p].p[f];
+                            if (in && !sp->fragment)
+                                cr_assert_eq(got, ref_d[f], "item %d plane %d elem %lld", k, p, (long long)f);
+                            else
+                                cr_assert_eq(got, POISON_A, "outside the slice: item %d plane %d elem %lld", k, p,
+                                             (long long)f);
+                        }
+                        if (sp->fragment)
+                            cr_assert_eq(memcmp(fx.frag[k][p].p, ref_d + sp->start, (size_t)sp->len), 0,
+                                         "fragment of item %d plane %d", k, p);
+                    }
+                }
+                cr_assert_eq(fixture_guards(&fx), 0);
+                fixture_free(&fx);
+            }
+}
+
+/* ---- the callback entry point -------------------------------------------------------- */
+
+typedef struct {
+    int calls;
+    int64_t bytes;
+    const uint8_t *where;
+    int fail;
+} reduce_log;
+
+static int log_reduce(uint8_t *packed, int64_t bytes, void *user) {
+    reduce_log *log = (reduce_log *)user;
+    log->calls++;
+    log->bytes = bytes;
+    log->where = packed;
+    return log->fail;
+}
+
+/* One rank owning everything: the callback is called exactly once, on the
+ * whole packed buffer (uint8, by its type), and the result equals
+ * whole-tensor quantize. A failing callback fails the call. */
+Test(writeback, host_writeback_calls_the_reduction_exactly_once) {
+    static const item_spec whole[] = {
+        {45, 70, MXS_BOTH, 0, 3150, 0}, {33, 40, MXS_ROWWISE, 0, 1320, 1}, {64, 33, MXS_COLWISE, 0, 2112, 2}};
+    int mode;
+    for (mode = 0; mode < 2; mode++) {
+        fixture fx;
+        mxs_wb_plan plan = {0, 0, 0, 0};
+        reduce_log log = {0, 0, NULL, 0};
+        int k;
+        fixture_init(&fx, whole, 3, MXS_SCALES_PADDED, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 31);
+        cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
+        fixture_alloc_packed(&fx, plan.packed_bytes);
+        cr_assert_eq(mxs_host_wb_writeback(&fx.batch, &plan, fx.packed.p, log_reduce, &log), MXS_OK);
+        cr_assert_eq(log.calls, 1);
+        cr_assert_eq(log.bytes, plan.packed_bytes);
+        cr_assert_eq(log.where, fx.packed.p);
+        for (k = 0; k < 3; k++) {
+            if (fx.data[k][0].p) {
+                cr_assert_eq(memcmp(fx.scale[k][0].p, fx.ref[k].row_scale, (size_t)fx.scale[k][0].n), 0);
+                cr_assert_eq(memcmp(whole[k].fragment ? fx.frag[k][0].p : fx.data[k][0].p, fx.ref[k].row_data,
+                                    (size_t)whole[k].len),
+                             0);
+            }
+            if (fx.data[k][1].p) {
+                cr_assert_eq(memcmp(fx.scale[k][1].p, fx.ref[k].col_scale, (size_t)fx.scale[k][1].n), 0);
+                cr_assert_eq(memcmp(whole[k].fragment ? fx.frag[k][1].p : fx.data[k][1].p, fx.ref[k].col_data,
+                                    (size_t)whole[k].len),
+                             0);
+            }
+        }
+        cr_assert_eq(fixture_guards(&fx), 0);
+        cr_assert_eq(mxs_host_wb_writeback(&fx.batch, &plan, fx.packed.p, NULL, NULL), MXS_ERR_INVALID_ARGUMENT);
+        fixture_free(&fx);
+
+        fixture_init(&fx, whole, 3, MXS_SCALES_PADDED, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 31);
+        fixture_alloc_packed(&fx, plan.packed_bytes);
+        log.calls = 0;
+        log.fail = 1;
+        cr_assert_eq(mxs_host_wb_writeback(&fx.batch, &plan, fx.packed.p, log_reduce, &log), MXS_ERR_REDUCE);
+        cr_assert_eq(log.calls, 1);
+        for (k = 0; k < 3; k++) { /* no apply after a failed reduction: scales untouched */
+            if (fx.scale[k][0].p) cr_assert_eq(buf_count_not(&fx.scale[k][0], POISON_A), 0);
+            if (fx.scale[k][1].p) cr_assert_eq(buf_count_not(&fx.scale[k][1], POISON_A), 0);
+        }
+        fixture_free(&fx);
+    }
+}
+
+/* A row-only primary never gains a column plane: with column pointers set to
+ * poisoned decoys but dirs = MXS_ROWWISE, neither the writeback nor the
+ * copy-back (mxs_host_quantize) touches them. */
+Test(writeback, row_only_primary_never_gains_a_column_plane) {
+    static const item_spec whole[] = {{70, 45, MXS_ROWWISE, 0, 3150, 0}};
+    int mode;
+    for (mode = 0; mode < 2; mode++) {
+        fixture fx;
+        mxs_wb_plan plan = {0, 0, 0, 0};
+        mxs_wb_slot slot;
+        reduce_log log = {0, 0, NULL, 0};
+        buf_t decoy_data = buf_new(3150, POISON_A), decoy_scale = buf_new(4096, POISON_A);
+        uint8_t *rd, *rs;
+        fixture_init(&fx, whole, 1, MXS_SCALES_SWIZZLED, MXS_ROUND_FLOOR, (mxs_wb_mode)mode, POISON_A, 41);
+        rd = fx.items[0].primary.row_data;
+        rs = fx.items[0].primary.row_scale;
+        cr_assert_eq(fx.items[0].primary.col_data, NULL);
+        fx.items[0].primary.col_data = decoy_data.p;
+        fx.items[0].primary.col_scale = decoy_scale.p;
+        cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, &slot), MXS_OK);
+        cr_assert_eq(slot.col_offset, -1);
+        cr_assert_eq(plan.packed_bytes, 70 * 2);
+        fixture_alloc_packed(&fx, plan.packed_bytes);
+        cr_assert_eq(mxs_host_wb_writeback(&fx.batch, &plan, fx.packed.p, log_reduce, &log), MXS_OK);
+        cr_assert_eq(buf_count_not(&decoy_data, POISON_A), 0);
+        cr_assert_eq(buf_count_not(&decoy_scale, POISON_A), 0);
+        cr_assert_eq(fx.items[0].primary.row_data, rd);
+        cr_assert_eq(fx.items[0].primary.row_scale, rs);
+        cr_assert_eq(fx.items[0].primary.dirs, MXS_ROWWISE);
+        cr_assert_eq(memcmp(rd, fx.ref[0].row_data, 3150), 0);
+        /* copy-back into the same primary */
+        cr_assert_eq(mxs_host_quantize(&fx.items[0].primary, fx.full[0], MXS_F32, MXS_ROUND_FLOOR), MXS_OK);
+        cr_assert_eq(buf_count_not(&decoy_data, POISON_A), 0);
+        cr_assert_eq(buf_count_not(&decoy_scale, POISON_A), 0);
+        /* asking for a column fragment of a row-only primary is an error, not an allocation */
+        fx.items[0].col_fragment = decoy_data.p;
+        cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_ERR_ABSENT_PLANE);
+        free(decoy_data.p);
+        free(decoy_scale.p);
+        fixture_free(&fx);
+    }
+}
+
+/* FSDP fragments equal the in-place slice byte for byte; a kept data pointer
+ * is not written when a fragment is given. */
+Test(writeback, fragments_equal_in_place_slices) {
+    static const item_spec inplace[] = {{97, 65, MXS_BOTH, 31, 3000, 0}, {1, 300, MXS_ROWWISE, 33, 200, 0}};
+    static const item_spec frag[] = {{97, 65, MXS_BOTH, 31, 3000, 2}, {1, 300, MXS_ROWWISE, 33, 200, 1}};
+    int mode;
+    for (mode = 0; mode < 2; mode++) {
+        fixture a, b;
+        mxs_wb_plan pa = {0, 0, 0, 0}, pb = {0, 0, 0, 0};
+        int k, p;
+        fixture_init(&a, inplace, 2, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 51);
+        fixture_init(&b, frag, 2, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 51);
+        cr_assert_eq(mxs_wb_make_plan(&a.batch, &pa, NULL), MXS_OK);
+        cr_assert_eq(mxs_wb_make_plan(&b.batch, &pb, NULL), MXS_OK);
+        cr_assert_eq(pa.fingerprint, pb.fingerprint);
+        fixture_alloc_packed(&a, pa.packed_bytes);
+        fixture_alloc_packed(&b, pb.packed_bytes);
+        cr_assert_eq(mxs_host_wb_partial(&a.batch, &pa, a.packed.p), MXS_OK);
+        cr_assert_eq(mxs_host_wb_partial(&b.batch, &pb, b.packed.p), MXS_OK);
+        cr_assert_eq(memcmp(a.packed.p, b.packed.p, (size_t)pa.packed_bytes), 0);
+        cr_assert_eq(mxs_host_wb_apply(&a.batch, &pa, a.packed.p), MXS_OK);
+        cr_assert_eq(mxs_host_wb_apply(&b.batch, &pb, b.packed.p), MXS_OK);
+        for (k = 0; k < 2; k++)
+            for (p = 0; p < 2; p++) {
+                if (!a.data[k][p].p) continue;
+                cr_assert_eq(memcmp(b.frag[k][p].p, a.data[k][p].p + inplace[k].start, (size_t)inplace[k].len), 0);
+                cr_assert_eq(buf_count_not(&b.data[k][p], POISON_A), 0, "data plane written despite a fragment");
+                cr_assert_eq(memcmp(a.scale[k][p].p, b.scale[k][p].p, (size_t)a.scale[k][p].n), 0);
+            }
+        cr_assert_eq(fixture_guards(&a) + fixture_guards(&b), 0);
+        fixture_free(&a);
+        fixture_free(&b);
+    }
+}
+
+/* ---- errors: caught before any write ---------------------------------------------------- */
+
+enum { FX_ROW = 0, FX_BOTH = 1, FX_COL = 2 };
+
+static const item_spec err_specs[] = {
+    {33, 40, MXS_ROWWISE, 5, 995, 0}, {45, 70, MXS_BOTH, 100, 1900, 0}, {64, 33, MXS_COLWISE, 30, 1970, 1}};
+
+/* Applies one corruption to the fixture's batch (the second item where it
+ * is about an item, so a non-validating implementation would already have
+ * written the first). */
+typedef void (*corrupt_fn)(fixture *fx);
+
+static void c_dtype(fixture *fx) { fx->items[1].master_dtype = (mxs_dtype)7; }
+static void c_dtype_neg(fixture *fx) { fx->items[1].master_dtype = (mxs_dtype)-1; }
+static void c_range_end(fixture *fx) { fx->items[1].len = 45 * 70 - 100 + 1; }
+static void c_start_neg(fixture *fx) { fx->items[1].start = -1; }
+static void c_start_past(fixture *fx) {
+    fx->items[1].start = 45 * 70 + 1;
+    fx->items[1].len = 0;
+}
+static void c_len_neg(fixture *fx) { fx->items[1].len = -5; }
+static void c_overflow(fixture *fx) {
+    fx->items[1].start = INT64_MAX - 3;
+    fx->items[1].len = 10;
+}
+static void c_null_master(fixture *fx) { fx->items[1].master = NULL; }
+static void c_frag_absent(fixture *fx) { fx->items[0].col_fragment = fx->data[1][1].p; }
+static void c_frag_absent_row(fixture *fx) { fx->items[2].row_fragment = fx->data[1][0].p; }
+static void c_null_row_scale(fixture *fx) { fx->items[1].primary.row_scale = NULL; }
+static void c_null_col_scale(fixture *fx) { fx->items[2].primary.col_scale = NULL; }
+static void c_null_data(fixture *fx) { fx->items[1].primary.col_data = NULL; }
+static void c_null_data_row(fixture *fx) { fx->items[0].primary.row_data = NULL; }
+static void c_rows0(fixture *fx) { fx->items[1].primary.rows = 0; }
+static void c_cols_neg(fixture *fx) { fx->items[1].primary.cols = -3; }
+static void c_dirs0(fixture *fx) { fx->items[1].primary.dirs = 0; }
+static void c_dirs4(fixture *fx) { fx->items[1].primary.dirs = 4; }
+static void c_layout(fixture *fx) { fx->items[1].primary.scale_layout = (mxs_scale_layout)3; }
+static void c_shape_overflow(fixture *fx) {
+    fx->items[1].primary.rows = INT64_MAX / 2;
+    fx->items[1].primary.cols = 4;
+}
+static void c_rounding(fixture *fx) { fx->batch.rounding = (mxs_rounding)2; }
+static void c_mode(fixture *fx) { fx->batch.mode = (mxs_wb_mode)2; }
+static void c_rt(fixture *fx) { fx->batch.round_through = (mxs_dtype)3; }
+static void c_n_neg(fixture *fx) { fx->batch.n_items = -1; }
+static void c_items_null(fixture *fx) { fx->batch.items = NULL; }
+
+typedef struct {
+    const char *name;
+    corrupt_fn fn;
+    mxs_status want;
+} corruption;
+
+static const corruption corruptions[] = {
+    {"bad master dtype", c_dtype, MXS_ERR_INVALID_ARGUMENT},
+    {"negative master dtype", c_dtype_neg, MXS_ERR_INVALID_ARGUMENT},
+    {"range past the end", c_range_end, MXS_ERR_RANGE},
+    {"start < 0", c_start_neg, MXS_ERR_RANGE},
+    {"start past the end, len 0", c_start_past, MXS_ERR_RANGE},
+    {"len < 0", c_len_neg, MXS_ERR_RANGE},
+    {"start + len overflows", c_overflow, MXS_ERR_RANGE},
+    {"NULL master with len > 0", c_null_master, MXS_ERR_INVALID_ARGUMENT},
+    {"column fragment for a row-only primary", c_frag_absent, MXS_ERR_ABSENT_PLANE},
+    {"row fragment for a column-only primary", c_frag_absent_row, MXS_ERR_ABSENT_PLANE},
+    {"flagged row plane with NULL scale", c_null_row_scale, MXS_ERR_ABSENT_PLANE},
+    {"flagged column plane with NULL scale (fragment given)", c_null_col_scale, MXS_ERR_ABSENT_PLANE},
+    {"NULL column data without a fragment", c_null_data, MXS_ERR_ABSENT_PLANE},
+    {"NULL row data without a fragment", c_null_data_row, MXS_ERR_ABSENT_PLANE},
+    {"rows = 0", c_rows0, MXS_ERR_SHAPE},
+    {"cols < 0", c_cols_neg, MXS_ERR_SHAPE},
+    {"dirs = 0", c_dirs0, MXS_ERR_INVALID_ARGUMENT},
+    {"dirs = 4", c_dirs4, MXS_ERR_INVALID_ARGUMENT},
+    {"bad scale layout", c_layout, MXS_ERR_INVALID_ARGUMENT},
+    {"rows*cols overflows", c_shape_overflow, MXS_ERR_OVERFLOW},
+    {"bad rounding", c_rounding, MXS_ERR_INVALID_ARGUMENT},
+    {"bad mode", c_mode, MXS_ERR_INVALID_ARGUMENT},
+    {"bad round-through", c_rt, MXS_ERR_INVALID_ARGUMENT},
+    {"n_items < 0", c_n_neg, MXS_ERR_INVALID_ARGUMENT},
+    {"NULL items with n_items > 0", c_items_null, MXS_ERR_INVALID_ARGUMENT},
+};
+
+/* Every corruption is reported by plan, partial and apply with its code,
+ * and not one output byte (packed buffer, data, scales, fragments, the plan
+ * struct) changes. */
+Test(writeback, bad_input_is_caught_before_any_write) {
+    size_t c;
+    int mode;
+    for (mode = 0; mode < 2; mode++)
+        for (c = 0; c < sizeof corruptions / sizeof corruptions[0]; c++) {
+            fixture fx;
+            mxs_wb_plan good = {0, 0, 0, 0}, out;
+            mxs_status s;
+            fixture_init(&fx, err_specs, 3, MXS_SCALES_PADDED, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 61);
+            cr_assert_eq(mxs_wb_make_plan(&fx.batch, &good, NULL), MXS_OK);
+            fixture_alloc_packed(&fx, good.packed_bytes);
+            corruptions[c].fn(&fx);
+            memset(&out, POISON_A, sizeof out);
+            s = mxs_wb_make_plan(&fx.batch, &out, NULL);
+            cr_assert_eq(s, corruptions[c].want, "plan, %s: got %s", corruptions[c].name, mxs_status_str(s));
+            {
+                mxs_wb_plan poisoned;
+                memset(&poisoned, POISON_A, sizeof poisoned);
+                cr_assert_eq(memcmp(&out, &poisoned, sizeof out), 0, "plan written on error: %s", corruptions[c].name);
+            }
+            s = mxs_host_wb_partial(&fx.batch, &good, fx.packed.p);
+            cr_assert_eq(s, corruptions[c].want, "partial, %s: got %s", corruptions[c].name, mxs_status_str(s));
+            s = mxs_host_wb_apply(&fx.batch, &good, fx.packed.p);
+            cr_assert_eq(s, corruptions[c].want, "apply, %s: got %s", corruptions[c].name, mxs_status_str(s));
+            cr_assert_eq(fixture_touched(&fx), 0, "bytes written despite: %s", corruptions[c].name);
+            fixture_free(&fx);
+        }
+}
+
+/* NULL batch, plan or packed buffer. */
+Test(writeback, null_arguments_are_rejected_before_any_write) {
+    fixture fx;
+    mxs_wb_plan plan = {0, 0, 0, 0};
+    fixture_init(&fx, err_specs, 3, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 62);
+    cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
+    fixture_alloc_packed(&fx, plan.packed_bytes);
+    cr_assert_eq(mxs_wb_make_plan(NULL, &plan, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_wb_make_plan(&fx.batch, NULL, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_host_wb_partial(NULL, &plan, fx.packed.p), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_host_wb_partial(&fx.batch, NULL, fx.packed.p), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_host_wb_partial(&fx.batch, &plan, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_host_wb_apply(NULL, &plan, fx.packed.p), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_host_wb_apply(&fx.batch, NULL, fx.packed.p), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_host_wb_apply(&fx.batch, &plan, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(fixture_touched(&fx), 0);
+    fixture_free(&fx);
+}
+
+/* A batch changed after planning (or a plan edited) no longer matches its
+ * plan: partial and apply refuse with MXS_ERR_PLAN_MISMATCH, writing nothing. */
+Test(writeback, batch_changed_after_planning_is_a_plan_mismatch) {
+    int c;
+    for (c = 0; c < 9; c++) {
+        fixture fx;
+        mxs_wb_plan plan = {0, 0, 0, 0};
+        fixture_init(&fx, err_specs, 3, MXS_SCALES_SWIZZLED, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 63);
+        cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
+        fixture_alloc_packed(&fx, plan.packed_bytes);
+        switch (c) {
+        case 0: fx.items[1].primary.rows = 44; break;
+        case 1: fx.items[1].primary.dirs = MXS_ROWWISE; break;
+        case 2: fx.items[0].primary.cols = 41; break;
+        case 3: fx.batch.n_items = 2; break;
+        case 4: fx.batch.rounding = MXS_ROUND_FLOOR; break;
+        case 5: fx.batch.round_through = MXS_BF16; break;
+        case 6: plan.fingerprint ^= 1u; break;
+        case 7: plan.packed_bytes += 1; break;
+        default: plan.row_region_bytes -= 1; break;
+        }
+        cr_assert_eq(mxs_host_wb_partial(&fx.batch, &plan, fx.packed.p), MXS_ERR_PLAN_MISMATCH, "case %d", c);
+        cr_assert_eq(mxs_host_wb_apply(&fx.batch, &plan, fx.packed.p), MXS_ERR_PLAN_MISMATCH, "case %d", c);
+        cr_assert_eq(fixture_touched(&fx), 0, "case %d", c);
+        fixture_free(&fx);
+    }
+}
+
+/* ---- repeated updates, modes agree ------------------------------------------------------- */
+
+/* Writeback over the previous update's bytes (no poison in between), in
+ * FUSED and STRICT: identical bytes in both modes, equal to whole-tensor
+ * quantize after each of three updates. */
+Test(writeback, repeated_updates_in_place_fused_equals_strict) {
+    static const mxs_sim_weight ws[] = {
+        {"a", 100, 90, MXS_BOTH}, {"b", 31, 200, MXS_ROWWISE}, {"c", 65, 1, MXS_COLWISE}, {"d", 1, 33, MXS_ROWWISE}};
+    mxs_sim sims[2];
+    int mode, u, q, w;
+    for (mode = 0; mode < 2; mode++) {
+        mxs_sim_desc d;
+        memset(&d, 0, sizeof d);
+        d.nranks = 6;
+        d.n_weights = 4;
+        d.weights = ws;
+        d.sharding = MXS_SIM_RANDOM;
+        d.scale_layout = MXS_SCALES_SWIZZLED;
+        d.master_dtype = MXS_BF16;
+        d.round_through = MXS_BF16;
+        d.mode = (mxs_wb_mode)mode;
+        d.specials = 1;
+        d.seed = 71;
+        cr_assert_eq(mxs_sim_create(&sims[mode], &d), MXS_OK);
+    }
+    for (u = 0; u < 3; u++)
+        for (mode = 0; mode < 2; mode++) {
+            mxs_sim *sim = &sims[mode];
+            if (u > 0) mxs_sim_update(sim);
+            cr_assert_eq(mxs_sim_writeback(sim), MXS_OK);
+            cr_assert_eq(mxs_sim_reference(sim), MXS_OK);
+            cr_assert_eq(mxs_sim_compare(sim, 0), 0, "mode %d update %d", mode, u);
+            cr_assert_eq(sim->stats.reduce_calls, u + 1);
+            cr_assert_eq(sim->stats.highprec_bytes, 0);
+            if (mode == 1)
+                for (q = 0; q < 6; q++)
+                    for (w = 0; w < 4; w++) {
+                        const mxs_tensor *a = &sims[0].ranks[q].primary[w], *b = &sims[1].ranks[q].primary[w];
+                        int64_t n = a->rows * a->cols;
+                        if (a->row_data) cr_assert_eq(memcmp(a->row_data, b->row_data, (size_t)n), 0);
+                        if (a->col_data) cr_assert_eq(memcmp(a->col_data, b->col_data, (size_t)n), 0);
+                    }
+        }
+    cr_assert_eq(mxs_sim_guard_damage(&sims[0]) + mxs_sim_guard_damage(&sims[1]), 0);
+    mxs_sim_destroy(&sims[0]);
+    mxs_sim_destroy(&sims[1]);
+}
+
+/* Empty batches and ranks that own nothing: the buffer is still zeroed by
+ * partial (so a MAX with other ranks is correct) and apply writes scales. */
+Test(writeback, rank_owning_nothing_contributes_zeros) {
+    static const item_spec none[] = {{45, 70, MXS_BOTH, 0, 0, 0}, {33, 40, MXS_ROWWISE, 1320, 0, 0}};
+    fixture fx;
+    mxs_wb_plan plan = {0, 0, 0, 0};
+    mxs_wb_batch empty;
+    mxs_wb_plan eplan = {0, 0, 0, 0};
+    int64_t k;
+    fixture_init(&fx, none, 2, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 81);
+    cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
+    fixture_alloc_packed(&fx, plan.packed_bytes);
+    cr_assert_eq(mxs_host_wb_partial(&fx.batch, &plan, fx.packed.p), MXS_OK);
+    for (k = 0; k < plan.packed_bytes; k++) cr_assert_eq(fx.packed.p[k], 0);
+    cr_assert_eq(buf_count_not(&fx.data[0][0], POISON_A) + buf_count_not(&fx.data[0][1], POISON_A) +
+                     buf_count_not(&fx.data[1][0], POISON_A),
+                 0);
+    cr_assert_eq(fixture_guards(&fx), 0);
+    fixture_free(&fx);
+
+    memset(&empty, 0, sizeof empty);
+    cr_assert_eq(mxs_wb_make_plan(&empty, &eplan, NULL), MXS_OK);
+    cr_assert_eq(eplan.packed_bytes, 0);
+    cr_assert_eq(mxs_host_wb_partial(&empty, &eplan, NULL), MXS_OK);
+    cr_assert_eq(mxs_host_wb_apply(&empty, &eplan, NULL), MXS_OK);
+}

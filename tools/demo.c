@@ -1,0 +1,442 @@
+/* mxshard-demo: distributed MXFP8 writeback on a simulated data-parallel
+ * group, with a readable account of what it saved and what it moved.
+ *
+ * The bucket holds the weights of one or more Llama-style transformer layers
+ * (q, k, v, o attention projections with grouped-query k/v; gate, up, down
+ * MLP projections), laid back to back and split evenly across the ranks like
+ * a distributed optimizer's bucket. Each update: an optimizer-like step
+ * changes every rank's FP32 master shard, then partial -> one uint8 MAX
+ * all-reduce -> apply -> byte all-gather of each present data plane. The
+ * result is checked on every rank, byte for byte, against whole-tensor
+ * quantization of the full master and against the BF16 copy-back path.
+ *
+ * The per-phase work sits behind `demo_backend` so a CUDA/NCCL backend can
+ * be added in a separate file without touching the rest.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <mxshard/mxshard.h>
+
+#include "sim.h"
+
+#define DEMO_UPDATES 2
+#define DEMO_MAX_WEIGHTS (7 * 64)
+
+/* ---- options ---------------------------------------------------------------- */
+
+typedef struct demo_opts {
+    int ranks;
+    int64_t hidden;
+    int layers;
+    double row_only_fraction;
+    mxs_rounding rounding;
+    uint64_t seed;
+    int json;
+    int cuda;
+} demo_opts;
+
+static void usage(FILE *out) {
+    fprintf(out, "usage: mxshard-demo [options]\n"
+                 "\n"
+                 "Distributed MXFP8 writeback on a simulated data-parallel group: each rank\n"
+                 "holds an FP32 master shard of a Llama-style layer bucket; per update the\n"
+                 "ranks compute partial block exponents, do ONE uint8 MAX all-reduce, cast\n"
+                 "their shards and all-gather the bytes. Verified bit for bit against\n"
+                 "whole-tensor quantization and BF16 copy-back.\n"
+                 "\n"
+                 "  --ranks N               simulated data-parallel ranks, 1..64 (default 4)\n"
+                 "  --hidden H              hidden size (default 1024); k/v: H/4 x H (GQA),\n"
+                 "                          MLP: ffn = round(8H/3), not rounded to 32\n"
+                 "  --layers L              transformer layers in the bucket, 1..64 (default 1)\n"
+                 "  --row-only-fraction F   fraction of weights stored row-only, 0..1 (default 0.5)\n"
+                 "  --rounding ceil|floor   E8M0 scale rounding (default ceil)\n"
+                 "  --seed S                master initialisation seed (default 1)\n"
+                 "  --json                  machine-readable summary on stdout instead of the table\n"
+                 "  --device cpu|cuda       backend (default cpu)\n"
+                 "  --help                  this text\n");
+}
+
+static int bad_flag(const char *msg, const char *arg) {
+    fprintf(stderr, "mxshard-demo: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
+    fprintf(stderr, "mxshard-demo: try --help\n");
+    return 2;
+}
+
+static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    long long v;
+    errno = 0;
+    v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+/* Returns 0 to run, 1 for --help (exit 0), 2 for a bad flag. */
+static int parse_args(int argc, char **argv, demo_opts *o) {
+    int i;
+    memset(o, 0, sizeof *o);
+    o->ranks = 4;
+    o->hidden = 1024;
+    o->layers = 1;
+    o->row_only_fraction = 0.5;
+    o->rounding = MXS_ROUND_CEIL;
+    o->seed = 1;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = NULL;
+        char name[64];
+        const char *eq = strchr(a, '=');
+        int64_t v;
+        if (strncmp(a, "--", 2) != 0) return bad_flag("unexpected argument", a);
+        if (eq) {
+            size_t n = (size_t)(eq - a);
+            if (n >= sizeof name) return bad_flag("unknown flag", a);
+            memcpy(name, a, n);
+            name[n] = 0;
+            val = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", a);
+        }
+        if (!strcmp(name, "--help")) {
+            if (val) return bad_flag("--help takes no value", a);
+            return 1;
+        }
+        if (!strcmp(name, "--json")) {
+            if (val) return bad_flag("--json takes no value", a);
+            o->json = 1;
+            continue;
+        }
+        if (strcmp(name, "--ranks") && strcmp(name, "--hidden") && strcmp(name, "--layers") &&
+            strcmp(name, "--row-only-fraction") && strcmp(name, "--rounding") && strcmp(name, "--seed") &&
+            strcmp(name, "--device"))
+            return bad_flag("unknown flag", a);
+        if (!val) {
+            if (i + 1 >= argc) return bad_flag("missing value for", name);
+            val = argv[++i];
+        }
+        if (!strcmp(name, "--ranks")) {
+            if (!parse_i64(val, 1, 64, &v)) return bad_flag("--ranks needs an integer in 1..64", val);
+            o->ranks = (int)v;
+        } else if (!strcmp(name, "--hidden")) {
+            if (!parse_i64(val, 1, 16384, &v)) return bad_flag("--hidden needs an integer in 1..16384", val);
+            o->hidden = v;
+        } else if (!strcmp(name, "--layers")) {
+            if (!parse_i64(val, 1, 64, &v)) return bad_flag("--layers needs an integer in 1..64", val);
+            o->layers = (int)v;
+        } else if (!strcmp(name, "--row-only-fraction")) {
+            char *end;
+            double f;
+            errno = 0;
+            f = strtod(val, &end);
+            if (errno || end == val || *end || !(f >= 0.0 && f <= 1.0))
+                return bad_flag("--row-only-fraction needs a number in [0, 1]", val);
+            o->row_only_fraction = f;
+        } else if (!strcmp(name, "--rounding")) {
+            if (!strcmp(val, "ceil"))
+                o->rounding = MXS_ROUND_CEIL;
+            else if (!strcmp(val, "floor"))
+                o->rounding = MXS_ROUND_FLOOR;
+            else
+                return bad_flag("--rounding needs ceil or floor", val);
+        } else if (!strcmp(name, "--seed")) {
+            char *end;
+            unsigned long long s;
+            errno = 0;
+            s = strtoull(val, &end, 10);
+            if (errno || end == val || *end || val[0] == '-')
+                return bad_flag("--seed needs a non-negative integer", val);
+            o->seed = (uint64_t)s;
+        } else { /* --device */
+            if (!strcmp(val, "cpu"))
+                o->cuda = 0;
+            else if (!strcmp(val, "cuda"))
+                o->cuda = 1;
+            else
+                return bad_flag("--device needs cpu or cuda", val);
+        }
+    }
+    return 0;
+}
+
+/* ---- backend ---------------------------------------------------------------- */
+
+/* One writeback's phases over the whole simulated group. The CPU backend is
+ * tools/sim.h; a CUDA backend provides the same four calls. */
+typedef struct demo_backend {
+    const char *name;
+    mxs_status (*partial)(mxs_sim *);
+    mxs_status (*reduce)(mxs_sim *);
+    mxs_status (*apply)(mxs_sim *);
+    mxs_status (*gather)(mxs_sim *);
+} demo_backend;
+
+static const demo_backend cpu_backend = {"cpu", mxs_sim_partial, mxs_sim_reduce, mxs_sim_apply, mxs_sim_gather};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* ---- the bucket ----------------------------------------------------------------- */
+
+static const char *const layer_names[7] = {"q", "k", "v", "o", "gate", "up", "down"};
+static char name_store[DEMO_MAX_WEIGHTS][24];
+
+/* Llama-style layer: q, o: H x H; k, v: kv x H (GQA, kv = H/4); gate, up:
+ * ffn x H; down: H x ffn, ffn = round(8H/3) (not a multiple of 32 in general).
+ * Weight i of the bucket is row-only when the running count
+ * round(f * (i+1)) steps up, which spreads round(f * n) row-only weights
+ * evenly through the bucket. */
+static int make_bucket(const demo_opts *o, mxs_sim_weight *w, int64_t *kv, int64_t *ffn) {
+    int l, k, n = 0;
+    const int64_t h = o->hidden;
+    *kv = h / 4 > 0 ? h / 4 : 1;
+    *ffn = (int64_t)floor(8.0 * (double)h / 3.0 + 0.5);
+    for (l = 0; l < o->layers; l++)
+        for (k = 0; k < 7; k++, n++) {
+            int64_t shape[7][2] = {{h, h}, {*kv, h}, {*kv, h}, {h, h}, {*ffn, h}, {*ffn, h}, {h, *ffn}};
+            snprintf(name_store[n], sizeof name_store[n], "L%d.%s", l, layer_names[k]);
+            w[n].name = name_store[n];
+            w[n].rows = shape[k][0];
+            w[n].cols = shape[k][1];
+            w[n].dirs = floor(o->row_only_fraction * (n + 1) + 0.5) > floor(o->row_only_fraction * n + 0.5)
+                            ? MXS_ROWWISE
+                            : MXS_BOTH;
+        }
+    return n;
+}
+
+/* Bytes TE would reduce for one plane: one bf16 amax per block over TE's
+ * padded scale shape. */
+static int64_t te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs) {
+    int64_t b = 0;
+    if (dirs & MXS_ROWWISE) b += mxs_round_up(rows, 128) * mxs_round_up(mxs_ceil_div(cols, 32), 4) * 2;
+    if (dirs & MXS_COLWISE) b += mxs_round_up(mxs_ceil_div(rows, 32), 4) * mxs_round_up(cols, 128) * 2;
+    return b;
+}
+
+/* ---- formatting ------------------------------------------------------------------- */
+
+static const char *fmt_int(int64_t v, char *buf, size_t n) { /* 12345678 -> "12,345,678" */
+    char tmp[32];
+    int len, i, j = 0, neg = v < 0;
+    snprintf(tmp, sizeof tmp, "%lld", (long long)(neg ? -v : v));
+    len = (int)strlen(tmp);
+    if (neg && (size_t)j + 1 < n) buf[j++] = '-';
+    for (i = 0; i < len && (size_t)j + 1 < n; i++) {
+        if (i > 0 && (len - i) % 3 == 0 && (size_t)j + 1 < n) buf[j++] = ',';
+        buf[j++] = tmp[i];
+    }
+    buf[j] = 0;
+    return buf;
+}
+
+static const char *fmt_mib(int64_t v, char *buf, size_t n) {
+    snprintf(buf, n, "%.2f MiB", (double)v / (1024.0 * 1024.0));
+    return buf;
+}
+
+/* ---- main ---------------------------------------------------------------------- */
+
+enum { PH_STEP, PH_PARTIAL, PH_REDUCE, PH_APPLY, PH_GATHER, PH_VERIFY, PH_COUNT };
+static const char *const phase_names[PH_COUNT] = {"step", "partial", "reduce", "apply", "gather", "verify"};
+
+int main(int argc, char **argv) {
+    static mxs_sim_weight weights[DEMO_MAX_WEIGHTS];
+    demo_opts o;
+    mxs_sim_desc d;
+    mxs_sim sim;
+    const demo_backend *be = &cpu_backend;
+    int64_t kv, ffn, elems = 0, primary = 0, bidir = 0, te_bytes = 0, mismatch = 0, row_only = 0;
+    double ms[DEMO_UPDATES][PH_COUNT], t0;
+    int n, u, w, rc = parse_args(argc, argv, &o);
+    FILE *progress;
+    mxs_status s;
+    char b1[32], b2[32], b3[32];
+
+    if (rc == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc) return rc;
+    if (o.cuda) {
+        fprintf(stderr, "mxshard-demo: --device cuda needs a build with CUDA and NCCL\n");
+        return 2;
+    }
+    progress = o.json ? stderr : stdout;
+
+    n = make_bucket(&o, weights, &kv, &ffn);
+    memset(&d, 0, sizeof d);
+    d.nranks = o.ranks;
+    d.n_weights = n;
+    d.weights = weights;
+    d.sharding = MXS_SIM_BUCKET;
+    d.scale_layout = MXS_SCALES_PADDED; /* TE's MXFP8Tensor layout */
+    d.master_dtype = MXS_F32;
+    d.rounding = o.rounding;
+    d.round_through = MXS_BF16; /* as TE: master -> bf16 -> MXFP8; makes writeback == BF16 copy-back */
+    d.mode = MXS_WB_FUSED;
+    d.copyback = 1;
+    d.seed = o.seed;
+
+    if (!o.json)
+        fprintf(progress, "mxshard-demo: %d ranks (simulated, %s), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
+                o.ranks, be->name, o.layers, o.layers > 1 ? "s" : "", (long long)o.hidden, (long long)kv,
+                (long long)ffn);
+    t0 = now_ms();
+    s = mxs_sim_create(&sim, &d);
+    if (s != MXS_OK) {
+        fprintf(stderr, "mxshard-demo: cannot set up the simulated group (%s; out of memory?)\n", mxs_status_str(s));
+        return 3;
+    }
+    fprintf(progress, "[setup]       %d ranks   %8.1f ms\n", o.ranks, now_ms() - t0);
+
+    for (u = 0; u < DEMO_UPDATES; u++) {
+        mxs_status (*const phase_fn[4])(mxs_sim *) = {be->partial, be->reduce, be->apply, be->gather};
+        int p;
+        t0 = now_ms();
+        mxs_sim_update(&sim);
+        ms[u][PH_STEP] = now_ms() - t0;
+        fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES, "step", o.ranks,
+                ms[u][PH_STEP]);
+        for (p = 0; p < 4; p++) {
+            t0 = now_ms();
+            s = phase_fn[p](&sim);
+            ms[u][PH_PARTIAL + p] = now_ms() - t0;
+            if (s != MXS_OK) {
+                fprintf(stderr, "mxshard-demo: %s failed: %s\n", phase_names[PH_PARTIAL + p], mxs_status_str(s));
+                mxs_sim_destroy(&sim);
+                return 3;
+            }
+            fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES,
+                    phase_names[PH_PARTIAL + p], o.ranks, ms[u][PH_PARTIAL + p]);
+        }
+        t0 = now_ms();
+        if ((s = mxs_sim_reference(&sim)) != MXS_OK || (s = mxs_sim_copyback_bf16(&sim)) != MXS_OK) {
+            fprintf(stderr, "mxshard-demo: verification failed to run: %s\n", mxs_status_str(s));
+            mxs_sim_destroy(&sim);
+            return 3;
+        }
+        mismatch += mxs_sim_compare(&sim, 0) + mxs_sim_compare_banks(&sim) + mxs_sim_guard_damage(&sim);
+        ms[u][PH_VERIFY] = now_ms() - t0;
+        fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES, "verify", o.ranks,
+                ms[u][PH_VERIFY]);
+    }
+
+    for (w = 0; w < n; w++) {
+        elems += weights[w].rows * weights[w].cols;
+        primary += mxs_sim_weight_bytes(&sim, w, weights[w].dirs);
+        bidir += mxs_sim_weight_bytes(&sim, w, MXS_BOTH);
+        te_bytes += te_amax_bytes(weights[w].rows, weights[w].cols, weights[w].dirs);
+        row_only += weights[w].dirs == MXS_ROWWISE;
+    }
+
+    if (o.json) {
+        int p;
+        printf(
+            "{\n  \"device\": \"%s\",\n  \"ranks\": %d,\n  \"layers\": %d,\n  \"hidden\": %lld,\n  \"kv_dim\": %lld,\n"
+            "  \"ffn\": %lld,\n  \"row_only_fraction\": %g,\n  \"rounding\": \"%s\",\n  \"seed\": %llu,\n"
+            "  \"updates\": %d,\n  \"scale_layout\": \"padded\",\n  \"round_through\": \"bf16\",\n"
+            "  \"bucket_elems\": %lld,\n  \"weights\": [\n",
+            be->name, o.ranks, o.layers, (long long)o.hidden, (long long)kv, (long long)ffn, o.row_only_fraction,
+            o.rounding == MXS_ROUND_CEIL ? "ceil" : "floor", (unsigned long long)o.seed, DEMO_UPDATES,
+            (long long)sim.bucket_elems);
+        for (w = 0; w < n; w++)
+            printf(
+                "    {\"name\": \"%s\", \"rows\": %lld, \"cols\": %lld, \"planes\": \"%s\", \"primary_bytes\": %lld, "
+                "\"bidirectional_bytes\": %lld}%s\n",
+                weights[w].name, (long long)weights[w].rows, (long long)weights[w].cols,
+                weights[w].dirs == MXS_ROWWISE ? "row" : "row+col",
+                (long long)mxs_sim_weight_bytes(&sim, w, weights[w].dirs),
+                (long long)mxs_sim_weight_bytes(&sim, w, MXS_BOTH), w + 1 < n ? "," : "");
+        printf("  ],\n  \"primary_bytes\": %lld,\n  \"bidirectional_bytes\": %lld,\n  \"saved_bytes\": %lld,\n"
+               "  \"saved_percent\": %.2f,\n",
+               (long long)primary, (long long)bidir, (long long)(bidir - primary),
+               bidir ? 100.0 * (double)(bidir - primary) / (double)bidir : 0.0);
+        printf("  \"reduction_bytes_per_update\": %lld,\n  \"te_bf16_amax_bytes_per_update\": %lld,\n",
+               (long long)sim.ranks[0].plan.packed_bytes, (long long)te_bytes);
+        printf("  \"collectives\": {\n"
+               "    \"allreduce_max_uint8\": {\"calls\": %lld, \"bytes\": %lld},\n"
+               "    \"allgather_uint8\": {\"calls\": %lld, \"bytes\": %lld},\n"
+               "    \"writeback_high_precision_bytes\": %lld,\n"
+               "    \"verification_allgather_bf16\": {\"calls\": %lld, \"bytes\": %lld}\n  },\n",
+               (long long)sim.stats.reduce_calls, (long long)sim.stats.reduce_bytes,
+               (long long)sim.stats.gather_u8_calls, (long long)sim.stats.gather_u8_bytes,
+               (long long)(sim.stats.highprec_bytes - sim.stats.gather_bf16_bytes),
+               (long long)sim.stats.gather_bf16_calls, (long long)sim.stats.gather_bf16_bytes);
+        printf("  \"phases_ms\": {");
+        for (p = 0; p < PH_COUNT; p++) {
+            printf("%s\"%s\": [", p ? ", " : "", phase_names[p]);
+            for (u = 0; u < DEMO_UPDATES; u++) printf("%s%.3f", u ? ", " : "", ms[u][p]);
+            printf("]");
+        }
+        printf("},\n  \"verified\": %s,\n  \"mismatching_bytes\": %lld\n}\n", mismatch ? "false" : "true",
+               (long long)mismatch);
+    } else {
+        int p;
+        printf("\n== mxshard-demo summary ==\n");
+        printf("bucket: %d weights, %s elements (padded to %s), distributed-optimizer sharding over %d ranks\n", n,
+               fmt_int(elems, b1, sizeof b1), fmt_int(sim.bucket_elems, b2, sizeof b2), o.ranks);
+        printf("masters: f32, rounded through bf16; scales: E8M0, %s rounding, padded (TE) layout\n\n",
+               o.rounding == MXS_ROUND_CEIL ? "ceil" : "floor");
+        printf("%-10s %15s  %-8s %16s %18s\n", "weight", "shape", "planes", "primary bytes", "if bidirectional");
+        for (w = 0; w < n; w++) {
+            char shape[40];
+            snprintf(shape, sizeof shape, "%lld x %lld", (long long)weights[w].rows, (long long)weights[w].cols);
+            printf("%-10s %15s  %-8s %16s %18s\n", weights[w].name, shape,
+                   weights[w].dirs == MXS_ROWWISE ? "row" : "row+col",
+                   fmt_int(mxs_sim_weight_bytes(&sim, w, weights[w].dirs), b1, sizeof b1),
+                   fmt_int(mxs_sim_weight_bytes(&sim, w, MXS_BOTH), b2, sizeof b2));
+        }
+        printf("%-10s %15s  %-8s %16s %18s\n", "total", "", "", fmt_int(primary, b1, sizeof b1),
+               fmt_int(bidir, b2, sizeof b2));
+        printf("memory: %d of %d weights row-only: %s instead of %s, saved %s (%.1f%%) per rank\n\n", (int)row_only, n,
+               fmt_mib(primary, b1, sizeof b1), fmt_mib(bidir, b2, sizeof b2), fmt_mib(bidir - primary, b3, sizeof b3),
+               bidir ? 100.0 * (double)(bidir - primary) / (double)bidir : 0.0);
+
+        printf("reduction per update (one all-reduce):\n");
+        printf("  mxshard  uint8 MAX, 1 byte per block, packed   %14s bytes\n",
+               fmt_int(sim.ranks[0].plan.packed_bytes, b1, sizeof b1));
+        printf("  TE*      bf16 amax, 2 bytes per padded block   %14s bytes  (%.2fx ours)\n",
+               fmt_int(te_bytes, b1, sizeof b1),
+               sim.ranks[0].plan.packed_bytes ? (double)te_bytes / (double)sim.ranks[0].plan.packed_bytes : 0.0);
+        printf("  * assumption, not a measurement: TE all-reduces one bf16 amax per 32-element block over its\n"
+               "    padded scale shape (round_up(rows,128) x round_up(ceil(cols/32),4) row-wise,\n"
+               "    round_up(ceil(rows/32),4) x round_up(cols,128) column-wise) for the same planes.\n\n");
+
+        printf("collectives (%d updates):\n", DEMO_UPDATES);
+        printf("  all-reduce MAX  uint8  %5lld calls  %14s bytes  (%lld per update)\n",
+               (long long)sim.stats.reduce_calls, fmt_int(sim.stats.reduce_bytes, b1, sizeof b1),
+               (long long)(sim.stats.reduce_calls / DEMO_UPDATES));
+        printf("  all-gather      uint8  %5lld calls  %14s bytes  (present data planes only)\n",
+               (long long)sim.stats.gather_u8_calls, fmt_int(sim.stats.gather_u8_bytes, b1, sizeof b1));
+        printf("  high-precision values exchanged by the writeback: %lld bytes\n",
+               (long long)(sim.stats.highprec_bytes - sim.stats.gather_bf16_bytes));
+        printf("  (verification only: all-gather bf16 %lld calls, %s bytes, for the BF16 copy-back)\n\n",
+               (long long)sim.stats.gather_bf16_calls, fmt_int(sim.stats.gather_bf16_bytes, b1, sizeof b1));
+
+        printf("time per phase, all %d ranks, ms:", o.ranks);
+        for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
+        printf("\n");
+        for (p = 0; p < PH_COUNT; p++) {
+            printf("  %-30s", phase_names[p]);
+            for (u = 0; u < DEMO_UPDATES; u++) printf(" %10.1f", ms[u][p]);
+            printf("\n");
+        }
+        printf("\n");
+        if (!mismatch)
+            printf("verified: bit-exact (%d updates x %d ranks x %d weights, data and scales: whole-tensor quantize "
+                   "and bf16 copy-back)\n",
+                   DEMO_UPDATES, o.ranks, n);
+    }
+    if (mismatch) fprintf(o.json ? stderr : stdout, "verified: FAILED (%lld mismatching bytes)\n", (long long)mismatch);
+    mxs_sim_destroy(&sim);
+    return mismatch ? 1 : 0;
+}
