@@ -23,23 +23,13 @@
 
 #include <mxshard/mxshard.h>
 
+#include "demo.h"
 #include "sim.h"
 
-#define DEMO_UPDATES 2
-#define DEMO_MAX_WEIGHTS (7 * 64)
 
 /* ---- options ---------------------------------------------------------------- */
 
-typedef struct demo_opts {
-    int ranks;
-    int64_t hidden;
-    int layers;
-    double row_only_fraction;
-    mxs_rounding rounding;
-    uint64_t seed;
-    int json;
-    int cuda;
-} demo_opts;
+
 
 static void usage(FILE *out) {
     fprintf(out, "usage: mxshard-demo [options]\n"
@@ -123,6 +113,7 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
         if (!strcmp(name, "--ranks")) {
             if (!parse_i64(val, 1, 64, &v)) return bad_flag("--ranks needs an integer in 1..64", val);
             o->ranks = (int)v;
+            o->ranks_set = 1;
         } else if (!strcmp(name, "--hidden")) {
             if (!parse_i64(val, 1, 16384, &v)) return bad_flag("--hidden needs an integer in 1..16384", val);
             o->hidden = v;
@@ -178,7 +169,7 @@ typedef struct demo_backend {
 
 static const demo_backend cpu_backend = {"cpu", mxs_sim_partial, mxs_sim_reduce, mxs_sim_apply, mxs_sim_gather};
 
-static double now_ms(void) {
+double demo_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
@@ -194,7 +185,7 @@ static char name_store[DEMO_MAX_WEIGHTS][24];
  * Weight i of the bucket is row-only when the running count
  * round(f * (i+1)) steps up, which spreads round(f * n) row-only weights
  * evenly through the bucket. */
-static int make_bucket(const demo_opts *o, mxs_sim_weight *w, int64_t *kv, int64_t *ffn) {
+int demo_make_bucket(const demo_opts *o, mxs_sim_weight *w, int64_t *kv, int64_t *ffn) {
     int l, k, n = 0;
     const int64_t h = o->hidden;
     *kv = h / 4 > 0 ? h / 4 : 1;
@@ -215,7 +206,7 @@ static int make_bucket(const demo_opts *o, mxs_sim_weight *w, int64_t *kv, int64
 
 /* Bytes TE would reduce for one plane: one bf16 amax per block over TE's
  * padded scale shape. */
-static int64_t te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs) {
+int64_t demo_te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs) {
     int64_t b = 0;
     if (dirs & MXS_ROWWISE) b += mxs_round_up(rows, 128) * mxs_round_up(mxs_ceil_div(cols, 32), 4) * 2;
     if (dirs & MXS_COLWISE) b += mxs_round_up(mxs_ceil_div(rows, 32), 4) * mxs_round_up(cols, 128) * 2;
@@ -224,7 +215,7 @@ static int64_t te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs) {
 
 /* ---- formatting ------------------------------------------------------------------- */
 
-static const char *fmt_int(int64_t v, char *buf, size_t n) { /* 12345678 -> "12,345,678" */
+const char *demo_fmt_int(int64_t v, char *buf, size_t n) { /* 12345678 -> "12,345,678" */
     char tmp[32];
     int len, i, j = 0, neg = v < 0;
     snprintf(tmp, sizeof tmp, "%lld", (long long)(neg ? -v : v));
@@ -238,7 +229,7 @@ static const char *fmt_int(int64_t v, char *buf, size_t n) { /* 12345678 -> "12,
     return buf;
 }
 
-static const char *fmt_mib(int64_t v, char *buf, size_t n) {
+const char *demo_fmt_mib(int64_t v, char *buf, size_t n) {
     snprintf(buf, n, "%.2f MiB", (double)v / (1024.0 * 1024.0));
     return buf;
 }
@@ -267,12 +258,16 @@ int main(int argc, char **argv) {
     }
     if (rc) return rc;
     if (o.cuda) {
+#ifdef MXS_DEMO_HAVE_CUDA
+        return demo_cuda_run(&o);
+#else
         fprintf(stderr, "mxshard-demo: --device cuda needs a build with CUDA and NCCL\n");
         return 2;
+#endif
     }
     progress = o.json ? stderr : stdout;
 
-    n = make_bucket(&o, weights, &kv, &ffn);
+    n = demo_make_bucket(&o, weights, &kv, &ffn);
     memset(&d, 0, sizeof d);
     d.nranks = o.ranks;
     d.n_weights = n;
@@ -290,26 +285,26 @@ int main(int argc, char **argv) {
         fprintf(progress, "mxshard-demo: %d ranks (simulated, %s), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
                 o.ranks, be->name, o.layers, o.layers > 1 ? "s" : "", (long long)o.hidden, (long long)kv,
                 (long long)ffn);
-    t0 = now_ms();
+    t0 = demo_now_ms();
     s = mxs_sim_create(&sim, &d);
     if (s != MXS_OK) {
         fprintf(stderr, "mxshard-demo: cannot set up the simulated group (%s; out of memory?)\n", mxs_status_str(s));
         return 3;
     }
-    fprintf(progress, "[setup]       %d ranks   %8.1f ms\n", o.ranks, now_ms() - t0);
+    fprintf(progress, "[setup]       %d ranks   %8.1f ms\n", o.ranks, demo_now_ms() - t0);
 
     for (u = 0; u < DEMO_UPDATES; u++) {
         mxs_status (*const phase_fn[4])(mxs_sim *) = {be->partial, be->reduce, be->apply, be->gather};
         int p;
-        t0 = now_ms();
+        t0 = demo_now_ms();
         mxs_sim_update(&sim);
-        ms[u][PH_STEP] = now_ms() - t0;
+        ms[u][PH_STEP] = demo_now_ms() - t0;
         fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES, "step", o.ranks,
                 ms[u][PH_STEP]);
         for (p = 0; p < 4; p++) {
-            t0 = now_ms();
+            t0 = demo_now_ms();
             s = phase_fn[p](&sim);
-            ms[u][PH_PARTIAL + p] = now_ms() - t0;
+            ms[u][PH_PARTIAL + p] = demo_now_ms() - t0;
             if (s != MXS_OK) {
                 fprintf(stderr, "mxshard-demo: %s failed: %s\n", phase_names[PH_PARTIAL + p], mxs_status_str(s));
                 mxs_sim_destroy(&sim);
@@ -318,14 +313,14 @@ int main(int argc, char **argv) {
             fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES,
                     phase_names[PH_PARTIAL + p], o.ranks, ms[u][PH_PARTIAL + p]);
         }
-        t0 = now_ms();
+        t0 = demo_now_ms();
         if ((s = mxs_sim_reference(&sim)) != MXS_OK || (s = mxs_sim_copyback_bf16(&sim)) != MXS_OK) {
             fprintf(stderr, "mxshard-demo: verification failed to run: %s\n", mxs_status_str(s));
             mxs_sim_destroy(&sim);
             return 3;
         }
         mismatch += mxs_sim_compare(&sim, 0) + mxs_sim_compare_banks(&sim) + mxs_sim_guard_damage(&sim);
-        ms[u][PH_VERIFY] = now_ms() - t0;
+        ms[u][PH_VERIFY] = demo_now_ms() - t0;
         fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES, "verify", o.ranks,
                 ms[u][PH_VERIFY]);
     }
@@ -334,7 +329,7 @@ int main(int argc, char **argv) {
         elems += weights[w].rows * weights[w].cols;
         primary += mxs_sim_weight_bytes(&sim, w, weights[w].dirs);
         bidir += mxs_sim_weight_bytes(&sim, w, MXS_BOTH);
-        te_bytes += te_amax_bytes(weights[w].rows, weights[w].cols, weights[w].dirs);
+        te_bytes += demo_te_amax_bytes(weights[w].rows, weights[w].cols, weights[w].dirs);
         row_only += weights[w].dirs == MXS_ROWWISE;
     }
 
@@ -383,7 +378,7 @@ int main(int argc, char **argv) {
         int p;
         printf("\n== mxshard-demo summary ==\n");
         printf("bucket: %d weights, %s elements (padded to %s), distributed-optimizer sharding over %d ranks\n", n,
-               fmt_int(elems, b1, sizeof b1), fmt_int(sim.bucket_elems, b2, sizeof b2), o.ranks);
+               demo_fmt_int(elems, b1, sizeof b1), demo_fmt_int(sim.bucket_elems, b2, sizeof b2), o.ranks);
         printf("masters: f32, rounded through bf16; scales: E8M0, %s rounding, padded (TE) layout\n\n",
                o.rounding == MXS_ROUND_CEIL ? "ceil" : "floor");
         printf("%-10s %15s  %-8s %16s %18s\n", "weight", "shape", "planes", "primary bytes", "if bidirectional");
@@ -392,20 +387,20 @@ int main(int argc, char **argv) {
             snprintf(shape, sizeof shape, "%lld x %lld", (long long)weights[w].rows, (long long)weights[w].cols);
             printf("%-10s %15s  %-8s %16s %18s\n", weights[w].name, shape,
                    weights[w].dirs == MXS_ROWWISE ? "row" : "row+col",
-                   fmt_int(mxs_sim_weight_bytes(&sim, w, weights[w].dirs), b1, sizeof b1),
-                   fmt_int(mxs_sim_weight_bytes(&sim, w, MXS_BOTH), b2, sizeof b2));
+                   demo_fmt_int(mxs_sim_weight_bytes(&sim, w, weights[w].dirs), b1, sizeof b1),
+                   demo_fmt_int(mxs_sim_weight_bytes(&sim, w, MXS_BOTH), b2, sizeof b2));
         }
-        printf("%-10s %15s  %-8s %16s %18s\n", "total", "", "", fmt_int(primary, b1, sizeof b1),
-               fmt_int(bidir, b2, sizeof b2));
+        printf("%-10s %15s  %-8s %16s %18s\n", "total", "", "", demo_fmt_int(primary, b1, sizeof b1),
+               demo_fmt_int(bidir, b2, sizeof b2));
         printf("memory: %d of %d weights row-only: %s instead of %s, saved %s (%.1f%%) per rank\n\n", (int)row_only, n,
-               fmt_mib(primary, b1, sizeof b1), fmt_mib(bidir, b2, sizeof b2), fmt_mib(bidir - primary, b3, sizeof b3),
+               demo_fmt_mib(primary, b1, sizeof b1), demo_fmt_mib(bidir, b2, sizeof b2), demo_fmt_mib(bidir - primary, b3, sizeof b3),
                bidir ? 100.0 * (double)(bidir - primary) / (double)bidir : 0.0);
 
         printf("reduction per update (one all-reduce):\n");
         printf("  mxshard  uint8 MAX, 1 byte per block, packed   %14s bytes\n",
-               fmt_int(sim.ranks[0].plan.packed_bytes, b1, sizeof b1));
+               demo_fmt_int(sim.ranks[0].plan.packed_bytes, b1, sizeof b1));
         printf("  TE*      bf16 amax, 2 bytes per padded block   %14s bytes  (%.2fx ours)\n",
-               fmt_int(te_bytes, b1, sizeof b1),
+               demo_fmt_int(te_bytes, b1, sizeof b1),
                sim.ranks[0].plan.packed_bytes ? (double)te_bytes / (double)sim.ranks[0].plan.packed_bytes : 0.0);
         printf("  * assumption, not a measurement: TE all-reduces one bf16 amax per 32-element block over its\n"
                "    padded scale shape (round_up(rows,128) x round_up(ceil(cols/32),4) row-wise,\n"
@@ -413,14 +408,14 @@ int main(int argc, char **argv) {
 
         printf("collectives (%d updates):\n", DEMO_UPDATES);
         printf("  all-reduce MAX  uint8  %5lld calls  %14s bytes  (%lld per update)\n",
-               (long long)sim.stats.reduce_calls, fmt_int(sim.stats.reduce_bytes, b1, sizeof b1),
+               (long long)sim.stats.reduce_calls, demo_fmt_int(sim.stats.reduce_bytes, b1, sizeof b1),
                (long long)(sim.stats.reduce_calls / DEMO_UPDATES));
         printf("  all-gather      uint8  %5lld calls  %14s bytes  (present data planes only)\n",
-               (long long)sim.stats.gather_u8_calls, fmt_int(sim.stats.gather_u8_bytes, b1, sizeof b1));
+               (long long)sim.stats.gather_u8_calls, demo_fmt_int(sim.stats.gather_u8_bytes, b1, sizeof b1));
         printf("  high-precision values exchanged by the writeback: %lld bytes\n",
                (long long)(sim.stats.highprec_bytes - sim.stats.gather_bf16_bytes));
         printf("  (verification only: all-gather bf16 %lld calls, %s bytes, for the BF16 copy-back)\n\n",
-               (long long)sim.stats.gather_bf16_calls, fmt_int(sim.stats.gather_bf16_bytes, b1, sizeof b1));
+               (long long)sim.stats.gather_bf16_calls, demo_fmt_int(sim.stats.gather_bf16_bytes, b1, sizeof b1));
 
         printf("time per phase, all %d ranks, ms:", o.ranks);
         for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
