@@ -1,0 +1,226 @@
+/* cuda/nccl/mxs_nccl.c - NCCL glue of mxshard (see include/mxshard/nccl.h).
+ *
+ * Host code only: it validates, then enqueues the CUDA kernels of
+ * libmxshard_cuda and NCCL collectives on the caller's stream. Every
+ * collective goes through _mxs_nccl_issue(), which reports it to the internal
+ * test hook (mxs_nccl_hooks.h) first.
+ */
+#include <mxshard/nccl.h>
+
+#include "mxs_nccl_hooks.h"
+
+/* ---- test hook ----------------------------------------------------------- */
+
+static mxs_nccl_hook_fn _mxs_nccl_hook;
+static void *_mxs_nccl_hook_user;
+
+void mxs_nccl_set_test_hook(mxs_nccl_hook_fn fn, void *user) {
+    _mxs_nccl_hook = fn;
+    _mxs_nccl_hook_user = fn ? user : NULL;
+}
+
+/* The one place that calls NCCL collectives. `send` may be NULL only for
+ * MXS_NCCL_OP_BROADCAST on a non-root rank (NCCL ignores it there). */
+static ncclResult_t _mxs_nccl_issue(mxs_nccl_op op, const void *send, void *recv, size_t count,
+                                    ncclDataType_t type, ncclRedOp_t red, int root, ncclComm_t comm,
+                                    cudaStream_t stream) {
+    if (_mxs_nccl_hook) {
+        mxs_nccl_event ev;
+        ev.op = op;
+        ev.type = type;
+        ev.red = op == MXS_NCCL_OP_ALL_REDUCE ? red : ncclSum;
+        ev.count = count;
+        ev.root = op == MXS_NCCL_OP_BROADCAST ? root : -1;
+        _mxs_nccl_hook(&ev, _mxs_nccl_hook_user);
+    }
+    switch (op) {
+    case MXS_NCCL_OP_ALL_REDUCE: return ncclAllReduce(send, recv, count, type, red, comm, stream);
+    case MXS_NCCL_OP_BROADCAST: return ncclBroadcast(send, recv, count, type, root, comm, stream);
+    case MXS_NCCL_OP_ALL_GATHER: return ncclAllGather(send, recv, count, type, comm, stream);
+    }
+    return ncclInvalidArgument;
+}
+
+/* nranks and rank of `comm`; MXS_ERR_NCCL when NCCL refuses the handle. */
+static mxs_status _mxs_nccl_comm_info(ncclComm_t comm, int *nranks, int *rank) {
+    if (!comm) return MXS_ERR_INVALID_ARGUMENT;
+    if (ncclCommCount(comm, nranks) != ncclSuccess) return MXS_ERR_NCCL;
+    if (ncclCommUserRank(comm, rank) != ncclSuccess) return MXS_ERR_NCCL;
+    if (*nranks < 1 || *rank < 0 || *rank >= *nranks) return MXS_ERR_NCCL;
+    return MXS_OK;
+}
+
+/* ---- writeback ----------------------------------------------------------- */
+
+mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, void *workspace,
+                                 int64_t workspace_bytes, ncclComm_t comm, cudaStream_t stream) {
+    int64_t need = 0;
+    int nranks, rank;
+    mxs_status s;
+
+    /* Everything partial, the reduction and apply could reject is checked
+     * here, so that no rank stops between the partial and the all-reduce
+     * (the other ranks would wait in the all-reduce forever). */
+    if (!b || !plan) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
+    if (plan->packed_bytes > 0 && !packed) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_cuda_wb_workspace_bytes(b, &need)) != MXS_OK) return s;
+    if (workspace_bytes < need) return MXS_ERR_BUFFER_SIZE;
+    if (need > 0 && !workspace) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+
+    if ((s = mxs_cuda_wb_partial(b, plan, packed, workspace, workspace_bytes, stream)) != MXS_OK) return s;
+    if (plan->packed_bytes > 0 &&
+        _mxs_nccl_issue(MXS_NCCL_OP_ALL_REDUCE, packed, packed, (size_t)plan->packed_bytes, ncclUint8, ncclMax, 0,
+                        comm, stream) != ncclSuccess)
+        return MXS_ERR_NCCL;
+    return mxs_cuda_wb_apply(b, plan, packed, workspace, workspace_bytes, stream);
+}
+
+mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclComm_t comm, cudaStream_t stream) {
+    uint64_t mine[4], all[4], sz = 0xCBF29CE484222325ull;
+    int nranks, rank, k;
+    mxs_status s;
+    if (!plan || !scratch) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    sz = _mxs_fnv_u64(sz, (uint64_t)plan->n_items);
+    sz = _mxs_fnv_u64(sz, (uint64_t)plan->packed_bytes);
+    sz = _mxs_fnv_u64(sz, (uint64_t)plan->row_region_bytes);
+    mine[0] = plan->fingerprint;
+    mine[1] = ~plan->fingerprint;
+    mine[2] = sz;
+    mine[3] = ~sz;
+    if (cudaMemcpyAsync(scratch, mine, sizeof mine, cudaMemcpyHostToDevice, stream) != cudaSuccess)
+        return MXS_ERR_CUDA;
+    if (_mxs_nccl_issue(MXS_NCCL_OP_ALL_REDUCE, scratch, scratch, 4, ncclUint64, ncclMax, 0, comm, stream) !=
+        ncclSuccess)
+        return MXS_ERR_NCCL;
+    if (cudaMemcpyAsync(all, scratch, sizeof all, cudaMemcpyDeviceToHost, stream) != cudaSuccess)
+        return MXS_ERR_CUDA;
+    if (cudaStreamSynchronize(stream) != cudaSuccess) return MXS_ERR_CUDA;
+    for (k = 0; k < 4; k++)
+        if (all[k] != mine[k]) return MXS_ERR_PLAN_MISMATCH;
+    return MXS_OK;
+}
+
+/* ---- gather ---------------------------------------------------------------- */
+
+/* Batches collectives into ncclGroupStart/End groups of at most
+ * MXS_NCCL_GROUP_OPS operations. After the first failure no further
+ * operation is issued, but an open group is still closed. */
+typedef struct _mxs_group {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    int ops;
+    ncclResult_t err;
+} _mxs_group;
+
+static void _mxs_group_bcast(_mxs_group *g, uint8_t *base, int64_t first_byte, int64_t bytes, int root) {
+    if (g->err != ncclSuccess || bytes <= 0) return;
+    if (g->ops == 0 && (g->err = ncclGroupStart()) != ncclSuccess) return;
+    g->ops++;
+    g->err = _mxs_nccl_issue(MXS_NCCL_OP_BROADCAST, base + first_byte, base + first_byte, (size_t)bytes, ncclUint8,
+                             ncclSum, root, g->comm, g->stream);
+    if (g->ops == MXS_NCCL_GROUP_OPS || g->err != ncclSuccess) {
+        ncclResult_t end = ncclGroupEnd();
+        if (g->err == ncclSuccess) g->err = end;
+        g->ops = 0;
+    }
+}
+
+static mxs_status _mxs_group_finish(_mxs_group *g) {
+    if (g->ops > 0) {
+        ncclResult_t end = ncclGroupEnd();
+        if (g->err == ncclSuccess) g->err = end;
+        g->ops = 0;
+    }
+    return g->err == ncclSuccess ? MXS_OK : MXS_ERR_NCCL;
+}
+
+/* One flat buffer: each rank's segment (mxs_gather_segment), in rank order. */
+static void _mxs_gather_one(_mxs_group *g, uint8_t *buf, int64_t elem_bytes, const int64_t *starts,
+                            const int64_t *lens, int nranks) {
+    int q;
+    for (q = 0; q < nranks; q++) {
+        int64_t seg_start, seg_len;
+        mxs_gather_segment(starts, lens, nranks, q, &seg_start, &seg_len);
+        if (seg_len > 0) _mxs_group_bcast(g, buf, seg_start * elem_bytes, seg_len * elem_bytes, q);
+    }
+}
+
+/* Validates a shard table of nranks entries against a buffer of `elems`. */
+static mxs_status _mxs_check_table(int64_t elems, const int64_t *starts, const int64_t *lens, int nranks,
+                                   int *any) {
+    int q;
+    mxs_status s;
+    for (q = 0; q < nranks; q++) {
+        if ((s = mxs_shard_check(elems, starts[q], lens[q])) != MXS_OK) return s;
+        if (lens[q] > 0) *any = 1;
+    }
+    return MXS_OK;
+}
+
+mxs_status mxs_nccl_gather_bytes(void *buf, int64_t elems, int64_t elem_bytes, const int64_t *starts,
+                                 const int64_t *lens, ncclComm_t comm, cudaStream_t stream) {
+    int nranks, rank, any = 0;
+    int64_t bytes;
+    _mxs_group g;
+    mxs_status s;
+    if (!starts || !lens || elems < 0 || elem_bytes < 1) return MXS_ERR_INVALID_ARGUMENT;
+    if (!mxs_mul_ok(elems, elem_bytes, &bytes)) return MXS_ERR_OVERFLOW;
+    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if ((s = _mxs_check_table(elems, starts, lens, nranks, &any)) != MXS_OK) return s;
+    if (any && !buf) return MXS_ERR_INVALID_ARGUMENT;
+    g.comm = comm;
+    g.stream = stream;
+    g.ops = 0;
+    g.err = ncclSuccess;
+    if (any) _mxs_gather_one(&g, (uint8_t *)buf, elem_bytes, starts, lens, nranks);
+    return _mxs_group_finish(&g);
+}
+
+mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, const int64_t *starts,
+                                  const int64_t *lens, ncclComm_t comm, cudaStream_t stream) {
+    int nranks, rank;
+    int64_t i;
+    _mxs_group g;
+    mxs_status s;
+    if (n_weights < 0 || (n_weights > 0 && (!weights || !starts || !lens))) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if (n_weights > INT64_MAX / nranks) return MXS_ERR_OVERFLOW;
+    for (i = 0; i < n_weights; i++) {
+        const mxs_tensor *t = &weights[i];
+        int any = 0;
+        if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
+        if ((t->dirs & MXS_ROWWISE) && !t->row_data) return MXS_ERR_ABSENT_PLANE;
+        if ((t->dirs & MXS_COLWISE) && !t->col_data) return MXS_ERR_ABSENT_PLANE;
+        s = _mxs_check_table(t->rows * t->cols, starts + i * nranks, lens + i * nranks, nranks, &any);
+        if (s != MXS_OK) return s;
+    }
+    g.comm = comm;
+    g.stream = stream;
+    g.ops = 0;
+    g.err = ncclSuccess;
+    for (i = 0; i < n_weights; i++) {
+        const mxs_tensor *t = &weights[i];
+        if (t->dirs & MXS_ROWWISE) _mxs_gather_one(&g, t->row_data, 1, starts + i * nranks, lens + i * nranks, nranks);
+        if (t->dirs & MXS_COLWISE) _mxs_gather_one(&g, t->col_data, 1, starts + i * nranks, lens + i * nranks, nranks);
+    }
+    return _mxs_group_finish(&g);
+}
+
+mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclComm_t comm, cudaStream_t stream) {
+    int nranks, rank;
+    int64_t chunk;
+    mxs_status s;
+    if (bucket_bytes < 0) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if (bucket_bytes % nranks != 0) return MXS_ERR_INVALID_ARGUMENT;
+    chunk = bucket_bytes / nranks;
+    if (chunk == 0) return MXS_OK;
+    if (!bucket) return MXS_ERR_INVALID_ARGUMENT;
+    if (_mxs_nccl_issue(MXS_NCCL_OP_ALL_GATHER, bucket + (int64_t)rank * chunk, bucket, (size_t)chunk, ncclUint8,
+                        ncclSum, 0, comm, stream) != ncclSuccess)
+        return MXS_ERR_NCCL;
+    return MXS_OK;
+}
