@@ -161,6 +161,12 @@ MXS_HD uint8_t mxs_quantize_elem(float x, float quant_mult) {
 
 /* x' = e4m3_to_f32(q) * 2^(e-127), in f32. */
 MXS_HD float mxs_dequantize_elem(uint8_t q, uint8_t e) {
+    /* NaN results are produced explicitly: the payload a multiply gives a
+     * NaN differs between CPUs (the NaN operand's) and GPUs (0x7FFFFFFF).
+     * The bits chosen are what x86 gives: E4M3 NaN -> its sign | 0x7FC00000,
+     * NaN scale -> 0x7FC00000. */
+    if ((q & 0x7Fu) == MXS_E4M3_NAN) return mxs_f32_from_bits(((uint32_t)(q & 0x80u) << 24) | 0x7FC00000u);
+    if (e == MXS_E8M0_NAN) return mxs_f32_from_bits(0x7FC00000u);
     return mxs_e4m3_to_f32(q) * mxs_e8m0_to_f32(e);
 }
 
