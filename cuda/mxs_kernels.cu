@@ -151,24 +151,12 @@ __device__ __forceinline__ void unpack8(float *x, const uint4 *raw, int dtype) {
     }
 }
 
-/* E4M3 of four f32 products, packed little-endian. The hardware conversion
- * cvt.rn.satfinite.e4m3x2.f32 IS the SPEC's f32 -> E4M3 rule (SPEC section 1
- * names it; the test suite checks it byte for byte against
- * mxs_e4m3_from_f32, specials included) - except that the SPEC wants every
- * NaN as 0x7F, and 0xFF (the only other E4M3 NaN) is mapped to it. */
-__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
-    uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-    uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-    uint32_t w = lo | (hi << 16);
-    return w ^ (__vcmpeq4(w, 0xFFFFFFFFu) & 0x80808080u);
-}
-
 /* E4M3(fl32(x[k] * mult[k])) for 8 elements. */
 __device__ __forceinline__ uint2 quantize8(const float *x, const float *mult) {
     float v[8];
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = __fmul_rn(x[k], mult[k]); /* one rounding, never fused */
-    return make_uint2(e4m3x4(v[0], v[1], v[2], v[3]), e4m3x4(v[4], v[5], v[6], v[7]));
+    return make_uint2(mxs_e4m3x4_from_f32(v[0], v[1], v[2], v[3]), mxs_e4m3x4_from_f32(v[4], v[5], v[6], v[7]));
 }
 
 __device__ __forceinline__ void st_bytes(uint8_t *out, uint2 q, unsigned mask, bool vec8) {
@@ -180,10 +168,6 @@ __device__ __forceinline__ void st_bytes(uint8_t *out, uint2 q, unsigned mask, b
     for (int k = 0; k < 8; k++)
         if (mask & (1u << k)) out[k] = (uint8_t)((k < 4 ? q.x : q.y) >> (8 * (k & 3)));
 }
-
-/* Block amax step on the device: fmaxf(a, |x|) - IEEE maxNum, NaN ignored -
- * is mxs_amax_step exactly (a >= 0 and never NaN), in one instruction. */
-__device__ __forceinline__ float amax_step(float a, float x) { return fmaxf(a, fabsf(x)); }
 
 __device__ __forceinline__ bool cast_selected(int cast, bool inside) {
     return cast == CAST_ALL || (cast == CAST_INSIDE && inside) || (cast == CAST_OUTSIDE && !inside);
@@ -279,10 +263,8 @@ __device__ __forceinline__ void run_tile(const TileJob &J, int64_t g, int64_t t,
     for (int i = 0; i < kRPT; i++) {
         if (vrow[i]) unpack8(x[i], raw[i], dtype);
         if (J.round_through == MXS_BF16) {
-            /* cvt.rn.bf16.f32 is mxs_bf16_from_f32 (RNE) for every non-NaN;
-             * a NaN stays a NaN, and NaN payloads never reach the output */
 #pragma unroll
-            for (int k = 0; k < 8; k++) x[i][k] = __bfloat162float(__float2bfloat16_rn(x[i][k]));
+            for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_BF16);
         } else if (J.round_through == MXS_F16) {
 #pragma unroll
             for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_F16);
@@ -303,7 +285,7 @@ __device__ __forceinline__ void run_tile(const TileJob &J, int64_t g, int64_t t,
             } else {
                 float a = 0.0f;
 #pragma unroll
-                for (int k = 0; k < 8; k++) a = amax_step(a, x[i][k]);
+                for (int k = 0; k < 8; k++) a = mxs_amax_step(a, x[i][k]);
                 a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
                 a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
                 e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
@@ -331,7 +313,7 @@ __device__ __forceinline__ void run_tile(const TileJob &J, int64_t g, int64_t t,
             for (int k = 0; k < 8; k++) {
                 float a = 0.0f;
 #pragma unroll
-                for (int i = 0; i < kRPT; i++) a = amax_step(a, x[i][k]);
+                for (int i = 0; i < kRPT; i++) a = mxs_amax_step(a, x[i][k]);
                 sm.amax[ty][tx * 8 + k] = a;
             }
         }
@@ -452,7 +434,7 @@ __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64
         unpack8(x[i], raw[i], DTYPE);
         if (J.round_through == MXS_BF16) {
 #pragma unroll
-            for (int k = 0; k < 8; k++) x[i][k] = __bfloat162float(__float2bfloat16_rn(x[i][k]));
+            for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_BF16);
         } else if (J.round_through == MXS_F16) {
 #pragma unroll
             for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_F16);
@@ -464,7 +446,7 @@ __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64
         for (int i = 0; i < kRPT; i++) {
             float a = 0.0f;
 #pragma unroll
-            for (int k = 0; k < 8; k++) a = amax_step(a, x[i][k]);
+            for (int k = 0; k < 8; k++) a = mxs_amax_step(a, x[i][k]);
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
             const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
@@ -478,7 +460,7 @@ __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64
         for (int k = 0; k < 8; k++) {
             float a = 0.0f;
 #pragma unroll
-            for (int i = 0; i < kRPT; i++) a = amax_step(a, x[i][k]);
+            for (int i = 0; i < kRPT; i++) a = mxs_amax_step(a, x[i][k]);
             sm.amax[ty][tx * 8 + k] = a;
         }
         __syncthreads();
@@ -933,19 +915,11 @@ mxs_status mxs_cuda_quantize(const mxs_tensor *dst, const void *src, mxs_dtype s
 
 mxs_status mxs_cuda_dequantize(const mxs_tensor *t, mxs_dirs plane, void *dst, mxs_dtype dst_dtype,
                                cudaStream_t stream) {
-    mxs_status s;
-    if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane))
-        return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
-    if (!(t->dirs & (unsigned)plane)) return MXS_ERR_ABSENT_PLANE;
-    const uint8_t *data = plane == MXS_ROWWISE ? t->row_data : t->col_data;
-    const uint8_t *scale = plane == MXS_ROWWISE ? t->row_scale : t->col_scale;
-    if (!data || !scale) return MXS_ERR_ABSENT_PLANE;
-    const int64_t elems = t->rows * t->cols;
-    if (elems > INT64_MAX / 4) return MXS_ERR_OVERFLOW;
-    if (!_mxs_disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), data, elems)) return MXS_ERR_ALIASING;
+    const uint8_t *data, *scale;
     mxs_scale_geom g;
-    mxs_scale_geom_make(t->rows, t->cols, plane, t->scale_layout, &g);
+    mxs_status s = mxs_dequantize_check(t, plane, dst, dst_dtype, &data, &scale, &g);
+    if (s != MXS_OK) return s;
+    const int64_t elems = t->rows * t->cols;
     int64_t blocks = mxs_ceil_div(elems, 256);
     blocks = blocks < 132 * 64 ? blocks : 132 * 64;
     dequantize_kernel<<<(unsigned)blocks, 256, 0, stream>>>(data, scale, g, t->cols, elems, dst, dst_dtype);
@@ -955,20 +929,9 @@ mxs_status mxs_cuda_dequantize(const mxs_tensor *t, mxs_dirs plane, void *dst, m
 mxs_status mxs_cuda_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
                                    const uint8_t *src, mxs_scale_layout to, uint8_t *dst, cudaStream_t stream) {
     mxs_scale_geom gs, gd;
-    mxs_tensor shape;
-    mxs_status s;
-    if (!src || !dst || !mxs_plane_valid((int)plane) || !mxs_layout_valid((int)from) || !mxs_layout_valid((int)to))
-        return MXS_ERR_INVALID_ARGUMENT;
-    memset(&shape, 0, sizeof shape);
-    shape.rows = rows;
-    shape.cols = cols;
-    shape.dirs = MXS_BOTH;
-    shape.scale_layout = from;
-    if ((s = mxs_tensor_check_shape(&shape)) != MXS_OK) return s;
-    mxs_scale_geom_make(rows, cols, plane, from, &gs);
-    mxs_scale_geom_make(rows, cols, plane, to, &gd);
+    mxs_status s = mxs_convert_scales_check(rows, cols, plane, from, src, to, dst, &gs, &gd);
+    if (s != MXS_OK) return s;
     const int64_t bytes = mxs_scale_geom_bytes(&gd);
-    if (!_mxs_disjoint(src, mxs_scale_geom_bytes(&gs), dst, bytes)) return MXS_ERR_ALIASING;
     const int64_t units = mxs_ceil_div(bytes, kChunkBytes);
     convert_kernel<<<(unsigned)grid_for(units), kThreads, 0, stream>>>(dst, gd, src, gs, bytes, units);
     return launch_status();

@@ -291,25 +291,35 @@ MXS_API int _mxs_disjoint(const void *a, int64_t an, const void *b, int64_t bn) 
     return pa + (uintptr_t)an <= pb || pb + (uintptr_t)bn <= pa;
 }
 
+/* Validates a dequantize request (shared by the host and CUDA paths) and
+ * returns the plane's data/scale pointers and scale geometry. */
+MXS_API mxs_status mxs_dequantize_check(const mxs_tensor *t, mxs_dirs plane, const void *dst, mxs_dtype dst_dtype,
+                                        const uint8_t **data, const uint8_t **scale, mxs_scale_geom *g) {
+    int64_t elems;
+    mxs_status s;
+    if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane))
+        return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
+    if (!(t->dirs & (unsigned)plane)) return MXS_ERR_ABSENT_PLANE;
+    *data = plane == MXS_ROWWISE ? t->row_data : t->col_data;
+    *scale = plane == MXS_ROWWISE ? t->row_scale : t->col_scale;
+    if (!*data || !*scale) return MXS_ERR_ABSENT_PLANE;
+    elems = t->rows * t->cols;
+    if (elems > INT64_MAX / 4) return MXS_ERR_OVERFLOW;
+    if (!_mxs_disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), *data, elems)) return MXS_ERR_ALIASING;
+    mxs_scale_geom_make(t->rows, t->cols, plane, t->scale_layout, g);
+    return MXS_OK;
+}
+
 /* Dequantizes one plane (MXS_ROWWISE or MXS_COLWISE) of t into dst, rows x
  * cols elements of `dst_dtype` (f32, or bf16/f16 rounded to nearest even):
  * x' = e4m3_to_f32(q) * 2^(e-127), in f32. t's scales are read in its layout. */
 MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_dirs plane, void *dst, mxs_dtype dst_dtype) {
     mxs_scale_geom g;
     const uint8_t *data, *scale;
-    int64_t r, c, elems;
-    mxs_status s;
-    if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane))
-        return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
-    if (!(t->dirs & (unsigned)plane)) return MXS_ERR_ABSENT_PLANE;
-    data = plane == MXS_ROWWISE ? t->row_data : t->col_data;
-    scale = plane == MXS_ROWWISE ? t->row_scale : t->col_scale;
-    if (!data || !scale) return MXS_ERR_ABSENT_PLANE;
-    elems = t->rows * t->cols;
-    if (elems > INT64_MAX / 4) return MXS_ERR_OVERFLOW;
-    if (!_mxs_disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), data, elems)) return MXS_ERR_ALIASING;
-    mxs_scale_geom_make(t->rows, t->cols, plane, t->scale_layout, &g);
+    int64_t r, c;
+    mxs_status s = mxs_dequantize_check(t, plane, dst, dst_dtype, &data, &scale, &g);
+    if (s != MXS_OK) return s;
     for (r = 0; r < t->rows; r++) {
         int64_t f = r * t->cols;
         for (c = 0; c < t->cols; c++) {
@@ -327,10 +337,11 @@ MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_dirs plane, void
  * to layout `to` (dst). Every dst byte is written once: logical entries are
  * copied, padding entries become 0x00 (source padding is ignored). src and
  * dst must not overlap (MXS_ERR_ALIASING). */
-MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
-                                           const uint8_t *src, mxs_scale_layout to, uint8_t *dst) {
-    mxs_scale_geom gs, gd;
-    int64_t off, bytes, m, k;
+/* Validates a scale-conversion request (shared by the host and CUDA paths)
+ * and returns both geometries. */
+MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
+                                            const uint8_t *src, mxs_scale_layout to, const uint8_t *dst,
+                                            mxs_scale_geom *gs, mxs_scale_geom *gd) {
     mxs_tensor shape;
     mxs_status s;
     if (!src || !dst || !mxs_plane_valid((int)plane) || !mxs_layout_valid((int)from) || !mxs_layout_valid((int)to))
@@ -341,10 +352,19 @@ MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs 
     shape.dirs = MXS_BOTH;
     shape.scale_layout = from;
     if ((s = mxs_tensor_check_shape(&shape)) != MXS_OK) return s;
-    mxs_scale_geom_make(rows, cols, plane, from, &gs);
-    mxs_scale_geom_make(rows, cols, plane, to, &gd);
+    mxs_scale_geom_make(rows, cols, plane, from, gs);
+    mxs_scale_geom_make(rows, cols, plane, to, gd);
+    if (!_mxs_disjoint(src, mxs_scale_geom_bytes(gs), dst, mxs_scale_geom_bytes(gd))) return MXS_ERR_ALIASING;
+    return MXS_OK;
+}
+
+MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
+                                           const uint8_t *src, mxs_scale_layout to, uint8_t *dst) {
+    mxs_scale_geom gs, gd;
+    int64_t off, bytes, m, k;
+    mxs_status s = mxs_convert_scales_check(rows, cols, plane, from, src, to, dst, &gs, &gd);
+    if (s != MXS_OK) return s;
     bytes = mxs_scale_geom_bytes(&gd);
-    if (!_mxs_disjoint(src, mxs_scale_geom_bytes(&gs), dst, bytes)) return MXS_ERR_ALIASING;
     for (off = 0; off < bytes; off++) {
         mxs_scale_geom_coords(&gd, off, &m, &k);
         dst[off] = mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : 0;
