@@ -46,7 +46,7 @@ fi
 
 demo=$builddir/tools/mxshard-demo
 if [ -x "$demo" ] && "$demo" --help 2>&1 | grep -q -- '--device'; then
-  step demo "$demo" --device cuda
+  step demo "$demo" --device cuda --hidden 4096
 fi
 
 echo "=== gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$log"
