@@ -37,7 +37,7 @@ if ! step build meson compile -C "$builddir" -j "$(nproc)"; then
 fi
 
 suites=(--suite cuda)
-if meson test -C "$builddir" --list 2>/dev/null | grep -q '^mxshard:nccl'; then suites+=(--suite nccl); fi
+if meson test -C "$builddir" --list 2>/dev/null | grep -q 'nccl'; then suites+=(--suite nccl); fi
 step tests meson test -C "$builddir" "${suites[@]}" --print-errorlogs --num-processes 1 --no-rebuild
 
 if [ -x "$builddir/bench/cuda_bench" ]; then

@@ -268,6 +268,12 @@ static void rank_main(mxs_rank *r, void *user) {
         if (talk) printf("[update %d/%d] step      new masters, shards uploaded  %8.1f ms\n", u + 1, DEMO_UPDATES,
                          ms[u][CP_STEP]);
 
+        /* line the ranks up first (a 1-byte all-reduce, not part of the
+         * writeback) so that the reduce phase does not time another rank's
+         * host work */
+        NC(ncclAllReduce(d_bad, d_bad, 1, ncclUint8, ncclMax, r->comm, r->stream));
+        CU(cudaStreamSynchronize(r->stream));
+
         /* the writeback: partial -> ONE uint8 MAX all-reduce -> apply, then the byte gather */
         CU(cudaEventRecord(ev[0], r->stream));
         MX(mxs_cuda_wb_partial(&batch, &plan, packed, ws, ws_bytes, r->stream));
