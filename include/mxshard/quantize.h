@@ -252,13 +252,18 @@ MXS_API void _mxs_host_run(const _mxs_host_job *job) {
  * MXS_ERR_SHAPE, MXS_ERR_OVERFLOW, MXS_ERR_ABSENT_PLANE (a named plane has a
  * NULL data or scale pointer). Padding entries of PADDED/SWIZZLED scale
  * planes are written as 0x00. */
+/* Validates a quantize request (shared by the host and CUDA paths). */
+MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding r) {
+    if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_rounding_valid((int)r))
+        return MXS_ERR_INVALID_ARGUMENT;
+    return mxs_tensor_check(dst);
+}
+
 MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding r) {
     _mxs_host_job job;
     mxs_status s;
     int p;
-    if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_rounding_valid((int)r))
-        return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_tensor_check(dst)) != MXS_OK) return s;
+    if ((s = mxs_quantize_check(dst, src, src_dtype, r)) != MXS_OK) return s;
 
     memset(&job, 0, sizeof job);
     job.rows = dst->rows;
