@@ -33,20 +33,27 @@
  *
  * Writeback (partial / apply) runs the same tile over a shard [lo, hi): the
  * batch becomes a table of items, each owning a contiguous range of work
- * units (tiles, then zero-fill or scale-scatter chunks); a CTA finds its
- * item by binary search over the units' prefix. The table travels in the
- * kernel parameters (__grid_constant__, up to kInlineMax items) or, for
- * larger batches, is stored into the caller's workspace by one tiny
- * table_store launch per kInlineMax items.
+ * units (tiles, then zero-fill or scale-scatter units of 8 KiB, written as
+ * 16-byte vectors); a CTA finds its item by binary search over the units'
+ * prefix. The table travels in the kernel parameters (__grid_constant__:
+ * a 4-item table for up to kInlineSmall items, else up to kInlineMax
+ * items) or, for larger batches, is stored into the caller's workspace by
+ * one tiny table_store launch per kInlineMax items.
  *
- * Interior tiles - all 32 x 128 elements exist, lie in the range and take
+ * Interior tiles - all 32 x 128 elements exist (or all rows of a last
+ * group of fewer than 32 rows, for the partial), lie in the range and take
  * the vector path - go to a lean kernel without masks or bounds
  * (interior_tile: ~64 registers instead of ~120, so twice the loads in
  * flight per SM). Launches:
  *   quantize  1 (interior + 0 edge tiles: shapes that are multiples of
  *             32 x 128 on the vector path, COMPACT), else 2 (+ edge kernel)
- *   partial   interior kernel (fused mode only) + general kernel (edges,
- *             zero-fill of the packed buffer outside the touched groups)
+ *   partial   1, or 2 when the batch has both interior tiles (fused mode)
+ *             and tiles for the general kernel (a shard edge that is not a
+ *             32-row-group boundary, cols % 128 != 0, no vector path):
+ *             interior kernel + general kernel (edge tiles, zero-fill of
+ *             the packed buffer outside the touched groups). Without such
+ *             tiles the interior launch does the zero-fill too; without
+ *             interior tiles the general kernel does everything.
  *   apply     1 general kernel (straddling blocks + scale scatter)
  *   + ceil(n_items / kInlineMax) table_store launches per phase when
  *     n_items > kInlineMax.
@@ -65,7 +72,18 @@ constexpr int kTX = 16;            /* threads across a tile row (8 elements each
 constexpr int kTY = 8;             /* thread rows */
 constexpr int kRPT = 4;            /* rows per thread: kTY * kRPT = 32 */
 constexpr int kTileCols = kTX * 8; /* 128 */
-constexpr int64_t kChunkBytes = kThreads * 16; /* zero-fill / scatter unit */
+constexpr int64_t kChunkBytes = kThreads * 16; /* convert_scales unit */
+/* Writeback zero-fill / scale-scatter unit: 4 16-byte vectors per thread.
+ * A byte range [p, p + len) is cut into units on the 16-byte grid of the
+ * ADDRESS (not of the offset), so every whole vector is an aligned store. */
+constexpr int kVecPerThread = 4;
+constexpr int64_t kVecChunk = (int64_t)kThreads * 16 * kVecPerThread;
+
+__host__ __device__ inline int64_t vec_units(const void *p, int64_t len) {
+    if (len <= 0) return 0;
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(p) & 15u);
+    return (mis + len + kVecChunk - 1) / kVecChunk;
+}
 
 constexpr int64_t kMaxGrid = 1 << 30;
 
@@ -103,20 +121,21 @@ struct WbItem {
     int tile_mode;
     int64_t g_first, g_last;   /* TILES_GROUPS: see below; EDGE_GROUPS: g_first, g_last */
     /* Partial: groups [ga, gb) lie wholly inside the shard; their first
-     * T_int tile columns are whole 32 x 128 tiles on the vector path and go
+     * T_int tile columns are whole 32 x 128 tiles (in a last group of fewer
+     * than 32 rows: its rows x 128) on the vector path and go
      * to the interior kernel (int_units of them, from int_begin). The general
      * kernel takes groups [g_first, ga), [gb, g_last] and the tile columns
      * >= T_int of [ga, gb). Without interior tiles ga = gb = g_last + 1. */
     int64_t ga, gb, T_int, int_units, int_begin;
-    int64_t tile_a[2], tile_b[2]; /* TILES_EDGE_TILES: (g, t) of the start's and the end's tile */
+    /* TILES_EDGE_TILES: (g, t) of the (1 or 2) tiles to visit;
+     * TILES_EDGE_GROUPS: tile_a[0], tile_b[0]: the (1 or 2) groups to visit */
+    int64_t tile_a[2], tile_b[2];
     /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
     uint8_t *zero_ptr[4];
     int64_t zero_len[4];
     /* apply: scatter of the reduced exponents into the primary's planes */
     uint8_t *dst_scale[2];
     mxs_scale_geom dst_geom[2];
-    const uint8_t *src_scale[2];
-    mxs_scale_geom src_geom[2];
     int64_t scatter_units[2];
 };
 
@@ -388,6 +407,100 @@ __device__ void scatter_chunk(uint8_t *dst, const mxs_scale_geom &gd, const uint
     }
 }
 
+/* ---- writeback zero-fill / scale scatter in 16-byte vectors ----
+ * Unit `unit` of a range [p, p + len): thread vectors at address offsets
+ * v = unit * kVecChunk + (s * kThreads + tid) * 16 from p - (p % 16), i.e.
+ * range offsets off = v - p % 16. A vector wholly inside the range is one
+ * 16-byte store; the (at most two) partial vectors at the ends are stored
+ * byte by byte. Every byte of the range is written exactly once. */
+__device__ __forceinline__ void zero_vec_unit(uint8_t *p, int64_t len, int64_t unit) {
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(p) & 15u);
+#pragma unroll
+    for (int s = 0; s < kVecPerThread; s++) {
+        const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+        if (off >= 0 && off + 16 <= len) {
+            *reinterpret_cast<uint4 *>(p + off) = make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            for (int j = 0; j < 16; j++)
+                if (off + j >= 0 && off + j < len) p[off + j] = 0;
+        }
+    }
+}
+
+/* 16 bytes from any address: one vector load when 16-aligned, else aligned
+ * 32-bit words (each holds a byte of [p, p + 16), so stays inside the
+ * allocation) joined by funnel shifts. */
+__device__ __forceinline__ uint4 ld16_any(const uint8_t *p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if ((a & 15u) == 0) return __ldg(reinterpret_cast<const uint4 *>(p));
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(a & ~(uintptr_t)3);
+    const unsigned sh = (unsigned)(a & 3u) * 8u;
+    const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3);
+    const uint32_t w4 = sh ? __ldg(w + 4) : 0u;
+    return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
+                      __funnelshift_r(w3, w4, sh));
+}
+
+/* Destination byte `off` of a scale plane in layout gd, from src in gs
+ * (padding entries 0x00): the rule of mxs_host_convert_scales. */
+__device__ __forceinline__ uint8_t scale_byte(const mxs_scale_geom &gd, const uint8_t *src, const mxs_scale_geom &gs,
+                                              int64_t off) {
+    int64_t m, k;
+    mxs_scale_geom_coords(&gd, off, &m, &k);
+    return mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : (uint8_t)0;
+}
+
+/* Unit `unit` of the scatter of a whole scale plane (bytes = its size in
+ * layout gd) into dst. COMPACT -> COMPACT is a copy; PADDED / SWIZZLED
+ * destinations assemble each 16-byte vector from 4 groups of 4 aligned bytes,
+ * each group being (m, k..k+3) - or (m..m+3, k) for the padded column plane
+ * (the plane is a multiple of 4 bytes; when dst is not 4-aligned, byte by
+ * byte). */
+__device__ __forceinline__ void scatter_vec_unit(uint8_t *dst, const mxs_scale_geom &gd, const uint8_t *src,
+                                                 const mxs_scale_geom &gs, int64_t bytes, int64_t unit) {
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(dst) & 15u);
+    const bool copy = gd.layout == MXS_SCALES_COMPACT && gs.layout == MXS_SCALES_COMPACT;
+    const bool grouped = gd.layout != MXS_SCALES_COMPACT && (mis & 3) == 0;
+    const bool step_m = gd.layout == MXS_SCALES_PADDED && gd.colwise;
+#pragma unroll 1
+    for (int s = 0; s < kVecPerThread; s++) {
+        const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+        if (off >= 0 && off + 16 <= bytes) {
+            uint4 v;
+            if (copy) {
+                v = ld16_any(src + off);
+            } else {
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    uint32_t word = 0;
+                    if (grouped) {
+                        int64_t m, k;
+                        mxs_scale_geom_coords(&gd, off + 4 * q, &m, &k);
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const int64_t mj = step_m ? m + j : m, kj = step_m ? k : k + j;
+                            const uint32_t b = mxs_scale_geom_is_logical(&gd, mj, kj)
+                                                   ? src[mxs_scale_geom_offset(&gs, mj, kj)]
+                                                   : 0u;
+                            word |= b << (8 * j);
+                        }
+                    } else {
+                        for (int j = 0; j < 4; j++) word |= (uint32_t)scale_byte(gd, src, gs, off + 4 * q + j) << (8 * j);
+                    }
+                    w[q] = word;
+                }
+                v = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            *reinterpret_cast<uint4 *>(dst + off) = v;
+        } else {
+            for (int j = 0; j < 16; j++)
+                if (off + j >= 0 && off + j < bytes)
+                    dst[off + j] = copy ? src[off + j] : scale_byte(gd, src, gs, off + j);
+        }
+    }
+}
+
 /* ---- kernels ------------------------------------------------------------------ */
 
 /* Quantize, the tiles the interior kernel below does not take: with
@@ -409,18 +522,25 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const __grid_constan
  * (exponents from the amaxes, every element cast) without masks or bounds:
  * straight-line code, few registers, every load of the tile in flight at
  * once. Serves quantize and the fused partial (its blocks are all inside). */
-template <int DTYPE, unsigned PLANES>
+template <int DTYPE, unsigned PLANES, bool CLIP = false>
 __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64_t t, TileSmem &sm) {
+    /* CLIP: the tile may be in the last group with fewer than 32 rows; the
+     * missing rows read as 0 and are neither stored nor scaled, as in
+     * run_tile (which also counts them as 0 in the column amax). */
     const unsigned planes = PLANES ? PLANES : J.planes;
     const bool do_row = (planes & MXS_ROWWISE) != 0, do_col = (planes & MXS_COLWISE) != 0;
     const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
     const int64_t cols = J.cols;
     const int64_t r0 = g * MXS_BLOCK + ty, c = t * kTileCols + tx * 8, kb = c / MXS_BLOCK;
     uint4 raw[kRPT][2];
+    bool rok[kRPT];
 #pragma unroll
     for (int i = 0; i < kRPT; i++) {
+        rok[i] = !CLIP || r0 + i * kTY < J.rows;
         const int64_t e = (r0 + i * kTY) * cols + c - J.src_base;
-        if (DTYPE == MXS_F32) {
+        if (CLIP && !rok[i]) {
+            raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
+        } else if (DTYPE == MXS_F32) {
             const uint4 *p = reinterpret_cast<const uint4 *>(static_cast<const float *>(J.src) + e);
             raw[i][0] = __ldg(p);
             raw[i][1] = __ldg(p + 1);
@@ -450,7 +570,7 @@ __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
             const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
-            if ((tx & 3) == 0) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r0 + i * kTY, kb)] = e;
+            if ((tx & 3) == 0 && rok[i]) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r0 + i * kTY, kb)] = e;
             mult_row[i] = mxs_e8m0_quant_mult(e);
         }
     }
@@ -480,6 +600,7 @@ __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64
 #pragma unroll
     for (int i = 0; i < kRPT; i++) {
         const int64_t f = (r0 + i * kTY) * cols + c;
+        if (!rok[i]) continue;
         if (do_row) {
             float m8[8];
 #pragma unroll
@@ -511,12 +632,33 @@ void launch_interior(const TileJob &J, uint32_t T_int, uint32_t units, cudaStrea
         quantize_interior_kernel<DTYPE, MXS_BOTH><<<grid, kThreads, 0, stream>>>(J, T_int, units);
 }
 
-template <int MODE, unsigned PLANES> __device__ __forceinline__ void wb_body(const WbItem *items, int64_t n_items, int64_t units, TileSmem &sm) {
+/* A table field in the search: GTAB (table in the workspace) through the
+ * read-only path, so the ~log2(n) probes of every CTA hit L1 after the
+ * first CTAs of an SM; else a parameter (constant bank) read. */
+template <bool GTAB> __device__ __forceinline__ int64_t tab_ld(const int64_t *p) {
+    if (GTAB) return __ldg(p);
+    return *p;
+}
+
+/* Partial zero-fill: unit `local` of the item's 4 ranges' units, in order. */
+__device__ __forceinline__ void zero_unit(const WbItem &it, int64_t local) {
+    for (int q = 0; q < 4; q++) {
+        const int64_t nu = vec_units(it.zero_ptr[q], it.zero_len[q]);
+        if (local < nu) {
+            zero_vec_unit(it.zero_ptr[q], it.zero_len[q], local);
+            return;
+        }
+        local -= nu;
+    }
+}
+
+template <int MODE, unsigned PLANES, bool GTAB>
+__device__ __forceinline__ void wb_body(const WbItem *items, int64_t n_items, int64_t units, TileSmem &sm) {
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         int64_t a = 0, b = n_items - 1; /* last item with unit_begin <= u */
         while (a < b) {
             int64_t mid = (a + b + 1) / 2;
-            if (items[mid].unit_begin <= u) a = mid;
+            if (tab_ld<GTAB>(&items[mid].unit_begin) <= u) a = mid;
             else b = mid - 1;
         }
         const WbItem &it = items[a];
@@ -531,7 +673,7 @@ template <int MODE, unsigned PLANES> __device__ __forceinline__ void wb_body(con
                 if (it.tile_mode == TILES_EDGE_GROUPS) {
                     int64_t gi = local / it.T;
                     t = local % it.T;
-                    g = gi == 0 ? it.g_first : it.g_last;
+                    g = gi == 0 ? it.tile_a[0] : it.tile_b[0];
                 } else {
                     const int64_t A = (it.ga - it.g_first) * it.T, B = (it.g_last + 1 - it.gb) * it.T;
                     if (local < A) {
@@ -552,56 +694,63 @@ template <int MODE, unsigned PLANES> __device__ __forceinline__ void wb_body(con
         }
         local -= it.tile_units;
         if (MODE == MODE_PARTIAL) {
-            /* zero-fill: chunk `local` of the concatenation of the 4 ranges */
-            int64_t v0 = local * kChunkBytes;
-            for (int64_t o = threadIdx.x; o < kChunkBytes; o += kThreads) {
-                int64_t v = v0 + o;
-                for (int q = 0; q < 4; q++) {
-                    if (v < it.zero_len[q]) { it.zero_ptr[q][v] = 0; break; }
-                    v -= it.zero_len[q];
-                }
-            }
+            zero_unit(it, local);
         } else {
             int p = local < it.scatter_units[0] ? 0 : 1;
             if (p == 1) local -= it.scatter_units[0];
-            int64_t bytes = mxs_scale_geom_bytes(&it.dst_geom[p]), off0 = local * kChunkBytes;
-            int64_t n = bytes - off0 < kChunkBytes ? bytes - off0 : kChunkBytes;
-            scatter_chunk(it.dst_scale[p], it.dst_geom[p], it.src_scale[p], it.src_geom[p], off0, n);
+            scatter_vec_unit(it.dst_scale[p], it.dst_geom[p], job.scale[p], job.geom[p],
+                             mxs_scale_geom_bytes(&it.dst_geom[p]), local);
         }
     }
 }
 
-/* The interior tiles of a fused partial (see WbItem::ga). */
-template <unsigned PLANES>
-__device__ __forceinline__ void wb_interior_body(const WbItem *items, int64_t n_items, int64_t units, TileSmem &sm) {
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+/* The interior tiles of a fused partial (see WbItem::ga): units
+ * [0, units). When no item has general-kernel tiles (tile_units == 0, so
+ * unit_begin counts zero-fill units only), the partial's zero-fill runs here
+ * too, as units [units, units + zero_units): one launch instead of two. */
+template <unsigned PLANES, bool GTAB>
+__device__ __forceinline__ void wb_interior_body(const WbItem *items, int64_t n_items, int64_t units,
+                                                 int64_t zero_units, TileSmem &sm) {
+    for (int64_t u = blockIdx.x; u < units + zero_units; u += gridDim.x) {
+        if (u >= units) {
+            const int64_t z = u - units;
+            int64_t a = 0, b = n_items - 1; /* last item with unit_begin <= z */
+            while (a < b) {
+                int64_t mid = (a + b + 1) / 2;
+                if (tab_ld<GTAB>(&items[mid].unit_begin) <= z) a = mid;
+                else b = mid - 1;
+            }
+            zero_unit(items[a], z - tab_ld<GTAB>(&items[a].unit_begin));
+            continue;
+        }
         int64_t a = 0, b = n_items - 1; /* last item with int_begin <= u */
         while (a < b) {
             int64_t mid = (a + b + 1) / 2;
-            if (items[mid].int_begin <= u) a = mid;
+            if (tab_ld<GTAB>(&items[mid].int_begin) <= u) a = mid;
             else b = mid - 1;
         }
         const WbItem &it = items[a];
         const int64_t local = u - it.int_begin, g = it.ga + local / it.T_int, t = local % it.T_int;
         switch (it.job.src_dtype) {
-        case MXS_F32: interior_tile<MXS_F32, PLANES>(it.job, g, t, sm); break;
-        case MXS_BF16: interior_tile<MXS_BF16, PLANES>(it.job, g, t, sm); break;
-        default: interior_tile<MXS_F16, PLANES>(it.job, g, t, sm); break;
+        case MXS_F32: interior_tile<MXS_F32, PLANES, true>(it.job, g, t, sm); break;
+        case MXS_BF16: interior_tile<MXS_BF16, PLANES, true>(it.job, g, t, sm); break;
+        default: interior_tile<MXS_F16, PLANES, true>(it.job, g, t, sm); break;
         }
     }
 }
 
 template <unsigned PLANES>
-__global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *items, int64_t n_items, int64_t units) {
+__global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *items, int64_t n_items, int64_t units,
+                                                               int64_t zero_units) {
     __shared__ TileSmem sm;
-    wb_interior_body<PLANES>(items, n_items, units, sm);
+    wb_interior_body<PLANES, true>(items, n_items, units, zero_units, sm);
 }
 
 /* The item table in the workspace (any batch size)... */
 template <int MODE, unsigned PLANES>
 __global__ void __launch_bounds__(kThreads, 4) wb_kernel(const WbItem *items, int64_t n_items, int64_t units) {
     __shared__ TileSmem sm;
-    wb_body<MODE, PLANES>(items, n_items, units, sm);
+    wb_body<MODE, PLANES, true>(items, n_items, units, sm);
 }
 
 /* ...or, for batches of up to N items, in the kernel parameters (no copy
@@ -626,14 +775,15 @@ template <int MODE, unsigned PLANES, int N>
 __global__ void __launch_bounds__(kThreads, 4) wb_kernel_inline(const __grid_constant__ WbInline<N> P, int64_t n_items,
                                                              int64_t units) {
     __shared__ TileSmem sm;
-    wb_body<MODE, PLANES>(P.items, n_items, units, sm);
+    wb_body<MODE, PLANES, false>(P.items, n_items, units, sm);
 }
 
 template <unsigned PLANES, int N>
 __global__ void __launch_bounds__(kThreads) wb_interior_kernel_inline(const __grid_constant__ WbInline<N> P,
-                                                                     int64_t n_items, int64_t units) {
+                                                                     int64_t n_items, int64_t units,
+                                                                     int64_t zero_units) {
     __shared__ TileSmem sm;
-    wb_interior_body<PLANES>(P.items, n_items, units, sm);
+    wb_interior_body<PLANES, false>(P.items, n_items, units, zero_units, sm);
 }
 
 __global__ void __launch_bounds__(kThreads) convert_kernel(uint8_t *dst, mxs_scale_geom gd, const uint8_t *src,
@@ -710,6 +860,9 @@ void fill_wb_item(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         if (mxs_mul_ok(t->cols, MXS_BLOCK, &group_elems)) {
             int64_t ga = mxs_ceil_div(in->start, group_elems), gb = (in->start + in->len) / group_elems;
             gb = gb < t->rows / MXS_BLOCK ? gb : t->rows / MXS_BLOCK;
+            /* a last group of fewer than 32 rows is wholly inside when the
+             * shard runs to the end; the interior kernel clips its rows */
+            if (in->start + in->len == t->rows * t->cols) gb = mxs_col_groups(t->rows);
             if (gb > ga) {
                 w->ga = ga;
                 w->gb = gb;
@@ -726,17 +879,42 @@ void fill_wb_item(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
          * straddle; visit the (at most two) tiles holding them. */
         w->tile_mode = TILES_EDGE_TILES;
         if (in->len > 0) {
-            int64_t a = in->start, z = in->start + in->len - 1;
-            w->tile_a[0] = (a / t->cols) / MXS_BLOCK;
-            w->tile_a[1] = (a % t->cols) / kTileCols;
-            w->tile_b[0] = (z / t->cols) / MXS_BLOCK;
-            w->tile_b[1] = (z % t->cols) / kTileCols;
-            w->tile_units = (w->tile_a[0] == w->tile_b[0] && w->tile_a[1] == w->tile_b[1]) ? 1 : 2;
+            /* a block that does not straddle has nothing to cast: skip its tile */
+            const int64_t a = in->start, z = in->start + in->len - 1;
+            const bool sa = !mxs_row_block_inside(t->cols, mxs_row_block_of(t->cols, a), in->start, in->len);
+            const bool sz = !mxs_row_block_inside(t->cols, mxs_row_block_of(t->cols, z), in->start, in->len);
+            int n = 0;
+            int64_t *slot[2] = {w->tile_a, w->tile_b};
+            if (sa) {
+                slot[n][0] = (a / t->cols) / MXS_BLOCK;
+                slot[n++][1] = (a % t->cols) / kTileCols;
+            }
+            if (sz) {
+                slot[n][0] = (z / t->cols) / MXS_BLOCK;
+                slot[n++][1] = (z % t->cols) / kTileCols;
+            }
+            if (n == 2 && w->tile_a[0] == w->tile_b[0] && w->tile_a[1] == w->tile_b[1]) n = 1;
+            w->tile_units = n;
         }
     } else {
-        /* fused apply with a column-wise plane: the two edge groups */
+        /* fused apply with a column-wise plane: the edge groups that hold a
+         * straddling block (a row block of start / end-1 or a column block
+         * of g_first / g_last), i.e. whose edge is not a group boundary */
         w->tile_mode = TILES_EDGE_GROUPS;
-        w->tile_units = (gr.count == 0 ? 0 : (gr.count == 1 ? 1 : 2)) * w->T;
+        if (gr.count > 0) {
+            const int64_t cols = t->cols, a = in->start, e = in->start + in->len;
+            const bool sa = a % cols != 0 || (a / cols) % MXS_BLOCK != 0;
+            const bool sz = e % cols != 0 || (e / cols != t->rows && (e / cols) % MXS_BLOCK != 0);
+            int n = 0;
+            int64_t *slot[2] = {&w->tile_a[0], &w->tile_b[0]};
+            if (gr.count == 1) {
+                if (sa || sz) *slot[n++] = w->g_first;
+            } else {
+                if (sa) *slot[n++] = w->g_first;
+                if (sz) *slot[n++] = w->g_last;
+            }
+            w->tile_units = n * w->T;
+        }
     }
 
     if (mode == MODE_PARTIAL) {
@@ -759,17 +937,14 @@ void fill_wb_item(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
             w->zero_ptr[q] = packed + co + ge * t->cols;
             w->zero_len[q++] = (Kc - ge) * t->cols;
         }
-        int64_t z = 0;
-        for (int k = 0; k < q; k++) z += w->zero_len[k];
-        w->extra_units = mxs_ceil_div(z, kChunkBytes);
+        w->extra_units = 0;
+        for (int k = 0; k < q; k++) w->extra_units += vec_units(w->zero_ptr[k], w->zero_len[k]);
     } else {
         for (int p = 0; p < 2; p++) {
             if (!(t->dirs & (unsigned)(p + 1))) continue;
             w->dst_scale[p] = p == 0 ? t->row_scale : t->col_scale;
             mxs_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &w->dst_geom[p]);
-            w->src_scale[p] = J.scale[p];
-            w->src_geom[p] = J.geom[p];
-            w->scatter_units[p] = mxs_ceil_div(mxs_scale_geom_bytes(&w->dst_geom[p]), kChunkBytes);
+            w->scatter_units[p] = vec_units(w->dst_scale[p], mxs_scale_geom_bytes(&w->dst_geom[p]));
         }
         w->extra_units = w->scatter_units[0] + w->scatter_units[1];
     }
@@ -779,17 +954,27 @@ void fill_wb_item(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
  * workspace. */
 template <int MODE, unsigned PLANES>
 void wb_launch(const WbInline<kInlineMax> &tab, const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units,
-               cudaStream_t stream) {
+               int64_t tile_units, cudaStream_t stream) {
+    /* the small parameter table (kInlineSmall items, ~2.5 KB) whenever it
+     * holds the batch: every launch copies its whole parameter block */
+    WbInline<kInlineSmall> small;
+    if (n_items <= kInlineSmall) memcpy(small.items, tab.items, (size_t)n_items * sizeof(WbItem));
     if (int_units > 0) {
-        const unsigned ig = (unsigned)grid_for(int_units);
-        if (n_items <= kInlineMax) wb_interior_kernel_inline<PLANES, kInlineMax><<<ig, kThreads, 0, stream>>>(tab, n_items, int_units);
-        else wb_interior_kernel<PLANES><<<ig, kThreads, 0, stream>>>(dev, n_items, int_units);
+        /* no general-kernel tiles (partial of group-aligned shards): the
+         * zero-fill units ride along in the interior launch */
+        const int64_t zu = MODE == MODE_PARTIAL && tile_units == 0 ? units : 0;
+        const unsigned ig = (unsigned)grid_for(int_units + zu);
+        if (n_items <= kInlineSmall)
+            wb_interior_kernel_inline<PLANES, kInlineSmall><<<ig, kThreads, 0, stream>>>(small, n_items, int_units, zu);
+        else if (n_items <= kInlineMax)
+            wb_interior_kernel_inline<PLANES, kInlineMax><<<ig, kThreads, 0, stream>>>(tab, n_items, int_units, zu);
+        else
+            wb_interior_kernel<PLANES><<<ig, kThreads, 0, stream>>>(dev, n_items, int_units, zu);
+        units -= zu;
     }
     if (units == 0) return;
     const unsigned grid = (unsigned)grid_for(units);
     if (n_items <= kInlineSmall) {
-        WbInline<kInlineSmall> small;
-        memcpy(small.items, tab.items, (size_t)n_items * sizeof(WbItem));
         wb_kernel_inline<MODE, PLANES, kInlineSmall><<<grid, kThreads, 0, stream>>>(small, n_items, units);
     } else if (n_items <= kInlineMax) {
         wb_kernel_inline<MODE, PLANES, kInlineMax><<<grid, kThreads, 0, stream>>>(tab, n_items, units);
@@ -814,7 +999,7 @@ mxs_status wb_run(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packe
      * the stack and stored into the workspace by one tiny kernel per chunk
      * (parameters again), then read by the one main launch. */
     WbInline<kInlineMax> tab;
-    int64_t ro = 0, co = plan->row_region_bytes, units = 0, int_units = 0;
+    int64_t ro = 0, co = plan->row_region_bytes, units = 0, int_units = 0, tile_units = 0;
     WbItem *dev = static_cast<WbItem *>(workspace);
     for (int64_t i0 = 0; i0 < b->n_items; i0 += kInlineMax) {
         int64_t n = b->n_items - i0 < kInlineMax ? b->n_items - i0 : kInlineMax;
@@ -824,6 +1009,7 @@ mxs_status wb_run(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packe
             fill_wb_item(b, it, mode, packed, ro, co, &tab.items[j]);
             tab.items[j].unit_begin = units;
             units += tab.items[j].tile_units + tab.items[j].extra_units;
+            tile_units += tab.items[j].tile_units;
             tab.items[j].int_begin = int_units;
             int_units += tab.items[j].int_units;
             if (t->dirs & MXS_ROWWISE) ro += t->rows * mxs_row_blocks_per_row(t->cols);
@@ -839,11 +1025,11 @@ mxs_status wb_run(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packe
     bool row_only = true; /* all items row-only: the row-only kernels */
     for (int64_t i = 0; i < b->n_items && row_only; i++) row_only = b->items[i].primary.dirs == MXS_ROWWISE;
     if (mode == MODE_PARTIAL) {
-        if (row_only) wb_launch<MODE_PARTIAL, MXS_ROWWISE>(tab, dev, b->n_items, int_units, units, stream);
-        else wb_launch<MODE_PARTIAL, 0>(tab, dev, b->n_items, int_units, units, stream);
+        if (row_only) wb_launch<MODE_PARTIAL, MXS_ROWWISE>(tab, dev, b->n_items, int_units, units, tile_units, stream);
+        else wb_launch<MODE_PARTIAL, 0>(tab, dev, b->n_items, int_units, units, tile_units, stream);
     } else {
-        if (row_only) wb_launch<MODE_APPLY, MXS_ROWWISE>(tab, dev, b->n_items, int_units, units, stream);
-        else wb_launch<MODE_APPLY, 0>(tab, dev, b->n_items, int_units, units, stream);
+        if (row_only) wb_launch<MODE_APPLY, MXS_ROWWISE>(tab, dev, b->n_items, int_units, units, tile_units, stream);
+        else wb_launch<MODE_APPLY, 0>(tab, dev, b->n_items, int_units, units, tile_units, stream);
     }
     return launch_status();
 }

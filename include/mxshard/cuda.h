@@ -49,17 +49,21 @@ mxs_status mxs_cuda_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, m
 /* Device workspace (bytes) that mxs_cuda_wb_partial / _apply need for batch b. */
 mxs_status mxs_cuda_wb_workspace_bytes(const mxs_wb_batch *b, int64_t *bytes);
 
-/* Writeback step 2 for the whole batch in one launch: zero `packed`
- * (plan->packed_bytes, device) and write this rank's partial exponents;
- * MXS_WB_FUSED also casts the blocks wholly inside each shard (reads each
- * shard exactly once). Same bytes as mxs_host_wb_partial. */
+/* Writeback step 2 for the whole batch: zero `packed` (plan->packed_bytes,
+ * device) and write this rank's partial exponents; MXS_WB_FUSED also casts
+ * the blocks wholly inside each shard (reads each shard exactly once). Same
+ * bytes as mxs_host_wb_partial. Launches: 1 kernel, or 2 when the batch has
+ * both whole interior tiles (fused mode) and shard edges that are not 32-row
+ * group boundaries; plus, for batches of more than ~58 items, one small
+ * table-copy kernel per ~58 items (the item table goes to the workspace). */
 mxs_status mxs_cuda_wb_partial(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, void *workspace,
                                int64_t workspace_bytes, cudaStream_t stream);
 
 /* Writeback step 4 for the whole batch: reduced exponents -> every primary's
  * scale planes (all blocks, in each layout), and the cast of this rank's
  * shard (MXS_WB_FUSED: only the blocks straddling the shard's edges). Same
- * bytes as mxs_host_wb_apply. */
+ * bytes as mxs_host_wb_apply. Launches: 1 kernel, plus the table-copy
+ * kernels of mxs_cuda_wb_partial for large batches. */
 mxs_status mxs_cuda_wb_apply(const mxs_wb_batch *b, const mxs_wb_plan *plan, const uint8_t *packed,
                              void *workspace, int64_t workspace_bytes, cudaStream_t stream);
 
