@@ -18,6 +18,7 @@
 
 #include "config.h"
 #if !defined(__CUDA_ARCH__)
+#include <math.h> /* fabsf: a compiler builtin, no libm needed */
 #include <string.h>
 #endif
 #if defined(__CUDACC__)
@@ -203,21 +204,16 @@ MXS_HD float mxs_dequantize_elem(uint8_t q, uint8_t e) {
 }
 
 /* Block amax (SPEC section 1): IEEE maxNum of |x| - NaN ignored, like
- * fmaxf - without libm. Works on bit patterns: for non-negative floats the
- * integer order of the bits is the float order, so the running amax is an
- * integer max (which compilers vectorise). Start from 0; an all-NaN or empty
- * block stays 0. */
-MXS_HD uint32_t mxs_amax_bits_step(uint32_t amax_bits, float x) {
-    uint32_t a = mxs_f32_bits(x) & 0x7FFFFFFFu;
-    a = a > 0x7F800000u ? 0u : a; /* NaN does not count */
-    return a > amax_bits ? a : amax_bits;
-}
-
+ * fmaxf - without libm. Start from 0; an all-NaN or empty block stays 0.
+ * On the host `a > amax ? a : amax` is exactly that (a NaN compares false)
+ * and is what SSE's maxps computes, so loops over it vectorise; on the
+ * device fmaxf is one instruction. */
 MXS_HD float mxs_amax_step(float amax, float x) {
 #if defined(__CUDA_ARCH__)
-    return fmaxf(amax, fabsf(x)); /* maxNum: one instruction; amax >= 0, never NaN */
+    return fmaxf(amax, fabsf(x));
 #else
-    return mxs_f32_from_bits(mxs_amax_bits_step(mxs_f32_bits(amax), x));
+    float a = fabsf(x);
+    return a > amax ? a : amax;
 #endif
 }
 

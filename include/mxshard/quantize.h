@@ -107,15 +107,24 @@ MXS_API void _mxs_host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RES
     for (k = a; k < b; k++) out[k] = mxs_quantize_elem(x[k], mult[k]);
 }
 
-/* Running amax bits of a row of the tile. */
-MXS_API uint32_t _mxs_host_amax_span(const float *x, int64_t n) {
-    uint32_t amax = 0u;
+/* lane[j] = maxNum(lane[j], |x[j]|) for 8 lanes: the shape compilers turn
+ * into vector max instructions. */
+MXS_API void _mxs_host_max8(float *MXS_RESTRICT lane, const float *MXS_RESTRICT x) {
+    int j;
+    for (j = 0; j < 8; j++) lane[j] = mxs_amax_step(lane[j], x[j]);
+}
+
+/* Amax of one row of the tile (<= 32 elements). A full block is reduced in
+ * 8 lanes first; maxNum is associative, so the order does not matter. */
+MXS_API float _mxs_host_amax_span(const float *x, int64_t n) {
+    float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, amax = 0.0f;
     int64_t k;
     if (n == MXS_BLOCK) {
-        for (k = 0; k < MXS_BLOCK; k++) amax = mxs_amax_bits_step(amax, x[k]);
+        for (k = 0; k < MXS_BLOCK; k += 8) _mxs_host_max8(lane, x + k);
+        for (k = 0; k < 8; k++) amax = mxs_amax_step(amax, lane[k]);
         return amax;
     }
-    for (k = 0; k < n; k++) amax = mxs_amax_bits_step(amax, x[k]);
+    for (k = 0; k < n; k++) amax = mxs_amax_step(amax, x[k]);
     return amax;
 }
 
@@ -163,7 +172,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
         for (j = 0; j < lo[i]; j++) x[i][j] = 0.0f;
         if (hi[i] > lo[i]) _mxs_host_load(&x[i][lo[i]], job->src, job->src_dtype, f + lo[i] - job->src_base,
                                           hi[i] - lo[i], job->round_through);
-        for (j = hi[i]; j < nc; j++) x[i][j] = 0.0f;
+        for (j = hi[i]; j < MXS_BLOCK; j++) x[i][j] = 0.0f; /* the column amax runs over 32 */
     }
 
     /* Exponents: from the amax (QUANTIZE, PARTIAL) or from the reduced
@@ -176,18 +185,18 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
             if (job->mode == _MXS_JOB_APPLY) {
                 e = job->scale[0][off];
             } else {
-                e = mxs_e8m0_from_amax(mxs_f32_from_bits(_mxs_host_amax_span(x[i], nc)), job->rounding);
+                e = mxs_e8m0_from_amax(_mxs_host_amax_span(x[i], nc), job->rounding);
                 job->scale[0][off] = e;
             }
             mult_row[i] = mxs_e8m0_quant_mult(e);
         }
     }
     if (do_col) {
-        uint32_t amax[MXS_BLOCK];
+        float amax[MXS_BLOCK];
         if (job->mode != _MXS_JOB_APPLY) {
-            for (j = 0; j < nc; j++) amax[j] = 0u;
+            for (j = 0; j < MXS_BLOCK; j++) amax[j] = 0.0f;
             for (i = 0; i < nr; i++)
-                for (j = 0; j < nc; j++) amax[j] = mxs_amax_bits_step(amax[j], x[i][j]);
+                for (j = 0; j < MXS_BLOCK; j++) amax[j] = mxs_amax_step(amax[j], x[i][j]);
         }
         for (j = 0; j < nc; j++) {
             uint8_t e;
@@ -195,7 +204,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
             if (job->mode == _MXS_JOB_APPLY) {
                 e = job->scale[1][off];
             } else {
-                e = mxs_e8m0_from_amax(mxs_f32_from_bits(amax[j]), job->rounding);
+                e = mxs_e8m0_from_amax(amax[j], job->rounding);
                 job->scale[1][off] = e;
             }
             mult_col[j] = mxs_e8m0_quant_mult(e);
