@@ -1042,10 +1042,8 @@ extern "C" {
 
 mxs_status mxs_cuda_quantize(const mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding rounding,
                              cudaStream_t stream) {
-    mxs_status s;
-    if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_rounding_valid((int)rounding))
-        return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_tensor_check(dst)) != MXS_OK) return s;
+    mxs_status s = mxs_quantize_check(dst, src, src_dtype, rounding);
+    if (s != MXS_OK) return s;
     TileJob J;
     memset(&J, 0, sizeof J);
     J.rows = dst->rows;
