@@ -170,6 +170,18 @@ __device__ __forceinline__ void unpack8(float *x, const uint4 *raw, int dtype) {
     }
 }
 
+/* Round-through of 8 widened master values (mxs_round_through), with the
+ * dtype test outside the element loop. */
+__device__ __forceinline__ void round_through8(float *x, mxs_dtype rt) {
+    if (rt == MXS_BF16) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = mxs_round_through(x[k], MXS_BF16);
+    } else if (rt == MXS_F16) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) x[k] = mxs_round_through(x[k], MXS_F16);
+    }
+}
+
 /* E4M3(fl32(x[k] * mult[k])) for 8 elements. */
 __device__ __forceinline__ uint2 quantize8(const float *x, const float *mult) {
     float v[8];
@@ -281,13 +293,7 @@ __device__ __forceinline__ void run_tile(const TileJob &J, int64_t g, int64_t t,
 #pragma unroll
     for (int i = 0; i < kRPT; i++) {
         if (vrow[i]) unpack8(x[i], raw[i], dtype);
-        if (J.round_through == MXS_BF16) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_BF16);
-        } else if (J.round_through == MXS_F16) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_F16);
-        }
+        round_through8(x[i], J.round_through);
     }
 
     /* ---- row-wise exponents ---- */
@@ -552,13 +558,7 @@ __device__ __forceinline__ void interior_tile(const TileJob &J, int64_t g, int64
 #pragma unroll
     for (int i = 0; i < kRPT; i++) {
         unpack8(x[i], raw[i], DTYPE);
-        if (J.round_through == MXS_BF16) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_BF16);
-        } else if (J.round_through == MXS_F16) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) x[i][k] = mxs_round_through(x[i][k], MXS_F16);
-        }
+        round_through8(x[i], J.round_through);
     }
     float mult_row[kRPT];
     if (do_row) {

@@ -236,15 +236,6 @@ static inline void _mxs_sim_store(void *dst, mxs_dtype dt, int64_t k, float v) {
 
 /* ---- sharding --------------------------------------------------------------- */
 
-static inline mxs_range _mxs_sim_clip(int64_t lo, int64_t hi, int64_t offset, int64_t elems) {
-    mxs_range out;
-    lo = lo > offset ? lo : offset;
-    hi = hi < offset + elems ? hi : offset + elems;
-    out.first = hi > lo ? lo - offset : 0;
-    out.count = hi > lo ? hi - lo : 0;
-    return out;
-}
-
 static inline void _mxs_sim_shard_all(mxs_sim *sim) {
     const int n = sim->desc.nranks;
     int64_t cuts[65];
@@ -278,10 +269,10 @@ static inline void _mxs_sim_shard_all(mxs_sim *sim) {
                 break;
             case MXS_SIM_OVERLAP: {
                 int64_t lo = q * chunk - sim->desc.overlap, hi = (q + 1) * chunk + sim->desc.overlap;
-                r = _mxs_sim_clip(lo < 0 ? 0 : lo, hi, off, elems);
+                r = mxs_range_in_weight(lo < 0 ? 0 : lo, hi, off, elems);
                 break;
             }
-            case MXS_SIM_RANDOM: r = _mxs_sim_clip(cuts[q], cuts[q + 1], off, elems); break;
+            case MXS_SIM_RANDOM: r = mxs_range_in_weight(cuts[q], cuts[q + 1], off, elems); break;
             default: r = mxs_bucket_shard(off, elems, sim->bucket_elems, n, q); break;
             }
             sim->ranks[q].shard[w] = r;

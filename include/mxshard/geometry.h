@@ -162,15 +162,21 @@ MXS_HD mxs_range mxs_shard_row_cols(int64_t cols, int64_t r, int64_t start, int6
  *   ranks   |  rank 0   |  rank 1   |  rank 2   |  rank 3 |
  *                        ^ w1's shard on rank 1 starts mid-weight, unaligned
  */
-MXS_HD mxs_range mxs_bucket_shard(int64_t offset, int64_t elems, int64_t bucket_elems, int64_t nranks, int64_t rank) {
-    int64_t chunk = bucket_elems / nranks;
-    int64_t lo = rank * chunk, hi = lo + chunk;
+/* The part of the bucket range [lo, hi) that falls in the weight at bucket
+ * offset `offset` with `elems` elements, as a flat range of that weight
+ * (count 0 when they do not meet). */
+MXS_HD mxs_range mxs_range_in_weight(int64_t lo, int64_t hi, int64_t offset, int64_t elems) {
     mxs_range out;
     lo = lo > offset ? lo : offset;
     hi = hi < offset + elems ? hi : offset + elems;
     out.first = hi > lo ? lo - offset : 0;
     out.count = hi > lo ? hi - lo : 0;
     return out;
+}
+
+MXS_HD mxs_range mxs_bucket_shard(int64_t offset, int64_t elems, int64_t bucket_elems, int64_t nranks, int64_t rank) {
+    int64_t chunk = bucket_elems / nranks;
+    return mxs_range_in_weight(rank * chunk, rank * chunk + chunk, offset, elems);
 }
 
 MXS_EXTERN_C_END
