@@ -172,7 +172,7 @@ __device__ __forceinline__ void unpack8(float *x, const uint4 *raw, int dtype) {
 
 /* Round-through of 8 widened master values (mxs_round_through), with the
  * dtype test outside the element loop. */
-__device__ __forceinline__ void round_through8(float *x, mxs_dtype rt) {
+__device__ __forceinline__ void round_through8(float *x, int rt) {
     if (rt == MXS_BF16) {
 #pragma unroll
         for (int k = 0; k < 8; k++) x[k] = mxs_round_through(x[k], MXS_BF16);
