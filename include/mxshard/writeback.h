@@ -277,7 +277,9 @@ MXS_API mxs_status mxs_host_wb_apply(const mxs_wb_batch *b, const mxs_wb_plan *p
  * success. */
 typedef int (*mxs_wb_reduce_max_fn)(uint8_t *packed, int64_t bytes, void *user);
 
-/* Steps 2-4 with the caller's reduction (one call of reduce_max). */
+/* Steps 2-4 with the caller's reduction (one call of reduce_max). A failing
+ * callback gives MXS_ERR_REDUCE and apply does not run (in FUSED mode the
+ * blocks wholly inside each shard were already written by partial). */
 MXS_API mxs_status mxs_host_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed,
                                          mxs_wb_reduce_max_fn reduce_max, void *user) {
     mxs_status s;
