@@ -35,10 +35,13 @@
  * batch becomes a table of items, each owning a contiguous range of work
  * units (tiles, then zero-fill or scale-scatter units of 8 KiB, written as
  * 16-byte vectors); a CTA finds its item by binary search over the units'
- * prefix. The table travels in the kernel parameters (__grid_constant__:
- * a 4-item table for up to kInlineSmall items, else up to kInlineMax
- * items) or, for larger batches, is stored into the caller's workspace by
- * one tiny table_store launch per kInlineMax items.
+ * prefix. The table travels in the kernel parameters (__grid_constant__):
+ * whole items (WbItem, 512 B) for up to kInlineSmall items; compact
+ * records (WbLite, 144 B: pointers, shape, shard, offsets, prefixes and
+ * the results of the divisions by cols) for up to kLiteMax (226) items,
+ * from which each CTA rebuilds its item in shared memory (wb_expand, the
+ * same code the host runs); larger batches are stored into the caller's
+ * workspace by one tiny table_store launch per kInlineMax items.
  *
  * Interior tiles - all 32 x 128 elements exist (or all rows of a last
  * group of fewer than 32 rows, for the partial), lie in the range and take
@@ -56,12 +59,15 @@
  *             interior tiles the general kernel does everything.
  *   apply     1 general kernel (straddling blocks + scale scatter)
  *   + ceil(n_items / kInlineMax) table_store launches per phase when
- *     n_items > kInlineMax.
+ *     n_items > kLiteMax.
  * All index arithmetic is 64-bit.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+
+#include <string.h>
+
 
 #include <mxshard/cuda.h>
 
@@ -138,6 +144,127 @@ struct WbItem {
     mxs_scale_geom dst_geom[2];
     int64_t scatter_units[2];
 };
+
+/* Round-through as the host engine applies it (_mxs_host_load): only when it
+ * changes the source type. */
+__host__ __device__ inline int effective_round_through(int src, int rt) {
+    return (rt == MXS_F32 || rt == src) ? MXS_F32 : rt;
+}
+
+/* The compact record of a writeback item (144 B instead of the 512 B of
+ * WbItem): what cannot be recomputed cheaply - the pointers, the shape and
+ * shard, the packed offsets, the unit prefixes and the results of the
+ * divisions by cols (shard groups, interior groups, edge tiles). wb_expand
+ * rebuilds the WbItem from it with constant divisors and the geometry
+ * functions of the headers: on the host for every batch, and per CTA (into
+ * shared memory) for batches of up to kLiteMax items, whose compact table
+ * travels as ONE __grid_constant__ parameter block. */
+enum { LITE_VEC = 1, LITE_FRAG0 = 2, LITE_FRAG1 = 4 };
+struct WbLite {
+    const void *src;
+    uint8_t *out[2];       /* fragment or primary data */
+    uint8_t *dst_scale[2]; /* primary scale planes (apply) */
+    int64_t rows, cols, start, len;
+    int64_t ro, co; /* offsets in the packed buffer */
+    int64_t unit_begin, int_begin;
+    /* TILES_GROUPS: g_first, g_last, ga, gb; TILES_EDGE_TILES: tile_a[0],
+     * tile_a[1], tile_b[0], tile_b[1]; TILES_EDGE_GROUPS: tile_a[0], -,
+     * tile_b[0], - */
+    int64_t u[4];
+    uint8_t dtype, dirs, layout, tile_mode, n_edge, flags, pad_[2];
+};
+/* Batch-level fields of a compact table. */
+struct WbHdr {
+    uint8_t *packed;
+    int round_through, rounding, fused, pad_;
+};
+
+/* Rebuilds the item from its compact record. *w must be zeroed. The same
+ * code on host and device, so the items are identical. */
+__host__ __device__ inline void wb_expand(const WbLite &L, const WbHdr &H, int mode, WbItem *w) {
+    TileJob &J = w->job;
+    J.rows = L.rows;
+    J.cols = L.cols;
+    J.lo = L.start;
+    J.hi = L.start + L.len;
+    J.src = L.src;
+    J.src_base = L.start;
+    J.src_dtype = L.dtype;
+    J.round_through = effective_round_through(L.dtype, H.round_through);
+    J.rounding = H.rounding;
+    J.planes = L.dirs;
+    J.mode = mode;
+    const bool fused = H.fused != 0;
+    J.cast = mode == MODE_PARTIAL ? (fused ? CAST_INSIDE : CAST_NONE) : (fused ? CAST_OUTSIDE : CAST_ALL);
+    J.out[0] = L.out[0];
+    J.out_base[0] = (L.flags & LITE_FRAG0) ? L.start : 0;
+    J.out[1] = L.out[1];
+    J.out_base[1] = (L.flags & LITE_FRAG1) ? L.start : 0;
+    for (int p = 0; p < 2; p++) {
+        if (!(L.dirs & (unsigned)(p + 1))) continue;
+        mxs_scale_geom_make(L.rows, L.cols, (mxs_dirs)(p + 1), MXS_SCALES_COMPACT, &J.geom[p]);
+        J.scale[p] = H.packed + (p == 0 ? L.ro : L.co);
+    }
+    J.vec = (L.flags & LITE_VEC) ? 1 : 0;
+    w->T = mxs_ceil_div(L.cols, kTileCols);
+    w->tile_mode = L.tile_mode;
+    w->unit_begin = L.unit_begin;
+    w->int_begin = L.int_begin;
+    if (L.tile_mode == TILES_GROUPS) {
+        w->g_first = L.u[0];
+        w->g_last = L.u[1];
+        w->ga = L.u[2];
+        w->gb = L.u[3];
+        if (w->gb > w->ga) {
+            w->T_int = L.cols / kTileCols;
+            w->int_units = (w->gb - w->ga) * w->T_int;
+        }
+        w->tile_units = (w->g_last - w->g_first + 1) * w->T - w->int_units;
+    } else if (L.tile_mode == TILES_EDGE_TILES) {
+        w->tile_a[0] = L.u[0];
+        w->tile_a[1] = L.u[1];
+        w->tile_b[0] = L.u[2];
+        w->tile_b[1] = L.u[3];
+        w->tile_units = L.n_edge;
+    } else {
+        w->tile_a[0] = L.u[0];
+        w->tile_b[0] = L.u[2];
+        w->tile_units = L.n_edge * w->T;
+    }
+    if (mode == MODE_PARTIAL) {
+        /* zero what the touched groups' tiles do not write */
+        const int64_t gfirst = w->g_first, gcount = w->g_last - w->g_first + 1;
+        uint8_t *packed = H.packed;
+        int q = 0;
+        if (L.dirs & MXS_ROWWISE) {
+            int64_t K = J.geom[0].K, rb = gfirst * MXS_BLOCK;
+            int64_t re = (gfirst + gcount) * MXS_BLOCK;
+            re = gcount == 0 ? 0 : (re < L.rows ? re : L.rows);
+            if (gcount == 0) rb = 0;
+            w->zero_ptr[q] = packed + L.ro;
+            w->zero_len[q++] = rb * K;
+            w->zero_ptr[q] = packed + L.ro + re * K;
+            w->zero_len[q++] = (L.rows - re) * K;
+        }
+        if (L.dirs & MXS_COLWISE) {
+            int64_t Kc = J.geom[1].K, gb = gcount == 0 ? 0 : gfirst, ge = gcount == 0 ? 0 : gfirst + gcount;
+            w->zero_ptr[q] = packed + L.co;
+            w->zero_len[q++] = gb * L.cols;
+            w->zero_ptr[q] = packed + L.co + ge * L.cols;
+            w->zero_len[q++] = (Kc - ge) * L.cols;
+        }
+        w->extra_units = 0;
+        for (int k = 0; k < q; k++) w->extra_units += vec_units(w->zero_ptr[k], w->zero_len[k]);
+    } else {
+        for (int p = 0; p < 2; p++) {
+            if (!(L.dirs & (unsigned)(p + 1))) continue;
+            w->dst_scale[p] = L.dst_scale[p];
+            mxs_scale_geom_make(L.rows, L.cols, (mxs_dirs)(p + 1), (mxs_scale_layout)L.layout, &w->dst_geom[p]);
+            w->scatter_units[p] = vec_units(w->dst_scale[p], mxs_scale_geom_bytes(&w->dst_geom[p]));
+        }
+        w->extra_units = w->scatter_units[0] + w->scatter_units[1];
+    }
+}
 
 /* ---- loads ---------------------------------------------------------------- */
 
@@ -652,6 +779,60 @@ __device__ __forceinline__ void zero_unit(const WbItem &it, int64_t local) {
     }
 }
 
+/* Unit `local` of item `it` (general kernel). */
+template <int MODE, unsigned PLANES>
+__device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSmem &sm) {
+    const TileJob &job = it.job;
+    if (local < it.tile_units) {
+        int64_t g, t;
+        if (it.tile_mode == TILES_EDGE_TILES) {
+            g = local == 0 ? it.tile_a[0] : it.tile_b[0];
+            t = local == 0 ? it.tile_a[1] : it.tile_b[1];
+        } else {
+            if (it.tile_mode == TILES_EDGE_GROUPS) {
+                int64_t gi = local / it.T;
+                t = local % it.T;
+                g = gi == 0 ? it.tile_a[0] : it.tile_b[0];
+            } else {
+                const int64_t A = (it.ga - it.g_first) * it.T, B = (it.g_last + 1 - it.gb) * it.T;
+                if (local < A) {
+                    g = it.g_first + local / it.T;
+                    t = local % it.T;
+                } else if (local < A + B) {
+                    g = it.gb + (local - A) / it.T;
+                    t = (local - A) % it.T;
+                } else {
+                    const int64_t strip = it.T - it.T_int;
+                    g = it.ga + (local - A - B) / strip;
+                    t = it.T_int + (local - A - B) % strip;
+                }
+            }
+        }
+        run_tile<MODE, PLANES>(job, g, t, sm);
+        return;
+    }
+    local -= it.tile_units;
+    if (MODE == MODE_PARTIAL) {
+        zero_unit(it, local);
+    } else {
+        int p = local < it.scatter_units[0] ? 0 : 1;
+        if (p == 1) local -= it.scatter_units[0];
+        scatter_vec_unit(it.dst_scale[p], it.dst_geom[p], job.scale[p], job.geom[p],
+                         mxs_scale_geom_bytes(&it.dst_geom[p]), local);
+    }
+}
+
+/* Interior tile `local` of item `it`. */
+template <unsigned PLANES>
+__device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local, TileSmem &sm) {
+    const int64_t g = it.ga + local / it.T_int, t = local % it.T_int;
+    switch (it.job.src_dtype) {
+    case MXS_F32: interior_tile<MXS_F32, PLANES, true>(it.job, g, t, sm); break;
+    case MXS_BF16: interior_tile<MXS_BF16, PLANES, true>(it.job, g, t, sm); break;
+    default: interior_tile<MXS_F16, PLANES, true>(it.job, g, t, sm); break;
+    }
+}
+
 template <int MODE, unsigned PLANES, bool GTAB>
 __device__ __forceinline__ void wb_body(const WbItem *items, int64_t n_items, int64_t units, TileSmem &sm) {
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
@@ -661,46 +842,7 @@ __device__ __forceinline__ void wb_body(const WbItem *items, int64_t n_items, in
             if (tab_ld<GTAB>(&items[mid].unit_begin) <= u) a = mid;
             else b = mid - 1;
         }
-        const WbItem &it = items[a];
-        int64_t local = u - it.unit_begin;
-        const TileJob &job = it.job;
-        if (local < it.tile_units) {
-            int64_t g, t;
-            if (it.tile_mode == TILES_EDGE_TILES) {
-                g = local == 0 ? it.tile_a[0] : it.tile_b[0];
-                t = local == 0 ? it.tile_a[1] : it.tile_b[1];
-            } else {
-                if (it.tile_mode == TILES_EDGE_GROUPS) {
-                    int64_t gi = local / it.T;
-                    t = local % it.T;
-                    g = gi == 0 ? it.tile_a[0] : it.tile_b[0];
-                } else {
-                    const int64_t A = (it.ga - it.g_first) * it.T, B = (it.g_last + 1 - it.gb) * it.T;
-                    if (local < A) {
-                        g = it.g_first + local / it.T;
-                        t = local % it.T;
-                    } else if (local < A + B) {
-                        g = it.gb + (local - A) / it.T;
-                        t = (local - A) % it.T;
-                    } else {
-                        const int64_t strip = it.T - it.T_int;
-                        g = it.ga + (local - A - B) / strip;
-                        t = it.T_int + (local - A - B) % strip;
-                    }
-                }
-            }
-            run_tile<MODE, PLANES>(job, g, t, sm);
-            continue;
-        }
-        local -= it.tile_units;
-        if (MODE == MODE_PARTIAL) {
-            zero_unit(it, local);
-        } else {
-            int p = local < it.scatter_units[0] ? 0 : 1;
-            if (p == 1) local -= it.scatter_units[0];
-            scatter_vec_unit(it.dst_scale[p], it.dst_geom[p], job.scale[p], job.geom[p],
-                             mxs_scale_geom_bytes(&it.dst_geom[p]), local);
-        }
+        wb_unit<MODE, PLANES>(items[a], u - items[a].unit_begin, sm);
     }
 }
 
@@ -729,13 +871,7 @@ __device__ __forceinline__ void wb_interior_body(const WbItem *items, int64_t n_
             if (tab_ld<GTAB>(&items[mid].int_begin) <= u) a = mid;
             else b = mid - 1;
         }
-        const WbItem &it = items[a];
-        const int64_t local = u - it.int_begin, g = it.ga + local / it.T_int, t = local % it.T_int;
-        switch (it.job.src_dtype) {
-        case MXS_F32: interior_tile<MXS_F32, PLANES, true>(it.job, g, t, sm); break;
-        case MXS_BF16: interior_tile<MXS_BF16, PLANES, true>(it.job, g, t, sm); break;
-        default: interior_tile<MXS_F16, PLANES, true>(it.job, g, t, sm); break;
-        }
+        wb_interior_unit<PLANES>(items[a], u - items[a].int_begin, sm);
     }
 }
 
@@ -786,6 +922,70 @@ __global__ void __launch_bounds__(kThreads) wb_interior_kernel_inline(const __gr
     wb_interior_body<PLANES, false>(P.items, n_items, units, zero_units, sm);
 }
 
+/* ...or, for batches of up to kLiteMax items, as a compact table (WbLite)
+ * in the kernel parameters: each CTA rebuilds its item in shared memory
+ * (wb_expand, one thread) - no table in the workspace, no extra launch. */
+template <int N> struct WbLiteTab {
+    WbHdr h;
+    WbLite items[N];
+};
+/* Kernel parameters may take 32764 bytes (CUDA 12.1+, Volta+); the
+ * launches below add 24 bytes of scalars. */
+constexpr int kLiteMax = (int)((32764 - 64 - sizeof(WbHdr)) / sizeof(WbLite));
+static_assert(sizeof(WbLite) == 144, "compact record");
+static_assert(kLiteMax >= 200, "a 200-item batch fits one parameter block");
+
+/* last item with (INT ? int_begin : unit_begin) <= u */
+template <bool INT>
+__device__ __forceinline__ int64_t lite_find(const WbLite *items, int64_t n_items, int64_t u) {
+    int64_t a = 0, b = n_items - 1;
+    while (a < b) {
+        const int64_t mid = (a + b + 1) / 2;
+        if ((INT ? items[mid].int_begin : items[mid].unit_begin) <= u) a = mid;
+        else b = mid - 1;
+    }
+    return a;
+}
+
+/* Rebuilds item L into the CTA's shared item (every thread calls it). */
+__device__ __forceinline__ void lite_load(const WbLite &L, const WbHdr &H, int mode, WbItem &it) {
+    __syncthreads(); /* the previous unit is done with `it` */
+    uint32_t *w = reinterpret_cast<uint32_t *>(&it);
+    for (int k = threadIdx.x; k < (int)(sizeof(WbItem) / 4); k += kThreads) w[k] = 0u;
+    __syncthreads();
+    if (threadIdx.x == 0) wb_expand(L, H, mode, &it);
+    __syncthreads();
+}
+
+template <int MODE, unsigned PLANES, int N>
+__global__ void __launch_bounds__(kThreads, 4) wb_kernel_lite(const __grid_constant__ WbLiteTab<N> P, int64_t n_items,
+                                                           int64_t units) {
+    __shared__ TileSmem sm;
+    __shared__ WbItem it;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        const int64_t a = lite_find<false>(P.items, n_items, u);
+        lite_load(P.items[a], P.h, MODE, it);
+        wb_unit<MODE, PLANES>(it, u - it.unit_begin, sm);
+    }
+}
+
+template <unsigned PLANES, int N>
+__global__ void __launch_bounds__(kThreads) wb_interior_kernel_lite(const __grid_constant__ WbLiteTab<N> P,
+                                                                   int64_t n_items, int64_t units, int64_t zero_units) {
+    __shared__ TileSmem sm;
+    __shared__ WbItem it;
+    for (int64_t u = blockIdx.x; u < units + zero_units; u += gridDim.x) {
+        if (u >= units) {
+            const int64_t z = u - units;
+            lite_load(P.items[lite_find<false>(P.items, n_items, z)], P.h, MODE_PARTIAL, it);
+            zero_unit(it, z - it.unit_begin);
+            continue;
+        }
+        lite_load(P.items[lite_find<true>(P.items, n_items, u)], P.h, MODE_PARTIAL, it);
+        wb_interior_unit<PLANES>(it, u - it.int_begin, sm);
+    }
+}
+
 __global__ void __launch_bounds__(kThreads) convert_kernel(uint8_t *dst, mxs_scale_geom gd, const uint8_t *src,
                                                           mxs_scale_geom gs, int64_t bytes, int64_t units) {
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
@@ -813,149 +1013,105 @@ bool aligned(const void *p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p
 
 mxs_status launch_status() { return cudaGetLastError() == cudaSuccess ? MXS_OK : MXS_ERR_CUDA; }
 
-/* Round-through as the host engine applies it (_mxs_host_load): only when it
- * changes the source type. */
-int effective_round_through(mxs_dtype src, mxs_dtype rt) { return (rt == MXS_F32 || rt == src) ? MXS_F32 : rt; }
 
-/* Fills one writeback item for `mode` (PARTIAL or APPLY). ro / co: the
- * item's offsets in the packed buffer (row-wise, column-wise). */
-void fill_wb_item(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_t *packed, int64_t ro, int64_t co,
-                  WbItem *w) {
+/* The compact record of one writeback item for `mode` (PARTIAL or APPLY):
+ * the divisions by cols happen here, once, on the host. ro / co: the item's
+ * offsets in the packed buffer (row-wise, column-wise). */
+void lite_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, int64_t ro, int64_t co, WbLite *L) {
     const mxs_tensor *t = &in->primary;
-    TileJob &J = w->job;
-    memset(w, 0, sizeof *w);
-    J.rows = t->rows;
-    J.cols = t->cols;
-    J.lo = in->start;
-    J.hi = in->start + in->len;
-    J.src = in->master;
-    J.src_base = in->start;
-    J.src_dtype = in->master_dtype;
-    J.round_through = effective_round_through(in->master_dtype, b->round_through);
-    J.rounding = b->rounding;
-    J.planes = t->dirs;
-    J.mode = mode;
+    memset(L, 0, sizeof *L);
+    L->src = in->master;
+    L->out[0] = in->row_fragment ? in->row_fragment : t->row_data;
+    L->out[1] = in->col_fragment ? in->col_fragment : t->col_data;
+    L->dst_scale[0] = t->row_scale;
+    L->dst_scale[1] = t->col_scale;
+    L->rows = t->rows;
+    L->cols = t->cols;
+    L->start = in->start;
+    L->len = in->len;
+    L->ro = ro;
+    L->co = co;
+    L->dtype = (uint8_t)in->master_dtype;
+    L->dirs = (uint8_t)t->dirs;
+    L->layout = (uint8_t)t->scale_layout;
     const bool fused = b->mode == MXS_WB_FUSED;
-    J.cast = mode == MODE_PARTIAL ? (fused ? CAST_INSIDE : CAST_NONE) : (fused ? CAST_OUTSIDE : CAST_ALL);
-    J.out[0] = in->row_fragment ? in->row_fragment : t->row_data;
-    J.out_base[0] = in->row_fragment ? in->start : 0;
-    J.out[1] = in->col_fragment ? in->col_fragment : t->col_data;
-    J.out_base[1] = in->col_fragment ? in->start : 0;
     bool vec = t->cols % 8 == 0 && in->start % 8 == 0 && (in->len == 0 || aligned(in->master, 16));
-    for (int p = 0; p < 2; p++) {
-        if (!(t->dirs & (unsigned)(p + 1))) continue;
-        mxs_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), MXS_SCALES_COMPACT, &J.geom[p]);
-        J.scale[p] = packed + (p == 0 ? ro : co);
-        vec = vec && aligned(J.out[p], 8);
-    }
-    J.vec = vec;
+    for (int p = 0; p < 2; p++)
+        if (t->dirs & (unsigned)(p + 1)) vec = vec && aligned(L->out[p], 8);
+    L->flags = (uint8_t)((vec ? LITE_VEC : 0) | (in->row_fragment ? LITE_FRAG0 : 0) | (in->col_fragment ? LITE_FRAG1 : 0));
 
     const mxs_range gr = mxs_shard_groups(t->cols, in->start, in->len);
-    w->T = mxs_ceil_div(t->cols, kTileCols);
-    w->g_first = gr.first;
-    w->g_last = gr.first + gr.count - 1;
-    w->ga = w->gb = w->g_last + 1;
-    if (mode == MODE_PARTIAL && fused && J.vec && in->len > 0 && t->cols >= kTileCols) {
+    const int64_t g_first = gr.first, g_last = gr.first + gr.count - 1;
+    int64_t ga = g_last + 1, gb = g_last + 1;
+    if (mode == MODE_PARTIAL && fused && vec && in->len > 0 && t->cols >= kTileCols) {
         int64_t group_elems;
         if (mxs_mul_ok(t->cols, MXS_BLOCK, &group_elems)) {
-            int64_t ga = mxs_ceil_div(in->start, group_elems), gb = (in->start + in->len) / group_elems;
-            gb = gb < t->rows / MXS_BLOCK ? gb : t->rows / MXS_BLOCK;
+            int64_t a = mxs_ceil_div(in->start, group_elems), z = (in->start + in->len) / group_elems;
+            z = z < t->rows / MXS_BLOCK ? z : t->rows / MXS_BLOCK;
             /* a last group of fewer than 32 rows is wholly inside when the
              * shard runs to the end; the interior kernel clips its rows */
-            if (in->start + in->len == t->rows * t->cols) gb = mxs_col_groups(t->rows);
-            if (gb > ga) {
-                w->ga = ga;
-                w->gb = gb;
-                w->T_int = t->cols / kTileCols;
-                w->int_units = (gb - ga) * w->T_int;
+            if (in->start + in->len == t->rows * t->cols) z = mxs_col_groups(t->rows);
+            if (z > a) {
+                ga = a;
+                gb = z;
             }
         }
     }
     if (mode == MODE_PARTIAL || !fused) {
-        w->tile_mode = TILES_GROUPS;
-        w->tile_units = gr.count * w->T - w->int_units;
+        L->tile_mode = TILES_GROUPS;
+        L->u[0] = g_first;
+        L->u[1] = g_last;
+        L->u[2] = ga;
+        L->u[3] = gb;
     } else if (t->dirs == MXS_ROWWISE) {
         /* fused apply, row-only: only the row blocks of start and end-1 can
          * straddle; visit the (at most two) tiles holding them. */
-        w->tile_mode = TILES_EDGE_TILES;
+        L->tile_mode = TILES_EDGE_TILES;
         if (in->len > 0) {
             /* a block that does not straddle has nothing to cast: skip its tile */
             const int64_t a = in->start, z = in->start + in->len - 1;
             const bool sa = !mxs_row_block_inside(t->cols, mxs_row_block_of(t->cols, a), in->start, in->len);
             const bool sz = !mxs_row_block_inside(t->cols, mxs_row_block_of(t->cols, z), in->start, in->len);
             int n = 0;
-            int64_t *slot[2] = {w->tile_a, w->tile_b};
             if (sa) {
-                slot[n][0] = (a / t->cols) / MXS_BLOCK;
-                slot[n++][1] = (a % t->cols) / kTileCols;
+                L->u[2 * n] = (a / t->cols) / MXS_BLOCK;
+                L->u[2 * n++ + 1] = (a % t->cols) / kTileCols;
             }
             if (sz) {
-                slot[n][0] = (z / t->cols) / MXS_BLOCK;
-                slot[n++][1] = (z % t->cols) / kTileCols;
+                L->u[2 * n] = (z / t->cols) / MXS_BLOCK;
+                L->u[2 * n++ + 1] = (z % t->cols) / kTileCols;
             }
-            if (n == 2 && w->tile_a[0] == w->tile_b[0] && w->tile_a[1] == w->tile_b[1]) n = 1;
-            w->tile_units = n;
+            if (n == 2 && L->u[0] == L->u[2] && L->u[1] == L->u[3]) n = 1;
+            L->n_edge = (uint8_t)n;
         }
     } else {
         /* fused apply with a column-wise plane: the edge groups that hold a
          * straddling block (a row block of start / end-1 or a column block
          * of g_first / g_last), i.e. whose edge is not a group boundary */
-        w->tile_mode = TILES_EDGE_GROUPS;
+        L->tile_mode = TILES_EDGE_GROUPS;
         if (gr.count > 0) {
             const int64_t cols = t->cols, a = in->start, e = in->start + in->len;
             const bool sa = a % cols != 0 || (a / cols) % MXS_BLOCK != 0;
             const bool sz = e % cols != 0 || (e / cols != t->rows && (e / cols) % MXS_BLOCK != 0);
             int n = 0;
-            int64_t *slot[2] = {&w->tile_a[0], &w->tile_b[0]};
             if (gr.count == 1) {
-                if (sa || sz) *slot[n++] = w->g_first;
+                if (sa || sz) L->u[2 * n++] = g_first;
             } else {
-                if (sa) *slot[n++] = w->g_first;
-                if (sz) *slot[n++] = w->g_last;
+                if (sa) L->u[2 * n++] = g_first;
+                if (sz) L->u[2 * n++] = g_last;
             }
-            w->tile_units = n * w->T;
+            L->n_edge = (uint8_t)n;
         }
-    }
-
-    if (mode == MODE_PARTIAL) {
-        /* zero what the touched groups' tiles do not write */
-        int q = 0;
-        if (t->dirs & MXS_ROWWISE) {
-            int64_t K = J.geom[0].K, rb = gr.first * MXS_BLOCK;
-            int64_t re = (gr.first + gr.count) * MXS_BLOCK;
-            re = gr.count == 0 ? 0 : (re < t->rows ? re : t->rows);
-            if (gr.count == 0) rb = 0;
-            w->zero_ptr[q] = packed + ro;
-            w->zero_len[q++] = rb * K;
-            w->zero_ptr[q] = packed + ro + re * K;
-            w->zero_len[q++] = (t->rows - re) * K;
-        }
-        if (t->dirs & MXS_COLWISE) {
-            int64_t Kc = J.geom[1].K, gb = gr.count == 0 ? 0 : gr.first, ge = gr.count == 0 ? 0 : gr.first + gr.count;
-            w->zero_ptr[q] = packed + co;
-            w->zero_len[q++] = gb * t->cols;
-            w->zero_ptr[q] = packed + co + ge * t->cols;
-            w->zero_len[q++] = (Kc - ge) * t->cols;
-        }
-        w->extra_units = 0;
-        for (int k = 0; k < q; k++) w->extra_units += vec_units(w->zero_ptr[k], w->zero_len[k]);
-    } else {
-        for (int p = 0; p < 2; p++) {
-            if (!(t->dirs & (unsigned)(p + 1))) continue;
-            w->dst_scale[p] = p == 0 ? t->row_scale : t->col_scale;
-            mxs_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &w->dst_geom[p]);
-            w->scatter_units[p] = vec_units(w->dst_scale[p], mxs_scale_geom_bytes(&w->dst_geom[p]));
-        }
-        w->extra_units = w->scatter_units[0] + w->scatter_units[1];
     }
 }
 
-/* One launch: the item table in the parameters (small batches) or in the
- * workspace. */
+/* One phase: the item table in the parameters (small batches: whole items;
+ * up to kLiteMax items: compact records) or in the workspace. */
 template <int MODE, unsigned PLANES>
-void wb_launch(const WbInline<kInlineMax> &tab, const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units,
-               int64_t tile_units, cudaStream_t stream) {
-    /* the small parameter table (kInlineSmall items, ~2.5 KB) whenever it
+void wb_launch(const WbInline<kInlineMax> &tab, const WbLiteTab<kLiteMax> *lite, const WbItem *dev,
+               int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units, cudaStream_t stream) {
+    const bool is_lite = lite != nullptr;
+    /* the small parameter table (kInlineSmall items, ~2 KB) whenever it
      * holds the batch: every launch copies its whole parameter block */
     WbInline<kInlineSmall> small;
     if (n_items <= kInlineSmall) memcpy(small.items, tab.items, (size_t)n_items * sizeof(WbItem));
@@ -966,8 +1122,8 @@ void wb_launch(const WbInline<kInlineMax> &tab, const WbItem *dev, int64_t n_ite
         const unsigned ig = (unsigned)grid_for(int_units + zu);
         if (n_items <= kInlineSmall)
             wb_interior_kernel_inline<PLANES, kInlineSmall><<<ig, kThreads, 0, stream>>>(small, n_items, int_units, zu);
-        else if (n_items <= kInlineMax)
-            wb_interior_kernel_inline<PLANES, kInlineMax><<<ig, kThreads, 0, stream>>>(tab, n_items, int_units, zu);
+        else if (is_lite)
+            wb_interior_kernel_lite<PLANES, kLiteMax><<<ig, kThreads, 0, stream>>>(*lite, n_items, int_units, zu);
         else
             wb_interior_kernel<PLANES><<<ig, kThreads, 0, stream>>>(dev, n_items, int_units, zu);
         units -= zu;
@@ -976,60 +1132,132 @@ void wb_launch(const WbInline<kInlineMax> &tab, const WbItem *dev, int64_t n_ite
     const unsigned grid = (unsigned)grid_for(units);
     if (n_items <= kInlineSmall) {
         wb_kernel_inline<MODE, PLANES, kInlineSmall><<<grid, kThreads, 0, stream>>>(small, n_items, units);
-    } else if (n_items <= kInlineMax) {
-        wb_kernel_inline<MODE, PLANES, kInlineMax><<<grid, kThreads, 0, stream>>>(tab, n_items, units);
+    } else if (is_lite) {
+        wb_kernel_lite<MODE, PLANES, kLiteMax><<<grid, kThreads, 0, stream>>>(*lite, n_items, units);
     } else {
         wb_kernel<MODE, PLANES><<<grid, kThreads, 0, stream>>>(dev, n_items, units);
     }
 }
 
+/* The compact table of the last lite batch of each phase, per host thread.
+ * A call with the same batch (every item field, the options, the plan and
+ * the packed buffer identical, byte for byte - e.g. the same bucket every
+ * optimizer step) reuses it: the plan check and the table build (~30 us of
+ * host time for 200 items) are pure functions of exactly these bytes. */
+struct LiteCache {
+    bool valid = false;
+    int rounding = 0, round_through = 0, wb_mode = 0;
+    uint8_t *packed = nullptr;
+    mxs_wb_plan plan;
+    int64_t n_items = 0;
+    mxs_wb_item items[kLiteMax]; /* static storage: no allocation, nothing can throw */
+    int64_t units = 0, int_units = 0, tile_units = 0;
+    bool row_only = true;
+    WbLiteTab<kLiteMax> tab;
+
+    bool matches(const mxs_wb_batch *b, const mxs_wb_plan *p, const uint8_t *pk) const {
+        return valid && n_items == b->n_items && rounding == (int)b->rounding &&
+               round_through == (int)b->round_through && wb_mode == (int)b->mode && packed == pk &&
+               memcmp(&plan, p, sizeof plan) == 0 &&
+               memcmp(items, b->items, (size_t)n_items * sizeof(mxs_wb_item)) == 0;
+    }
+};
+
 mxs_status wb_run(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, void *workspace,
                   int64_t workspace_bytes, cudaStream_t stream, int mode) {
     mxs_status s;
-    int64_t need;
-    if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
-    if (!packed && plan->packed_bytes > 0) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_cuda_wb_workspace_bytes(b, &need)) != MXS_OK) return s;
+    LiteCache *C = nullptr;
+    bool hit = false;
+    if (b && plan && b->items && b->n_items > kInlineSmall && b->n_items <= kLiteMax) {
+        static thread_local LiteCache cache[2];
+        C = &cache[mode == MODE_PARTIAL ? 0 : 1];
+        hit = C->matches(b, plan, packed);
+    }
+    if (!hit) {
+        if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
+        if (!packed && plan->packed_bytes > 0) return MXS_ERR_INVALID_ARGUMENT;
+    }
+    /* = mxs_cuda_wb_workspace_bytes once the plan checked out (no second
+     * pass over the batch) */
+    if (b->n_items > INT64_MAX / (int64_t)sizeof(WbItem)) return MXS_ERR_OVERFLOW;
+    const int64_t need = b->n_items * (int64_t)sizeof(WbItem);
     if (need > 0 && (!workspace || !aligned(workspace, 16))) return MXS_ERR_INVALID_ARGUMENT;
     if (workspace_bytes < need) return MXS_ERR_BUFFER_SIZE;
     if (b->n_items == 0) return MXS_OK;
 
-    /* Everything is valid. Batches of up to kInlineMax items travel in the
-     * kernel parameters; larger ones are built in chunks of kInlineMax on
-     * the stack and stored into the workspace by one tiny kernel per chunk
-     * (parameters again), then read by the one main launch. */
+    /* Everything is valid. Batches of up to kInlineSmall items travel in the
+     * kernel parameters as whole items, up to kLiteMax as compact records;
+     * larger ones are built in chunks of kInlineMax on the stack and stored
+     * into the workspace by one tiny kernel per chunk (parameters again),
+     * then read by the one main launch. */
     WbInline<kInlineMax> tab;
-    int64_t ro = 0, co = plan->row_region_bytes, units = 0, int_units = 0, tile_units = 0;
+    int64_t units = 0, int_units = 0, tile_units = 0;
+    bool row_only = true; /* all items row-only: the row-only kernels */
     WbItem *dev = static_cast<WbItem *>(workspace);
-    for (int64_t i0 = 0; i0 < b->n_items; i0 += kInlineMax) {
-        int64_t n = b->n_items - i0 < kInlineMax ? b->n_items - i0 : kInlineMax;
-        for (int64_t j = 0; j < n; j++) {
-            const mxs_wb_item *it = &b->items[i0 + j];
-            const mxs_tensor *t = &it->primary;
-            fill_wb_item(b, it, mode, packed, ro, co, &tab.items[j]);
-            tab.items[j].unit_begin = units;
-            units += tab.items[j].tile_units + tab.items[j].extra_units;
-            tile_units += tab.items[j].tile_units;
-            tab.items[j].int_begin = int_units;
-            int_units += tab.items[j].int_units;
-            if (t->dirs & MXS_ROWWISE) ro += t->rows * mxs_row_blocks_per_row(t->cols);
-            if (t->dirs & MXS_COLWISE) co += mxs_col_groups(t->rows) * t->cols;
+    if (hit) {
+        units = C->units;
+        int_units = C->int_units;
+        tile_units = C->tile_units;
+        row_only = C->row_only;
+    } else {
+        if (C) C->valid = false;
+        WbHdr h;
+        memset(&h, 0, sizeof h);
+        h.packed = packed;
+        h.round_through = b->round_through;
+        h.rounding = b->rounding;
+        h.fused = b->mode == MXS_WB_FUSED;
+        if (C) C->tab.h = h;
+        int64_t ro = 0, co = plan->row_region_bytes;
+        for (int64_t i0 = 0; i0 < b->n_items; i0 += kInlineMax) {
+            int64_t n = b->n_items - i0 < kInlineMax ? b->n_items - i0 : kInlineMax;
+            for (int64_t j = 0; j < n; j++) {
+                const mxs_wb_item *it = &b->items[i0 + j];
+                const mxs_tensor *t = &it->primary;
+                WbLite tmp;
+                WbLite &L = C ? C->tab.items[i0 + j] : tmp;
+                lite_make(b, it, mode, ro, co, &L);
+                WbItem &w = tab.items[j];
+                memset(&w, 0, sizeof w);
+                L.unit_begin = units;
+                L.int_begin = int_units;
+                wb_expand(L, h, mode, &w);
+                units += w.tile_units + w.extra_units;
+                tile_units += w.tile_units;
+                int_units += w.int_units;
+                if (t->dirs & MXS_ROWWISE) ro += t->rows * mxs_row_blocks_per_row(t->cols);
+                if (t->dirs & MXS_COLWISE) co += mxs_col_groups(t->rows) * t->cols;
+                row_only = row_only && t->dirs == MXS_ROWWISE;
+            }
+            if (b->n_items <= kLiteMax) continue;
+            /* a tiny kernel stores this chunk into the workspace: unlike a
+             * pageable cudaMemcpyAsync it never waits for the stream */
+            table_store<<<1, kThreads, 0, stream>>>(tab, dev + i0, n);
+            if (cudaGetLastError() != cudaSuccess) return MXS_ERR_CUDA;
         }
-        if (b->n_items <= kInlineMax) break;
-        /* a tiny kernel stores this chunk into the workspace: unlike a
-         * pageable cudaMemcpyAsync it never waits for the stream */
-        table_store<<<1, kThreads, 0, stream>>>(tab, dev + i0, n);
-        if (cudaGetLastError() != cudaSuccess) return MXS_ERR_CUDA;
+        if (C) {
+            C->rounding = (int)b->rounding;
+            C->round_through = (int)b->round_through;
+            C->wb_mode = (int)b->mode;
+            C->packed = packed;
+            C->plan = *plan;
+            memcpy(C->items, b->items, (size_t)b->n_items * sizeof(mxs_wb_item));
+            C->n_items = b->n_items;
+            C->units = units;
+            C->int_units = int_units;
+            C->tile_units = tile_units;
+            C->row_only = row_only;
+            C->valid = true;
+        }
     }
     if (units == 0 && int_units == 0) return MXS_OK;
-    bool row_only = true; /* all items row-only: the row-only kernels */
-    for (int64_t i = 0; i < b->n_items && row_only; i++) row_only = b->items[i].primary.dirs == MXS_ROWWISE;
+    const WbLiteTab<kLiteMax> *lite = C ? &C->tab : nullptr; /* set exactly for the lite batches */
     if (mode == MODE_PARTIAL) {
-        if (row_only) wb_launch<MODE_PARTIAL, MXS_ROWWISE>(tab, dev, b->n_items, int_units, units, tile_units, stream);
-        else wb_launch<MODE_PARTIAL, 0>(tab, dev, b->n_items, int_units, units, tile_units, stream);
+        if (row_only) wb_launch<MODE_PARTIAL, MXS_ROWWISE>(tab, lite, dev, b->n_items, int_units, units, tile_units, stream);
+        else wb_launch<MODE_PARTIAL, 0>(tab, lite, dev, b->n_items, int_units, units, tile_units, stream);
     } else {
-        if (row_only) wb_launch<MODE_APPLY, MXS_ROWWISE>(tab, dev, b->n_items, int_units, units, tile_units, stream);
-        else wb_launch<MODE_APPLY, 0>(tab, dev, b->n_items, int_units, units, tile_units, stream);
+        if (row_only) wb_launch<MODE_APPLY, MXS_ROWWISE>(tab, lite, dev, b->n_items, int_units, units, tile_units, stream);
+        else wb_launch<MODE_APPLY, 0>(tab, lite, dev, b->n_items, int_units, units, tile_units, stream);
     }
     return launch_status();
 }

@@ -17,7 +17,14 @@
  *   - every argument is validated on the host before anything is enqueued; a
  *     rejected call enqueues nothing and writes nothing;
  *   - nothing is allocated: scratch comes from a caller-given device
- *     workspace whose size a query returns.
+ *     workspace whose size a query returns;
+ *   - one piece of state: for batches of 5..226 items the writeback
+ *     launchers keep, per host thread and phase, the last compact item
+ *     table they built (static storage). A call whose batch, plan and
+ *     packed pointer are byte-for-byte those of the previous call (the same
+ *     bucket every optimizer step) reuses it and skips the host-side plan
+ *     check and table build (~30 us for 200 items); any difference rebuilds.
+ *     The bytes written never depend on it (tested).
  */
 #ifndef MXSHARD_CUDA_H
 #define MXSHARD_CUDA_H
