@@ -13,20 +13,7 @@
 #include <mxshard/mxshard.h>
 
 #include "sim.h"
-
-/* ---- independent block geometry (not the library's) ------------------------ */
-
-static int row_block_inside(int64_t cols, int64_t f, int64_t start, int64_t end) {
-    int64_t r = f / cols, c0 = (f % cols) / 32 * 32;
-    int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
-    return r * cols + c0 >= start && r * cols + c1 <= end;
-}
-
-static int col_block_inside(int64_t rows, int64_t cols, int64_t f, int64_t start, int64_t end) {
-    int64_t r0 = (f / cols) / 32 * 32, c = f % cols;
-    int64_t r1 = r0 + 32 < rows ? r0 + 32 : rows;
-    return r0 * cols + c >= start && (r1 - 1) * cols + c < end;
-}
+#include "cpu/ref_blocks.h"
 
 /* ---- checks between phases ----------------------------------------------------- */
 
@@ -60,9 +47,9 @@ static int64_t plane_violations(const mxs_sim *sim, int q, int w, mxs_dirs plane
         else if (sim->desc.mode == MXS_WB_STRICT)
             written = 0;
         else if (plane == MXS_ROWWISE)
-            written = row_block_inside(wt->cols, f, sh.first, end);
+            written = ref_row_block_inside(wt->cols, f, sh.first, end);
         else
-            written = col_block_inside(wt->rows, wt->cols, f, sh.first, end);
+            written = ref_col_block_inside(wt->rows, wt->cols, f, sh.first, end);
         if (written ? got != ref[f] : got != MXS_SIM_POISON) bad++;
     }
     return bad;

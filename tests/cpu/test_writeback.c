@@ -9,6 +9,7 @@
 #include <mxshard/mxshard.h>
 
 #include "sim.h"
+#include "cpu/ref_blocks.h"
 
 #define POISON_A 0xA5u
 #define POISON_B 0x5Au
@@ -163,17 +164,6 @@ static int64_t fixture_guards(const fixture *fx) {
 
 /* ---- independent reference pieces ------------------------------------------------ */
 
-static int row_block_inside(int64_t cols, int64_t f, int64_t start, int64_t end) {
-    int64_t r = f / cols, c0 = (f % cols) / 32 * 32;
-    int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
-    return r * cols + c0 >= start && r * cols + c1 <= end;
-}
-static int col_block_inside(int64_t rows, int64_t cols, int64_t f, int64_t start, int64_t end) {
-    int64_t r0 = (f / cols) / 32 * 32, c = f % cols;
-    int64_t r1 = r0 + 32 < rows ? r0 + 32 : rows;
-    return r0 * cols + c >= start && (r1 - 1) * cols + c < end;
-}
-
 /* This rank's partial exponents, compact layout, computed directly from
  * SPEC section 3: e8m0 of the amax over the block's elements inside the
  * shard, 0x00 when the shard misses the block. */
@@ -310,7 +300,7 @@ static int64_t partial_data_violations(const fixture *fx, int k, int p, const it
     for (f = sp->start; f < end; f++) {
         uint8_t got = sp->fragment ? fx->frag[k][p].p[f - sp->start] : prim[f];
         int written = fx->batch.mode == MXS_WB_FUSED &&
-                      (p ? col_block_inside(rows, cols, f, sp->start, end) : row_block_inside(cols, f, sp->start, end));
+                      (p ? ref_col_block_inside(rows, cols, f, sp->start, end) : ref_row_block_inside(cols, f, sp->start, end));
         if (written ? got != ref[f] : got != fx->poison) bad++;
     }
     return bad;
