@@ -208,8 +208,13 @@ int demo_make_bucket(const demo_opts *o, mxs_sim_weight *w, int64_t *kv, int64_t
  * padded scale shape. */
 int64_t demo_te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs) {
     int64_t b = 0;
-    if (dirs & MXS_ROWWISE) b += mxs_round_up(rows, 128) * mxs_round_up(mxs_ceil_div(cols, 32), 4) * 2;
-    if (dirs & MXS_COLWISE) b += mxs_round_up(mxs_ceil_div(rows, 32), 4) * mxs_round_up(cols, 128) * 2;
+    int p;
+    for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
+        mxs_scale_geom g;
+        if (!(dirs & (unsigned)p)) continue;
+        mxs_scale_geom_make(rows, cols, (mxs_dirs)p, MXS_SCALES_PADDED, &g); /* TE's padded plane */
+        b += 2 * mxs_scale_geom_bytes(&g);
+    }
     return b;
 }
 
