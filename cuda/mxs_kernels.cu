@@ -4,7 +4,7 @@
  * Every scalar rule (E4M3/E8M0 conversions, amax, round-through, scale
  * offsets, shard geometry) is the MXS_HOST_DEVICE function of the host
  * headers: the kernels below only decide WHICH element goes WHERE, and they
- * make the same decisions as the host engine in quantize.h (_mxs_host_tile).
+ * make the same decisions as the host engine in quantize.h (mxs__host_tile).
  *
  * One engine, one tile shape. A tile is one 32-row group by 128 columns
  * (4 row-wise blocks wide), worked by 128 threads:
@@ -99,7 +99,7 @@ enum { MODE_QUANTIZE = 0, MODE_PARTIAL = 1, MODE_APPLY = 2 };
 enum { CAST_NONE = 0, CAST_ALL = 1, CAST_INSIDE = 2, CAST_OUTSIDE = 3 };
 
 /* One weight restricted to the flat range [lo, hi) (the whole tensor for
- * quantize). Mirrors _mxs_host_job. */
+ * quantize). Mirrors mxs__host_job. */
 struct TileJob {
     int64_t rows, cols, lo, hi;
     const void *src; /* src element 0 is flat index src_base */
@@ -145,7 +145,7 @@ struct WbItem {
     int64_t scatter_units[2];
 };
 
-/* Round-through as the host engine applies it (_mxs_host_load): only when it
+/* Round-through as the host engine applies it (mxs__host_load): only when it
  * changes the source type. */
 __host__ __device__ inline int effective_round_through(int src, int rt) {
     return (rt == MXS_F32 || rt == src) ? MXS_F32 : rt;
@@ -1174,7 +1174,7 @@ mxs_status wb_run(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packe
         hit = C->matches(b, plan, packed);
     }
     if (!hit) {
-        if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
+        if ((s = mxs__wb_check_plan(b, plan)) != MXS_OK) return s;
         if (!packed && plan->packed_bytes > 0) return MXS_ERR_INVALID_ARGUMENT;
     }
     /* = mxs_cuda_wb_workspace_bytes once the plan checked out (no second

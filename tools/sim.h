@@ -133,10 +133,10 @@ typedef struct mxs_sim_rank {
     uint8_t *packed; /* plan.packed_bytes */
 } mxs_sim_rank;
 
-typedef struct _mxs_sim_alloc_rec {
+typedef struct mxs__sim_alloc_rec {
     uint8_t *ptr;
     int64_t bytes;
-} _mxs_sim_alloc_rec;
+} mxs__sim_alloc_rec;
 
 typedef struct mxs_sim {
     mxs_sim_desc desc;
@@ -148,18 +148,18 @@ typedef struct mxs_sim {
     mxs_sim_rank *ranks;
     mxs_sim_stats stats;
     int64_t step;               /* updates applied */
-    _mxs_sim_alloc_rec *allocs; /* every buffer, for the guard check */
+    mxs__sim_alloc_rec *allocs; /* every buffer, for the guard check */
     int64_t n_allocs, cap_allocs;
     int failed; /* an allocation failed */
 } mxs_sim;
 
 /* ---- allocation with poison and guards ------------------------------------ */
 
-static inline uint8_t *_mxs_sim_alloc(mxs_sim *sim, int64_t bytes) {
+static inline uint8_t *mxs__sim_alloc(mxs_sim *sim, int64_t bytes) {
     uint8_t *p;
     if (sim->n_allocs == sim->cap_allocs) {
         int64_t cap = sim->cap_allocs ? 2 * sim->cap_allocs : 64;
-        _mxs_sim_alloc_rec *a = (_mxs_sim_alloc_rec *)realloc(sim->allocs, (size_t)cap * sizeof *a);
+        mxs__sim_alloc_rec *a = (mxs__sim_alloc_rec *)realloc(sim->allocs, (size_t)cap * sizeof *a);
         if (!a) {
             sim->failed = 1;
             return NULL;
@@ -225,7 +225,7 @@ static inline float mxs_sim_step_value(const mxs_sim *sim, int64_t w, int64_t i,
     return x - 0.125f * grad;
 }
 
-static inline void _mxs_sim_store(void *dst, mxs_dtype dt, int64_t k, float v) {
+static inline void mxs__sim_store(void *dst, mxs_dtype dt, int64_t k, float v) {
     if (dt == MXS_BF16)
         ((uint16_t *)dst)[k] = mxs_bf16_from_f32(v);
     else if (dt == MXS_F16)
@@ -236,7 +236,7 @@ static inline void _mxs_sim_store(void *dst, mxs_dtype dt, int64_t k, float v) {
 
 /* ---- sharding --------------------------------------------------------------- */
 
-static inline void _mxs_sim_shard_all(mxs_sim *sim) {
+static inline void mxs__sim_shard_all(mxs_sim *sim) {
     const int n = sim->desc.nranks;
     int64_t cuts[65];
     int q, w;
@@ -282,19 +282,19 @@ static inline void _mxs_sim_shard_all(mxs_sim *sim) {
 
 /* ---- lifetime --------------------------------------------------------------- */
 
-static inline void _mxs_sim_alloc_tensor(mxs_sim *sim, mxs_tensor *t, const mxs_sim_weight *wt) {
+static inline void mxs__sim_alloc_tensor(mxs_sim *sim, mxs_tensor *t, const mxs_sim_weight *wt) {
     memset(t, 0, sizeof *t);
     t->rows = wt->rows;
     t->cols = wt->cols;
     t->dirs = wt->dirs;
     t->scale_layout = sim->desc.scale_layout;
     if (wt->dirs & MXS_ROWWISE) {
-        t->row_data = _mxs_sim_alloc(sim, wt->rows * wt->cols);
-        t->row_scale = _mxs_sim_alloc(sim, mxs_scale_bytes(t, MXS_ROWWISE));
+        t->row_data = mxs__sim_alloc(sim, wt->rows * wt->cols);
+        t->row_scale = mxs__sim_alloc(sim, mxs_scale_bytes(t, MXS_ROWWISE));
     }
     if (wt->dirs & MXS_COLWISE) {
-        t->col_data = _mxs_sim_alloc(sim, wt->rows * wt->cols);
-        t->col_scale = _mxs_sim_alloc(sim, mxs_scale_bytes(t, MXS_COLWISE));
+        t->col_data = mxs__sim_alloc(sim, wt->rows * wt->cols);
+        t->col_scale = mxs__sim_alloc(sim, mxs_scale_bytes(t, MXS_COLWISE));
     }
 }
 
@@ -399,27 +399,27 @@ static inline mxs_status mxs_sim_create(mxs_sim *sim, const mxs_sim_desc *d) {
         total += wt->rows * wt->cols;
     }
     sim->bucket_elems = mxs_round_up(total > 0 ? total : 1, d->nranks);
-    _mxs_sim_shard_all(sim);
+    mxs__sim_shard_all(sim);
 
     for (w = 0; w < d->n_weights; w++) {
         const mxs_sim_weight *wt = &sim->weights[w];
         int64_t i, elems = wt->rows * wt->cols, esz = mxs_dtype_bytes(d->master_dtype);
-        sim->full_master[w] = _mxs_sim_alloc(sim, elems * esz);
+        sim->full_master[w] = mxs__sim_alloc(sim, elems * esz);
         if (sim->failed) goto fail;
         for (i = 0; i < elems; i++)
-            _mxs_sim_store(sim->full_master[w], d->master_dtype, i, mxs_sim_init_value(sim, w, i));
-        _mxs_sim_alloc_tensor(sim, &sim->reference[w], wt);
+            mxs__sim_store(sim->full_master[w], d->master_dtype, i, mxs_sim_init_value(sim, w, i));
+        mxs__sim_alloc_tensor(sim, &sim->reference[w], wt);
         for (q = 0; q < d->nranks; q++) {
             mxs_sim_rank *rk = &sim->ranks[q];
             mxs_range sh = rk->shard[w];
-            _mxs_sim_alloc_tensor(sim, &rk->primary[w], wt);
-            if (d->copyback) _mxs_sim_alloc_tensor(sim, &rk->copyback[w], wt);
-            rk->master[w] = _mxs_sim_alloc(sim, sh.count * esz);
+            mxs__sim_alloc_tensor(sim, &rk->primary[w], wt);
+            if (d->copyback) mxs__sim_alloc_tensor(sim, &rk->copyback[w], wt);
+            rk->master[w] = mxs__sim_alloc(sim, sh.count * esz);
             if (sim->failed) goto fail;
             memcpy(rk->master[w], (uint8_t *)sim->full_master[w] + sh.first * esz, (size_t)(sh.count * esz));
             if (d->output != MXS_SIM_INPLACE) {
-                if (wt->dirs & MXS_ROWWISE) rk->row_fragment[w] = _mxs_sim_alloc(sim, sh.count);
-                if (wt->dirs & MXS_COLWISE) rk->col_fragment[w] = _mxs_sim_alloc(sim, sh.count);
+                if (wt->dirs & MXS_ROWWISE) rk->row_fragment[w] = mxs__sim_alloc(sim, sh.count);
+                if (wt->dirs & MXS_COLWISE) rk->col_fragment[w] = mxs__sim_alloc(sim, sh.count);
             }
         }
     }
@@ -432,7 +432,7 @@ static inline mxs_status mxs_sim_create(mxs_sim *sim, const mxs_sim_desc *d) {
             mxs_sim_destroy(sim);
             return s;
         }
-        rk->packed = _mxs_sim_alloc(sim, rk->plan.packed_bytes);
+        rk->packed = mxs__sim_alloc(sim, rk->plan.packed_bytes);
         if (sim->failed) goto fail;
     }
     return MXS_OK;
@@ -461,7 +461,7 @@ static inline void mxs_sim_allreduce_max_u8(mxs_sim *sim, uint8_t *const *bufs, 
 /* Byte all-gather of one data plane of weight w: every rank's shard slice
  * (from its fragment, or from its own plane at [start, start+len)) lands in
  * every rank's plane. Overlapping slices carry identical bytes. */
-static inline void _mxs_sim_allgather_plane_u8(mxs_sim *sim, int w, mxs_dirs plane) {
+static inline void mxs__sim_allgather_plane_u8(mxs_sim *sim, int w, mxs_dirs plane) {
     int src, dst, n = sim->desc.nranks;
     for (src = 0; src < n; src++) {
         const mxs_sim_rank *rs = &sim->ranks[src];
@@ -533,8 +533,8 @@ static inline mxs_status mxs_sim_apply(mxs_sim *sim) {
 static inline mxs_status mxs_sim_gather(mxs_sim *sim) {
     int w;
     for (w = 0; w < sim->desc.n_weights; w++) {
-        if (sim->weights[w].dirs & MXS_ROWWISE) _mxs_sim_allgather_plane_u8(sim, w, MXS_ROWWISE);
-        if (sim->weights[w].dirs & MXS_COLWISE) _mxs_sim_allgather_plane_u8(sim, w, MXS_COLWISE);
+        if (sim->weights[w].dirs & MXS_ROWWISE) mxs__sim_allgather_plane_u8(sim, w, MXS_ROWWISE);
+        if (sim->weights[w].dirs & MXS_COLWISE) mxs__sim_allgather_plane_u8(sim, w, MXS_COLWISE);
     }
     return MXS_OK;
 }
@@ -559,13 +559,13 @@ static inline void mxs_sim_update(mxs_sim *sim) {
     for (w = 0; w < sim->desc.n_weights; w++) {
         int64_t i, elems = sim->weights[w].rows * sim->weights[w].cols;
         for (i = 0; i < elems; i++)
-            _mxs_sim_store(sim->full_master[w], dt, i,
+            mxs__sim_store(sim->full_master[w], dt, i,
                            mxs_sim_step_value(sim, w, i, mxs_load_f32(sim->full_master[w], dt, i)));
         for (q = 0; q < sim->desc.nranks; q++) {
             mxs_sim_rank *rk = &sim->ranks[q];
             mxs_range sh = rk->shard[w];
             for (i = 0; i < sh.count; i++)
-                _mxs_sim_store(rk->master[w], dt, i,
+                mxs__sim_store(rk->master[w], dt, i,
                                mxs_sim_step_value(sim, w, sh.first + i, mxs_load_f32(rk->master[w], dt, i)));
         }
     }
@@ -622,7 +622,7 @@ static inline mxs_status mxs_sim_reference(mxs_sim *sim) {
     return s;
 }
 
-static inline int64_t _mxs_sim_diff(const uint8_t *a, const uint8_t *b, int64_t n) {
+static inline int64_t mxs__sim_diff(const uint8_t *a, const uint8_t *b, int64_t n) {
     int64_t k, bad = 0;
     if (!a || !b) return a == b ? 0 : n;
     for (k = 0; k < n; k++) bad += a[k] != b[k];
@@ -635,12 +635,12 @@ static inline int64_t mxs_sim_diff_tensor(const mxs_sim *sim, int w, const mxs_t
     const mxs_tensor *ref = &sim->reference[w];
     int64_t elems = ref->rows * ref->cols, bad = 0;
     if (ref->dirs & MXS_ROWWISE) {
-        bad += _mxs_sim_diff(t->row_data, ref->row_data, elems);
-        bad += _mxs_sim_diff(t->row_scale, ref->row_scale, mxs_scale_bytes(ref, MXS_ROWWISE));
+        bad += mxs__sim_diff(t->row_data, ref->row_data, elems);
+        bad += mxs__sim_diff(t->row_scale, ref->row_scale, mxs_scale_bytes(ref, MXS_ROWWISE));
     }
     if (ref->dirs & MXS_COLWISE) {
-        bad += _mxs_sim_diff(t->col_data, ref->col_data, elems);
-        bad += _mxs_sim_diff(t->col_scale, ref->col_scale, mxs_scale_bytes(ref, MXS_COLWISE));
+        bad += mxs__sim_diff(t->col_data, ref->col_data, elems);
+        bad += mxs__sim_diff(t->col_scale, ref->col_scale, mxs_scale_bytes(ref, MXS_COLWISE));
     }
     return bad;
 }
@@ -666,11 +666,11 @@ static inline int64_t mxs_sim_compare_banks(const mxs_sim *sim) {
             const mxs_tensor *a = &sim->ranks[q].primary[w], *b = &sim->ranks[q].copyback[w];
             elems = a->rows * a->cols;
             if (a->dirs & MXS_ROWWISE)
-                bad += _mxs_sim_diff(a->row_data, b->row_data, elems) +
-                       _mxs_sim_diff(a->row_scale, b->row_scale, mxs_scale_bytes(a, MXS_ROWWISE));
+                bad += mxs__sim_diff(a->row_data, b->row_data, elems) +
+                       mxs__sim_diff(a->row_scale, b->row_scale, mxs_scale_bytes(a, MXS_ROWWISE));
             if (a->dirs & MXS_COLWISE)
-                bad += _mxs_sim_diff(a->col_data, b->col_data, elems) +
-                       _mxs_sim_diff(a->col_scale, b->col_scale, mxs_scale_bytes(a, MXS_COLWISE));
+                bad += mxs__sim_diff(a->col_data, b->col_data, elems) +
+                       mxs__sim_diff(a->col_scale, b->col_scale, mxs_scale_bytes(a, MXS_COLWISE));
         }
     return bad;
 }

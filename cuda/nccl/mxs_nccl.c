@@ -2,7 +2,7 @@
  *
  * Host code only: it validates, then enqueues the CUDA kernels of
  * libmxshard_cuda and NCCL collectives on the caller's stream. Every
- * collective goes through _mxs_nccl_issue(), which reports it to the internal
+ * collective goes through mxs__nccl_issue(), which reports it to the internal
  * test hook (mxs_nccl_hooks.h) first.
  */
 #include <mxshard/nccl.h>
@@ -11,27 +11,27 @@
 
 /* ---- test hook ----------------------------------------------------------- */
 
-static mxs_nccl_hook_fn _mxs_nccl_hook;
-static void *_mxs_nccl_hook_user;
+static mxs_nccl_hook_fn mxs__nccl_hook;
+static void *mxs__nccl_hook_user;
 
 void mxs_nccl_set_test_hook(mxs_nccl_hook_fn fn, void *user) {
-    _mxs_nccl_hook = fn;
-    _mxs_nccl_hook_user = fn ? user : NULL;
+    mxs__nccl_hook = fn;
+    mxs__nccl_hook_user = fn ? user : NULL;
 }
 
 /* The one place that calls NCCL collectives. `send` may be NULL only for
  * MXS_NCCL_OP_BROADCAST on a non-root rank (NCCL ignores it there). */
-static ncclResult_t _mxs_nccl_issue(mxs_nccl_op op, const void *send, void *recv, size_t count,
+static ncclResult_t mxs__nccl_issue(mxs_nccl_op op, const void *send, void *recv, size_t count,
                                     ncclDataType_t type, ncclRedOp_t red, int root, ncclComm_t comm,
                                     cudaStream_t stream) {
-    if (_mxs_nccl_hook) {
+    if (mxs__nccl_hook) {
         mxs_nccl_event ev;
         ev.op = op;
         ev.type = type;
         ev.red = op == MXS_NCCL_OP_ALL_REDUCE ? red : ncclSum;
         ev.count = count;
         ev.root = op == MXS_NCCL_OP_BROADCAST ? root : -1;
-        _mxs_nccl_hook(&ev, _mxs_nccl_hook_user);
+        mxs__nccl_hook(&ev, mxs__nccl_hook_user);
     }
     switch (op) {
     case MXS_NCCL_OP_ALL_REDUCE: return ncclAllReduce(send, recv, count, type, red, comm, stream);
@@ -42,7 +42,7 @@ static ncclResult_t _mxs_nccl_issue(mxs_nccl_op op, const void *send, void *recv
 }
 
 /* nranks and rank of `comm`; MXS_ERR_NCCL when NCCL refuses the handle. */
-static mxs_status _mxs_nccl_comm_info(ncclComm_t comm, int *nranks, int *rank) {
+static mxs_status mxs__nccl_comm_info(ncclComm_t comm, int *nranks, int *rank) {
     if (!comm) return MXS_ERR_INVALID_ARGUMENT;
     if (ncclCommCount(comm, nranks) != ncclSuccess) return MXS_ERR_NCCL;
     if (ncclCommUserRank(comm, rank) != ncclSuccess) return MXS_ERR_NCCL;
@@ -62,16 +62,16 @@ mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan,
      * here, so that no rank stops between the partial and the all-reduce
      * (the other ranks would wait in the all-reduce forever). */
     if (!b || !plan) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
+    if ((s = mxs__wb_check_plan(b, plan)) != MXS_OK) return s;
     if (plan->packed_bytes > 0 && !packed) return MXS_ERR_INVALID_ARGUMENT;
     if ((s = mxs_cuda_wb_workspace_bytes(b, &need)) != MXS_OK) return s;
     if (workspace_bytes < need) return MXS_ERR_BUFFER_SIZE;
     if (need > 0 && !workspace) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
 
     if ((s = mxs_cuda_wb_partial(b, plan, packed, workspace, workspace_bytes, stream)) != MXS_OK) return s;
     if (plan->packed_bytes > 0 &&
-        _mxs_nccl_issue(MXS_NCCL_OP_ALL_REDUCE, packed, packed, (size_t)plan->packed_bytes, ncclUint8, ncclMax, 0,
+        mxs__nccl_issue(MXS_NCCL_OP_ALL_REDUCE, packed, packed, (size_t)plan->packed_bytes, ncclUint8, ncclMax, 0,
                         comm, stream) != ncclSuccess)
         return MXS_ERR_NCCL;
     return mxs_cuda_wb_apply(b, plan, packed, workspace, workspace_bytes, stream);
@@ -82,17 +82,17 @@ mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclCo
     int nranks, rank, k;
     mxs_status s;
     if (!plan || !scratch) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
-    sz = _mxs_fnv_u64(sz, (uint64_t)plan->n_items);
-    sz = _mxs_fnv_u64(sz, (uint64_t)plan->packed_bytes);
-    sz = _mxs_fnv_u64(sz, (uint64_t)plan->row_region_bytes);
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    sz = mxs__fnv_u64(sz, (uint64_t)plan->n_items);
+    sz = mxs__fnv_u64(sz, (uint64_t)plan->packed_bytes);
+    sz = mxs__fnv_u64(sz, (uint64_t)plan->row_region_bytes);
     mine[0] = plan->fingerprint;
     mine[1] = ~plan->fingerprint;
     mine[2] = sz;
     mine[3] = ~sz;
     if (cudaMemcpyAsync(scratch, mine, sizeof mine, cudaMemcpyHostToDevice, stream) != cudaSuccess)
         return MXS_ERR_CUDA;
-    if (_mxs_nccl_issue(MXS_NCCL_OP_ALL_REDUCE, scratch, scratch, 4, ncclUint64, ncclMax, 0, comm, stream) !=
+    if (mxs__nccl_issue(MXS_NCCL_OP_ALL_REDUCE, scratch, scratch, 4, ncclUint64, ncclMax, 0, comm, stream) !=
         ncclSuccess)
         return MXS_ERR_NCCL;
     if (cudaMemcpyAsync(all, scratch, sizeof all, cudaMemcpyDeviceToHost, stream) != cudaSuccess)
@@ -108,18 +108,18 @@ mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclCo
 /* Batches collectives into ncclGroupStart/End groups of at most
  * MXS_NCCL_GROUP_OPS operations. After the first failure no further
  * operation is issued, but an open group is still closed. */
-typedef struct _mxs_group {
+typedef struct mxs__group {
     ncclComm_t comm;
     cudaStream_t stream;
     int ops;
     ncclResult_t err;
-} _mxs_group;
+} mxs__group;
 
-static void _mxs_group_bcast(_mxs_group *g, uint8_t *base, int64_t first_byte, int64_t bytes, int root) {
+static void mxs__group_bcast(mxs__group *g, uint8_t *base, int64_t first_byte, int64_t bytes, int root) {
     if (g->err != ncclSuccess || bytes <= 0) return;
     if (g->ops == 0 && (g->err = ncclGroupStart()) != ncclSuccess) return;
     g->ops++;
-    g->err = _mxs_nccl_issue(MXS_NCCL_OP_BROADCAST, base + first_byte, base + first_byte, (size_t)bytes, ncclUint8,
+    g->err = mxs__nccl_issue(MXS_NCCL_OP_BROADCAST, base + first_byte, base + first_byte, (size_t)bytes, ncclUint8,
                              ncclSum, root, g->comm, g->stream);
     if (g->ops == MXS_NCCL_GROUP_OPS || g->err != ncclSuccess) {
         ncclResult_t end = ncclGroupEnd();
@@ -128,7 +128,7 @@ static void _mxs_group_bcast(_mxs_group *g, uint8_t *base, int64_t first_byte, i
     }
 }
 
-static mxs_status _mxs_group_finish(_mxs_group *g) {
+static mxs_status mxs__group_finish(mxs__group *g) {
     if (g->ops > 0) {
         ncclResult_t end = ncclGroupEnd();
         if (g->err == ncclSuccess) g->err = end;
@@ -138,18 +138,18 @@ static mxs_status _mxs_group_finish(_mxs_group *g) {
 }
 
 /* One flat buffer: each rank's segment (mxs_gather_segment), in rank order. */
-static void _mxs_gather_one(_mxs_group *g, uint8_t *buf, int64_t elem_bytes, const int64_t *starts,
+static void mxs__gather_one(mxs__group *g, uint8_t *buf, int64_t elem_bytes, const int64_t *starts,
                             const int64_t *lens, int nranks) {
     int q;
     for (q = 0; q < nranks; q++) {
         int64_t seg_start, seg_len;
         mxs_gather_segment(starts, lens, nranks, q, &seg_start, &seg_len);
-        if (seg_len > 0) _mxs_group_bcast(g, buf, seg_start * elem_bytes, seg_len * elem_bytes, q);
+        if (seg_len > 0) mxs__group_bcast(g, buf, seg_start * elem_bytes, seg_len * elem_bytes, q);
     }
 }
 
 /* Validates a shard table of nranks entries against a buffer of `elems`. */
-static mxs_status _mxs_check_table(int64_t elems, const int64_t *starts, const int64_t *lens, int nranks,
+static mxs_status mxs__check_table(int64_t elems, const int64_t *starts, const int64_t *lens, int nranks,
                                    int *any) {
     int q;
     mxs_status s;
@@ -164,29 +164,29 @@ mxs_status mxs_nccl_gather_bytes(void *buf, int64_t elems, int64_t elem_bytes, c
                                  const int64_t *lens, ncclComm_t comm, cudaStream_t stream) {
     int nranks, rank, any = 0;
     int64_t bytes;
-    _mxs_group g;
+    mxs__group g;
     mxs_status s;
     if (!starts || !lens || elems < 0 || elem_bytes < 1) return MXS_ERR_INVALID_ARGUMENT;
     if (!mxs_mul_ok(elems, elem_bytes, &bytes)) return MXS_ERR_OVERFLOW;
-    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
-    if ((s = _mxs_check_table(elems, starts, lens, nranks, &any)) != MXS_OK) return s;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if ((s = mxs__check_table(elems, starts, lens, nranks, &any)) != MXS_OK) return s;
     if (any && !buf) return MXS_ERR_INVALID_ARGUMENT;
     g.comm = comm;
     g.stream = stream;
     g.ops = 0;
     g.err = ncclSuccess;
-    if (any) _mxs_gather_one(&g, (uint8_t *)buf, elem_bytes, starts, lens, nranks);
-    return _mxs_group_finish(&g);
+    if (any) mxs__gather_one(&g, (uint8_t *)buf, elem_bytes, starts, lens, nranks);
+    return mxs__group_finish(&g);
 }
 
 mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, const int64_t *starts,
                                   const int64_t *lens, ncclComm_t comm, cudaStream_t stream) {
     int nranks, rank;
     int64_t i;
-    _mxs_group g;
+    mxs__group g;
     mxs_status s;
     if (n_weights < 0 || (n_weights > 0 && (!weights || !starts || !lens))) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
     if (n_weights > INT64_MAX / nranks) return MXS_ERR_OVERFLOW;
     for (i = 0; i < n_weights; i++) {
         const mxs_tensor *t = &weights[i];
@@ -194,7 +194,7 @@ mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, 
         if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
         if ((t->dirs & MXS_ROWWISE) && !t->row_data) return MXS_ERR_ABSENT_PLANE;
         if ((t->dirs & MXS_COLWISE) && !t->col_data) return MXS_ERR_ABSENT_PLANE;
-        s = _mxs_check_table(t->rows * t->cols, starts + i * nranks, lens + i * nranks, nranks, &any);
+        s = mxs__check_table(t->rows * t->cols, starts + i * nranks, lens + i * nranks, nranks, &any);
         if (s != MXS_OK) return s;
     }
     g.comm = comm;
@@ -203,10 +203,10 @@ mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, 
     g.err = ncclSuccess;
     for (i = 0; i < n_weights; i++) {
         const mxs_tensor *t = &weights[i];
-        if (t->dirs & MXS_ROWWISE) _mxs_gather_one(&g, t->row_data, 1, starts + i * nranks, lens + i * nranks, nranks);
-        if (t->dirs & MXS_COLWISE) _mxs_gather_one(&g, t->col_data, 1, starts + i * nranks, lens + i * nranks, nranks);
+        if (t->dirs & MXS_ROWWISE) mxs__gather_one(&g, t->row_data, 1, starts + i * nranks, lens + i * nranks, nranks);
+        if (t->dirs & MXS_COLWISE) mxs__gather_one(&g, t->col_data, 1, starts + i * nranks, lens + i * nranks, nranks);
     }
-    return _mxs_group_finish(&g);
+    return mxs__group_finish(&g);
 }
 
 mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclComm_t comm, cudaStream_t stream) {
@@ -214,12 +214,12 @@ mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclCom
     int64_t chunk;
     mxs_status s;
     if (bucket_bytes < 0) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = _mxs_nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
     if (bucket_bytes % nranks != 0) return MXS_ERR_INVALID_ARGUMENT;
     chunk = bucket_bytes / nranks;
     if (chunk == 0) return MXS_OK;
     if (!bucket) return MXS_ERR_INVALID_ARGUMENT;
-    if (_mxs_nccl_issue(MXS_NCCL_OP_ALL_GATHER, bucket + (int64_t)rank * chunk, bucket, (size_t)chunk, ncclUint8,
+    if (mxs__nccl_issue(MXS_NCCL_OP_ALL_GATHER, bucket + (int64_t)rank * chunk, bucket, (size_t)chunk, ncclUint8,
                         ncclSum, 0, comm, stream) != ncclSuccess)
         return MXS_ERR_NCCL;
     return MXS_OK;

@@ -28,9 +28,27 @@
 #endif
 
 /* Every function in the headers is `static inline`: including a header in
- * several translation units never produces duplicate symbols. */
+ * several translation units never produces duplicate symbols.
+ *
+ * MXS_API marks the public host API. A translation unit that wants real,
+ * exported symbols for it (the host shared library that FFI users such as
+ * the Python package load) defines MXS_API before including any mxshard
+ * header, e.g. `#define MXS_API __attribute__((visibility("default")))`.
+ * MXS_PRIVATE marks helpers that are never exported (names mxs__*). */
+#ifndef MXS_API
 #define MXS_API static inline
+#endif
+#define MXS_PRIVATE static inline
 #define MXS_HD static inline MXS_HOST_DEVICE
+
+/* MXS_NODISCARD: the compiler warns when a fallible call's status is dropped. */
+#if defined(__cplusplus) && __cplusplus >= 201703L
+#define MXS_NODISCARD [[nodiscard]]
+#elif defined(__GNUC__) || defined(__clang__)
+#define MXS_NODISCARD __attribute__((warn_unused_result))
+#else
+#define MXS_NODISCARD
+#endif
 
 #ifdef __cplusplus
 #define MXS_EXTERN_C_BEGIN extern "C" {

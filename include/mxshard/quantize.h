@@ -11,7 +11,7 @@
  *   mxs_host_convert_scales(rows, cols, plane, from, src, to, dst)
  *       One scale plane between COMPACT, PADDED and SWIZZLED.
  *
- * The engine below (_mxs_host_*) walks a weight in 32x32 tiles - one
+ * The engine below (mxs__host_*) walks a weight in 32x32 tiles - one
  * row-wise block column by one 32-row group - so both planes' amaxes come
  * out of one read of the source. The writeback (writeback.h) runs the same
  * engine restricted to a shard.
@@ -31,7 +31,7 @@ MXS_EXTERN_C_BEGIN
 
 /* ---- engine (private) ---------------------------------------------------- */
 
-enum { _MXS_JOB_QUANTIZE = 0, _MXS_JOB_PARTIAL = 1, _MXS_JOB_APPLY = 2 };
+enum { MXS__JOB_QUANTIZE = 0, MXS__JOB_PARTIAL = 1, MXS__JOB_APPLY = 2 };
 
 /* One weight processed over the flat range [lo, hi).
  *   QUANTIZE: amax -> exponent -> scale[] and cast every element.
@@ -39,7 +39,7 @@ enum { _MXS_JOB_QUANTIZE = 0, _MXS_JOB_PARTIAL = 1, _MXS_JOB_APPLY = 2 };
  *             fused: also cast the blocks wholly inside [lo, hi).
  *   APPLY   : exponent <- scale[] (the reduced packed buffer); cast the
  *             elements in [lo, hi); fused: skip blocks wholly inside. */
-typedef struct _mxs_host_job {
+typedef struct mxs__host_job {
     int64_t rows, cols;
     int64_t lo, hi;
     const void *src; /* src element 0 is flat index src_base */
@@ -53,11 +53,11 @@ typedef struct _mxs_host_job {
     int64_t out_base[2];
     mxs_scale_geom geom[2];
     uint8_t *scale[2];   /* QUANTIZE/PARTIAL: written; APPLY: read */
-} _mxs_host_job;
+} mxs__host_job;
 
 /* Widen n source elements starting at element idx into dst (f32), applying
  * the round-through. One switch per call, not per element. */
-MXS_API void _mxs_host_load(float *dst, const void *src, mxs_dtype dtype, int64_t idx, int64_t n, mxs_dtype rt) {
+MXS_API void mxs__host_load(float *dst, const void *src, mxs_dtype dtype, int64_t idx, int64_t n, mxs_dtype rt) {
     int64_t k;
     switch (dtype) {
     case MXS_BF16: {
@@ -87,7 +87,7 @@ MXS_API void _mxs_host_load(float *dst, const void *src, mxs_dtype dtype, int64_
     }
 }
 
-MXS_API void _mxs_host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x, int64_t n, float mult) {
+MXS_API void mxs__host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x, int64_t n, float mult) {
     int64_t k;
     if (n == MXS_BLOCK) { /* a constant trip count vectorises even at -O2 */
         for (k = 0; k < MXS_BLOCK; k++) out[k] = mxs_quantize_elem(x[k], mult);
@@ -97,7 +97,7 @@ MXS_API void _mxs_host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RES
 }
 
 /* Column-wise cast of one tile row: each element has its column's multiplier. */
-MXS_API void _mxs_host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x,
+MXS_API void mxs__host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x,
                                  const float *MXS_RESTRICT mult, int64_t a, int64_t b) {
     int64_t k;
     if (a == 0 && b == MXS_BLOCK) {
@@ -109,18 +109,18 @@ MXS_API void _mxs_host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RES
 
 /* lane[j] = maxNum(lane[j], |x[j]|) for 8 lanes: the shape compilers turn
  * into vector max instructions. */
-MXS_API void _mxs_host_max8(float *MXS_RESTRICT lane, const float *MXS_RESTRICT x) {
+MXS_API void mxs__host_max8(float *MXS_RESTRICT lane, const float *MXS_RESTRICT x) {
     int j;
     for (j = 0; j < 8; j++) lane[j] = mxs_amax_step(lane[j], x[j]);
 }
 
 /* Amax of one row of the tile (<= 32 elements). A full block is reduced in
  * 8 lanes first; maxNum is associative, so the order does not matter. */
-MXS_API float _mxs_host_amax_span(const float *x, int64_t n) {
+MXS_API float mxs__host_amax_span(const float *x, int64_t n) {
     float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, amax = 0.0f;
     int64_t k;
     if (n == MXS_BLOCK) {
-        for (k = 0; k < MXS_BLOCK; k += 8) _mxs_host_max8(lane, x + k);
+        for (k = 0; k < MXS_BLOCK; k += 8) mxs__host_max8(lane, x + k);
         for (k = 0; k < 8; k++) amax = mxs_amax_step(amax, lane[k]);
         return amax;
     }
@@ -129,7 +129,7 @@ MXS_API float _mxs_host_amax_span(const float *x, int64_t n) {
 }
 
 /* Tile (group g, block column t): rows 32g.., cols 32t.. */
-MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
+MXS_API void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) {
     float x[MXS_BLOCK][MXS_BLOCK];
     int64_t lo[MXS_BLOCK], hi[MXS_BLOCK];
     float mult_row[MXS_BLOCK], mult_col[MXS_BLOCK];
@@ -160,7 +160,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
     col_full_hi = all_rows && minhi > maxlo ? minhi : 0;
 
     /* Anything to cast in this tile? (APPLY-fused only touches straddlers.) */
-    if (job->mode == _MXS_JOB_APPLY && job->fused) {
+    if (job->mode == MXS__JOB_APPLY && job->fused) {
         need_cast = 0;
         if (do_col && (col_full_hi - col_full_lo) < nc) need_cast = 1;
         for (i = 0; i < nr && do_row && !need_cast; i++) need_cast = hi[i] > lo[i] && !full_row[i];
@@ -170,7 +170,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
     for (i = 0; i < nr; i++) {
         int64_t f = (r0 + i) * job->cols + c0;
         for (j = 0; j < lo[i]; j++) x[i][j] = 0.0f;
-        if (hi[i] > lo[i]) _mxs_host_load(&x[i][lo[i]], job->src, job->src_dtype, f + lo[i] - job->src_base,
+        if (hi[i] > lo[i]) mxs__host_load(&x[i][lo[i]], job->src, job->src_dtype, f + lo[i] - job->src_base,
                                           hi[i] - lo[i], job->round_through);
         for (j = hi[i]; j < MXS_BLOCK; j++) x[i][j] = 0.0f; /* the column amax runs over 32 */
     }
@@ -182,10 +182,10 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
         for (i = 0; i < nr; i++) {
             uint8_t e;
             int64_t off = mxs_scale_geom_offset(&job->geom[0], r0 + i, t);
-            if (job->mode == _MXS_JOB_APPLY) {
+            if (job->mode == MXS__JOB_APPLY) {
                 e = job->scale[0][off];
             } else {
-                e = mxs_e8m0_from_amax(_mxs_host_amax_span(x[i], nc), job->rounding);
+                e = mxs_e8m0_from_amax(mxs__host_amax_span(x[i], nc), job->rounding);
                 job->scale[0][off] = e;
             }
             mult_row[i] = mxs_e8m0_quant_mult(e);
@@ -193,7 +193,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
     }
     if (do_col) {
         float amax[MXS_BLOCK];
-        if (job->mode != _MXS_JOB_APPLY) {
+        if (job->mode != MXS__JOB_APPLY) {
             for (j = 0; j < MXS_BLOCK; j++) amax[j] = 0.0f;
             for (i = 0; i < nr; i++)
                 for (j = 0; j < MXS_BLOCK; j++) amax[j] = mxs_amax_step(amax[j], x[i][j]);
@@ -201,7 +201,7 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
         for (j = 0; j < nc; j++) {
             uint8_t e;
             int64_t off = mxs_scale_geom_offset(&job->geom[1], c0 + j, g);
-            if (job->mode == _MXS_JOB_APPLY) {
+            if (job->mode == MXS__JOB_APPLY) {
                 e = job->scale[1][off];
             } else {
                 e = mxs_e8m0_from_amax(amax[j], job->rounding);
@@ -211,31 +211,31 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
         }
     }
 
-    if (job->mode == _MXS_JOB_PARTIAL && !job->fused) return;
+    if (job->mode == MXS__JOB_PARTIAL && !job->fused) return;
 
     for (i = 0; i < nr; i++) {
         int64_t f = (r0 + i) * job->cols + c0;
         if (hi[i] <= lo[i]) continue;
         if (do_row) {
             /* PARTIAL-fused casts whole blocks only; APPLY-fused the others. */
-            int cast = job->mode == _MXS_JOB_QUANTIZE || !job->fused ||
-                       (job->mode == _MXS_JOB_PARTIAL ? full_row[i] : !full_row[i]);
+            int cast = job->mode == MXS__JOB_QUANTIZE || !job->fused ||
+                       (job->mode == MXS__JOB_PARTIAL ? full_row[i] : !full_row[i]);
             if (cast)
-                _mxs_host_cast_span(job->out[0] + (f + lo[i] - job->out_base[0]), &x[i][lo[i]], hi[i] - lo[i],
+                mxs__host_cast_span(job->out[0] + (f + lo[i] - job->out_base[0]), &x[i][lo[i]], hi[i] - lo[i],
                                     mult_row[i]);
         }
         if (do_col) {
             uint8_t *out = job->out[1] + (f - job->out_base[1]);
             int64_t a = lo[i], b = hi[i];
-            if (job->mode == _MXS_JOB_PARTIAL && job->fused) {
+            if (job->mode == MXS__JOB_PARTIAL && job->fused) {
                 a = a > col_full_lo ? a : col_full_lo; /* whole column blocks only */
                 b = b < col_full_hi ? b : col_full_hi;
-                _mxs_host_cast_cols(out, x[i], mult_col, a, b);
-            } else if (job->mode == _MXS_JOB_APPLY && job->fused) {
+                mxs__host_cast_cols(out, x[i], mult_col, a, b);
+            } else if (job->mode == MXS__JOB_APPLY && job->fused) {
                 for (j = a; j < b; j++)
                     if (j < col_full_lo || j >= col_full_hi) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
             } else {
-                _mxs_host_cast_cols(out, x[i], mult_col, a, b);
+                mxs__host_cast_cols(out, x[i], mult_col, a, b);
             }
         }
     }
@@ -243,13 +243,13 @@ MXS_API void _mxs_host_tile(const _mxs_host_job *job, int64_t g, int64_t t) {
 
 /* Runs the job over the groups the range touches (APPLY-fused: only the two
  * edge groups can hold straddling blocks). */
-MXS_API void _mxs_host_run(const _mxs_host_job *job) {
+MXS_API void mxs__host_run(const mxs__host_job *job) {
     mxs_range groups = mxs_shard_groups(job->cols, job->lo, job->hi - job->lo);
     int64_t kr = mxs_row_blocks_per_row(job->cols), g, t;
     for (g = groups.first; g < groups.first + groups.count; g++) {
-        if (job->mode == _MXS_JOB_APPLY && job->fused && g != groups.first && g != groups.first + groups.count - 1)
+        if (job->mode == MXS__JOB_APPLY && job->fused && g != groups.first && g != groups.first + groups.count - 1)
             continue;
-        for (t = 0; t < kr; t++) _mxs_host_tile(job, g, t);
+        for (t = 0; t < kr; t++) mxs__host_tile(job, g, t);
     }
 }
 
@@ -269,7 +269,7 @@ MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const void *src, mx
 }
 
 MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding r) {
-    _mxs_host_job job;
+    mxs__host_job job;
     mxs_status s;
     int p;
     if ((s = mxs_quantize_check(dst, src, src_dtype, r)) != MXS_OK) return s;
@@ -283,7 +283,7 @@ MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype
     job.src_dtype = src_dtype;
     job.round_through = MXS_F32;
     job.rounding = r;
-    job.mode = _MXS_JOB_QUANTIZE;
+    job.mode = MXS__JOB_QUANTIZE;
     job.planes = dst->dirs;
     job.out[0] = dst->row_data;
     job.out[1] = dst->col_data;
@@ -295,12 +295,12 @@ MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype
         if (dst->scale_layout != MXS_SCALES_COMPACT) /* padding entries are 0x00 */
             memset(job.scale[p], 0, (size_t)mxs_scale_geom_bytes(&job.geom[p]));
     }
-    _mxs_host_run(&job);
+    mxs__host_run(&job);
     return MXS_OK;
 }
 
 /* Checks that [a, a+an) and [b, b+bn) do not overlap. */
-MXS_API int _mxs_disjoint(const void *a, int64_t an, const void *b, int64_t bn) {
+MXS_API int mxs__disjoint(const void *a, int64_t an, const void *b, int64_t bn) {
     uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
     return pa + (uintptr_t)an <= pb || pb + (uintptr_t)bn <= pa;
 }
@@ -320,7 +320,7 @@ MXS_API mxs_status mxs_dequantize_check(const mxs_tensor *t, mxs_dirs plane, con
     if (!*data || !*scale) return MXS_ERR_ABSENT_PLANE;
     elems = t->rows * t->cols;
     if (elems > INT64_MAX / 4) return MXS_ERR_OVERFLOW;
-    if (!_mxs_disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), *data, elems)) return MXS_ERR_ALIASING;
+    if (!mxs__disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), *data, elems)) return MXS_ERR_ALIASING;
     mxs_scale_geom_make(t->rows, t->cols, plane, t->scale_layout, g);
     return MXS_OK;
 }
@@ -368,7 +368,7 @@ MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t cols, mxs_dirs
     if ((s = mxs_tensor_check_shape(&shape)) != MXS_OK) return s;
     mxs_scale_geom_make(rows, cols, plane, from, gs);
     mxs_scale_geom_make(rows, cols, plane, to, gd);
-    if (!_mxs_disjoint(src, mxs_scale_geom_bytes(gs), dst, mxs_scale_geom_bytes(gd))) return MXS_ERR_ALIASING;
+    if (!mxs__disjoint(src, mxs_scale_geom_bytes(gs), dst, mxs_scale_geom_bytes(gd))) return MXS_ERR_ALIASING;
     return MXS_OK;
 }
 

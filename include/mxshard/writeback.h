@@ -92,7 +92,7 @@ typedef struct mxs_wb_slot {
 } mxs_wb_slot;
 
 /* 64-bit FNV-1a over a value's 8 little-endian bytes. */
-MXS_HD uint64_t _mxs_fnv_u64(uint64_t h, uint64_t v) {
+MXS_HD uint64_t mxs__fnv_u64(uint64_t h, uint64_t v) {
     int k;
     for (k = 0; k < 8; k++) {
         h ^= (v >> (8 * k)) & 0xFFu;
@@ -128,9 +128,9 @@ MXS_API mxs_status mxs_wb_make_plan(const mxs_wb_batch *b, mxs_wb_plan *plan, mx
     if (!mxs_rounding_valid((int)b->rounding) || !mxs_dtype_valid((int)b->round_through) ||
         (b->mode != MXS_WB_FUSED && b->mode != MXS_WB_STRICT))
         return MXS_ERR_INVALID_ARGUMENT;
-    h = _mxs_fnv_u64(h, (uint64_t)b->n_items);
-    h = _mxs_fnv_u64(h, (uint64_t)b->rounding);
-    h = _mxs_fnv_u64(h, (uint64_t)b->round_through);
+    h = mxs__fnv_u64(h, (uint64_t)b->n_items);
+    h = mxs__fnv_u64(h, (uint64_t)b->rounding);
+    h = mxs__fnv_u64(h, (uint64_t)b->round_through);
     for (i = 0; i < b->n_items; i++) {
         const mxs_tensor *t = &b->items[i].primary;
         mxs_scale_geom g;
@@ -143,9 +143,9 @@ MXS_API mxs_status mxs_wb_make_plan(const mxs_wb_batch *b, mxs_wb_plan *plan, mx
             mxs_scale_geom_make(t->rows, t->cols, MXS_COLWISE, MXS_SCALES_COMPACT, &g);
             if (!mxs_add_ok(col_bytes, mxs_scale_geom_bytes(&g), &col_bytes)) return MXS_ERR_OVERFLOW;
         }
-        h = _mxs_fnv_u64(h, (uint64_t)t->rows);
-        h = _mxs_fnv_u64(h, (uint64_t)t->cols);
-        h = _mxs_fnv_u64(h, (uint64_t)t->dirs);
+        h = mxs__fnv_u64(h, (uint64_t)t->rows);
+        h = mxs__fnv_u64(h, (uint64_t)t->cols);
+        h = mxs__fnv_u64(h, (uint64_t)t->dirs);
     }
     if (!mxs_add_ok(row_bytes, col_bytes, &total)) return MXS_ERR_OVERFLOW;
     if (slots) {
@@ -174,7 +174,7 @@ MXS_API mxs_status mxs_wb_make_plan(const mxs_wb_batch *b, mxs_wb_plan *plan, mx
 }
 
 /* Re-derives the plan and checks the caller's copy matches it. */
-MXS_API mxs_status _mxs_wb_check_plan(const mxs_wb_batch *b, const mxs_wb_plan *plan) {
+MXS_API mxs_status mxs__wb_check_plan(const mxs_wb_batch *b, const mxs_wb_plan *plan) {
     mxs_wb_plan now;
     mxs_status s;
     if (!plan) return MXS_ERR_INVALID_ARGUMENT;
@@ -186,8 +186,8 @@ MXS_API mxs_status _mxs_wb_check_plan(const mxs_wb_batch *b, const mxs_wb_plan *
 }
 
 /* Fills the engine job for item i; `packed` is the packed buffer. */
-MXS_API void _mxs_wb_job(const mxs_wb_batch *b, const mxs_wb_item *it, int mode, uint8_t *packed_row,
-                         uint8_t *packed_col, _mxs_host_job *job) {
+MXS_API void mxs__wb_job(const mxs_wb_batch *b, const mxs_wb_item *it, int mode, uint8_t *packed_row,
+                         uint8_t *packed_col, mxs__host_job *job) {
     const mxs_tensor *t = &it->primary;
     memset(job, 0, sizeof *job);
     job->rows = t->rows;
@@ -218,19 +218,19 @@ MXS_API void _mxs_wb_job(const mxs_wb_batch *b, const mxs_wb_item *it, int mode,
 MXS_API mxs_status mxs_host_wb_partial(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed) {
     int64_t i, ro = 0, co;
     mxs_status s;
-    if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
+    if ((s = mxs__wb_check_plan(b, plan)) != MXS_OK) return s;
     if (!packed && plan->packed_bytes > 0) return MXS_ERR_INVALID_ARGUMENT;
     if (packed && plan->packed_bytes > 0) memset(packed, 0, (size_t)plan->packed_bytes);
     co = plan->row_region_bytes;
     for (i = 0; i < b->n_items; i++) {
         const mxs_wb_item *it = &b->items[i];
         const mxs_tensor *t = &it->primary;
-        _mxs_host_job job;
+        mxs__host_job job;
         int64_t rb = 0, cb = 0;
         if (t->dirs & MXS_ROWWISE) rb = t->rows * mxs_row_blocks_per_row(t->cols);
         if (t->dirs & MXS_COLWISE) cb = mxs_col_groups(t->rows) * t->cols;
-        _mxs_wb_job(b, it, _MXS_JOB_PARTIAL, packed + ro, packed + co, &job);
-        if (it->len > 0) _mxs_host_run(&job);
+        mxs__wb_job(b, it, MXS__JOB_PARTIAL, packed + ro, packed + co, &job);
+        if (it->len > 0) mxs__host_run(&job);
         ro += rb;
         co += cb;
     }
@@ -244,13 +244,13 @@ MXS_API mxs_status mxs_host_wb_partial(const mxs_wb_batch *b, const mxs_wb_plan 
 MXS_API mxs_status mxs_host_wb_apply(const mxs_wb_batch *b, const mxs_wb_plan *plan, const uint8_t *packed) {
     int64_t i, ro = 0, co;
     mxs_status s;
-    if ((s = _mxs_wb_check_plan(b, plan)) != MXS_OK) return s;
+    if ((s = mxs__wb_check_plan(b, plan)) != MXS_OK) return s;
     if (!packed && plan->packed_bytes > 0) return MXS_ERR_INVALID_ARGUMENT;
     co = plan->row_region_bytes;
     for (i = 0; i < b->n_items; i++) {
         const mxs_wb_item *it = &b->items[i];
         const mxs_tensor *t = &it->primary;
-        _mxs_host_job job;
+        mxs__host_job job;
         int64_t rb = 0, cb = 0;
         if (t->dirs & MXS_ROWWISE) {
             rb = t->rows * mxs_row_blocks_per_row(t->cols);
@@ -263,9 +263,9 @@ MXS_API mxs_status mxs_host_wb_apply(const mxs_wb_batch *b, const mxs_wb_plan *p
                                     t->col_scale);
         }
         /* the engine only reads the exponents in APPLY mode */
-        _mxs_wb_job(b, it, _MXS_JOB_APPLY, (uint8_t *)(uintptr_t)(packed + ro), (uint8_t *)(uintptr_t)(packed + co),
+        mxs__wb_job(b, it, MXS__JOB_APPLY, (uint8_t *)(uintptr_t)(packed + ro), (uint8_t *)(uintptr_t)(packed + co),
                     &job);
-        if (it->len > 0) _mxs_host_run(&job);
+        if (it->len > 0) mxs__host_run(&job);
         ro += rb;
         co += cb;
     }

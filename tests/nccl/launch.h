@@ -64,7 +64,7 @@ typedef struct mxs_rank {
 typedef void (*mxs_rank_main)(mxs_rank *r, void *user);
 
 /* Writes all of buf to fd (retrying short writes and EINTR). */
-static int _mxs_write_all(int fd, const void *buf, size_t n) {
+static int mxs__write_all(int fd, const void *buf, size_t n) {
     const char *p = (const char *)buf;
     while (n > 0) {
         ssize_t k = write(fd, p, n);
@@ -76,7 +76,7 @@ static int _mxs_write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
-static int _mxs_read_all(int fd, void *buf, size_t n) {
+static int mxs__read_all(int fd, void *buf, size_t n) {
     char *p = (char *)buf;
     while (n > 0) {
         ssize_t k = read(fd, p, n);
@@ -99,7 +99,7 @@ static void mxs_rank_log(mxs_rank *r, const char *fmt, ...) {
     if (n < 0) return;
     if (n > (int)sizeof line - 2) n = (int)sizeof line - 2;
     line[n++] = '\n';
-    if (_mxs_write_all(r->report_fd, line, (size_t)n) != 0) fputs(line, stdout);
+    if (mxs__write_all(r->report_fd, line, (size_t)n) != 0) fputs(line, stdout);
 }
 
 #define MXS_CHECK(r, cond, ...)                                                                                  \
@@ -113,7 +113,7 @@ static void mxs_rank_log(mxs_rank *r, const char *fmt, ...) {
         }                                                                                                          \
     } while (0)
 
-static long _mxs_env_long(const char *name, long fallback) {
+static long mxs__env_long(const char *name, long fallback) {
     const char *v = getenv(name);
     char *end;
     long x;
@@ -122,21 +122,21 @@ static long _mxs_env_long(const char *name, long fallback) {
     return *end ? fallback : x;
 }
 
-static double _mxs_now_s(void) {
+static double mxs__now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Counts GPUs without touching CUDA in this process. */
-static int _mxs_count_gpus(char *why, size_t why_len) {
+static int mxs__count_gpus(char *why, size_t why_len) {
     struct {
         int count;
         char msg[200];
     } rep;
     int fds[2], st;
     pid_t pid;
-    long env = _mxs_env_long("MXS_NGPUS", -1);
+    long env = mxs__env_long("MXS_NGPUS", -1);
     if (env >= 0) {
         snprintf(why, why_len, "MXS_NGPUS=%ld", env);
         return (int)env;
@@ -166,11 +166,11 @@ static int _mxs_count_gpus(char *why, size_t why_len) {
         } else {
             snprintf(rep.msg, sizeof rep.msg, "cudaGetDeviceCount = %d", rep.count);
         }
-        _exit(_mxs_write_all(fds[1], &rep, sizeof rep) == 0 ? 0 : 1);
+        _exit(mxs__write_all(fds[1], &rep, sizeof rep) == 0 ? 0 : 1);
     }
     close(fds[1]);
     memset(&rep, 0, sizeof rep);
-    if (_mxs_read_all(fds[0], &rep, sizeof rep) != 0) {
+    if (mxs__read_all(fds[0], &rep, sizeof rep) != 0) {
         rep.count = 0;
         snprintf(rep.msg, sizeof rep.msg, "the GPU probe process died");
     }
@@ -183,7 +183,7 @@ static int _mxs_count_gpus(char *why, size_t why_len) {
 }
 
 /* Body of rank q (never returns). */
-static void _mxs_rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs_rank_main fn, void *user,
+static void mxs__rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs_rank_main fn, void *user,
                             long timeout_s) {
     mxs_rank r;
     ncclUniqueId id;
@@ -211,10 +211,10 @@ static void _mxs_rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs
             _exit(3); /* closing the id pipes lets the other ranks fail too */
         }
         for (k = 1; k < n; k++) {
-            if (_mxs_write_all(id_fds[k][1], &id, sizeof id) != 0) _exit(3);
+            if (mxs__write_all(id_fds[k][1], &id, sizeof id) != 0) _exit(3);
             close(id_fds[k][1]);
         }
-    } else if (_mxs_read_all(id_fds[q][0], &id, sizeof id) != 0) {
+    } else if (mxs__read_all(id_fds[q][0], &id, sizeof id) != 0) {
         mxs_rank_log(&r, "no NCCL unique id from rank 0");
         _exit(3);
     }
@@ -244,15 +244,15 @@ static void _mxs_rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs
     _exit(r.failed == 0 ? 0 : 1);
 }
 
-typedef struct _mxs_rank_out {
+typedef struct mxs__rank_out {
     pid_t pid;
     int fd;       /* read end of the report pipe, -1 once at EOF */
     int reaped, status;
     char *text;
     size_t len, cap;
-} _mxs_rank_out;
+} mxs__rank_out;
 
-static void _mxs_append(_mxs_rank_out *o, const char *buf, size_t n) {
+static void mxs__append(mxs__rank_out *o, const char *buf, size_t n) {
     if (o->len + n + 1 > o->cap) {
         size_t cap = (o->cap ? o->cap * 2 : 4096);
         char *p;
@@ -271,15 +271,15 @@ static void _mxs_append(_mxs_rank_out *o, const char *buf, size_t n) {
  * there are fewer than 2 GPUs (skip), 1 otherwise. */
 static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
     int id_fds[MXS_LAUNCH_MAX_RANKS][2], rep_fds[MXS_LAUNCH_MAX_RANKS][2];
-    _mxs_rank_out out[MXS_LAUNCH_MAX_RANKS];
+    mxs__rank_out out[MXS_LAUNCH_MAX_RANKS];
     char why[256];
     int n, q, open_fds, bad = 0;
-    long timeout_s = _mxs_env_long("MXS_LAUNCH_TIMEOUT", 240), cap = _mxs_env_long("MXS_NRANKS", 0);
+    long timeout_s = mxs__env_long("MXS_LAUNCH_TIMEOUT", 240), cap = mxs__env_long("MXS_NRANKS", 0);
     double t0, deadline, kill_at = -1.0;
 
     setvbuf(stdout, NULL, _IONBF, 0);
     setenv("NCCL_NVLS_ENABLE", "0", 1);
-    n = _mxs_count_gpus(why, sizeof why);
+    n = mxs__count_gpus(why, sizeof why);
     if (cap > 0 && n > cap) n = (int)cap;
     if (n > MXS_LAUNCH_MAX_RANKS) n = MXS_LAUNCH_MAX_RANKS;
     if (n < 2) {
@@ -314,7 +314,7 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
             }
             return 1;
         }
-        if (pid == 0) _mxs_rank_child(q, n, id_fds, rep_fds, fn, user, timeout_s);
+        if (pid == 0) mxs__rank_child(q, n, id_fds, rep_fds, fn, user, timeout_s);
         out[q].pid = pid;
     }
     for (q = 0; q < n; q++) {
@@ -323,7 +323,7 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
         close(rep_fds[q][1]);
         out[q].fd = rep_fds[q][0];
     }
-    t0 = _mxs_now_s();
+    t0 = mxs__now_s();
     deadline = t0 + (double)timeout_s + 10.0;
     for (;;) {
         struct pollfd pf[MXS_LAUNCH_MAX_RANKS];
@@ -345,7 +345,7 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
             if (pf[q].revents & (POLLIN | POLLHUP | POLLERR)) {
                 char buf[4096];
                 ssize_t k = read(pf[q].fd, buf, sizeof buf);
-                if (k > 0) _mxs_append(&out[idx[q]], buf, (size_t)k);
+                if (k > 0) mxs__append(&out[idx[q]], buf, (size_t)k);
                 else if (k == 0 || errno != EINTR) {
                     close(pf[q].fd);
                     out[idx[q]].fd = -1;
@@ -359,7 +359,7 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
                 if (w == out[q].pid) {
                     out[q].reaped = 1;
                     out[q].status = st;
-                    if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && kill_at < 0) kill_at = _mxs_now_s() + 20.0;
+                    if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && kill_at < 0) kill_at = mxs__now_s() + 20.0;
                 } else {
                     alive++;
                 }
@@ -368,16 +368,16 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
         open_fds = 0;
         for (q = 0; q < n; q++) open_fds += out[q].fd >= 0;
         if (alive == 0 && open_fds == 0) break;
-        if (_mxs_now_s() > deadline || (kill_at > 0 && _mxs_now_s() > kill_at)) {
+        if (mxs__now_s() > deadline || (kill_at > 0 && mxs__now_s() > kill_at)) {
             for (q = 0; q < n; q++) {
                 if (!out[q].reaped) {
                     char msg[96];
-                    int k = snprintf(msg, sizeof msg, "  (killed by the launcher after %.0f s)\n", _mxs_now_s() - t0);
-                    _mxs_append(&out[q], msg, (size_t)k);
+                    int k = snprintf(msg, sizeof msg, "  (killed by the launcher after %.0f s)\n", mxs__now_s() - t0);
+                    mxs__append(&out[q], msg, (size_t)k);
                     kill(out[q].pid, SIGKILL);
                 }
             }
-            deadline = _mxs_now_s() + 1e9;
+            deadline = mxs__now_s() + 1e9;
             kill_at = -1.0;
         }
     }
@@ -396,7 +396,7 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
         bad |= !ok;
         free(out[q].text);
     }
-    printf("%s: %s (%d ranks, %.1f s)\n", name, bad ? "FAIL" : "PASS", n, _mxs_now_s() - t0);
+    printf("%s: %s (%d ranks, %.1f s)\n", name, bad ? "FAIL" : "PASS", n, mxs__now_s() - t0);
     return bad ? 1 : 0;
 }
 
