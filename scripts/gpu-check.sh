@@ -5,7 +5,15 @@
 # table to ${OUT:-/tmp}/bench.md. Exit status nonzero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
+# meson, ninja and python3 come from PATH, or from the virtual environment
+# MXS_VENV names (e.g. MXS_VENV=/opt/torch/.venv), or the active $VIRTUAL_ENV.
+venv=${MXS_VENV:-${VIRTUAL_ENV:-}}
+if [ -n "$venv" ]; then export PATH="$venv/bin:$PATH"; fi
+export PATH=$PATH:/usr/local/cuda/bin NCCL_NVLS_ENABLE=0
+if ! command -v meson >/dev/null; then
+  echo "gpu-check: no meson on PATH; set MXS_VENV to a virtual environment that has meson and ninja" >&2
+  exit 1
+fi
 out=${OUT:-/tmp}
 mkdir -p "$out"
 log=$out/gpu-check.log

@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# Build mxshard and run its tests: installs what is missing (as root on a
-# Debian machine), configures build/, runs every suite that this machine can
-# run. CUDA and NCCL suites skip (exit 77) without GPUs.
-#   scripts/test.sh                 all suites
-#   scripts/test.sh --suite cpu     extra arguments go to `meson test`
+# SPDX-License-Identifier: MIT
+# Build mxshard and run every test this machine can run. It first says what
+# it will build and run here, and why (compilers, GPUs, NCCL), installs
+# what is missing (as root on a Debian machine), configures, builds, runs
+# `meson test`, then scripts/test-python.sh when it exists.
+#
+#   scripts/test.sh                  everything: the host library and its
+#                                    tests, every CUDA kernel compiled and
+#                                    linked (their tests skip without a GPU,
+#                                    and say so), packaging and examples
+#   scripts/test.sh --quick          CPU only (-Dcuda=disabled; build dir
+#                                    build-quick): no nvcc, ~30 s on 2 cores
+#   scripts/test.sh --suite cpu      other arguments go to `meson test`
+#
+# Environment: MXS_BUILDDIR (build dir; default build, or build-quick with
+# --quick), MXS_SM_ARCHS (e.g. 90 or 90,100; default: meson_options.txt's
+# sm_archs), MXS_FORMAT_CHECK=strict (clang-format differences fail the run
+# instead of warning).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -d /usr/local/cuda/bin ] && export PATH="$PATH:/usr/local/cuda/bin"
+t_start=$SECONDS
+
+quick=0
+test_args=()
+for a in "$@"; do
+  case $a in
+    --quick) quick=1 ;;
+    -h|--help) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) test_args+=("$a") ;;
+  esac
+done
 
 need=()
 command -v meson >/dev/null || need+=(meson)
@@ -24,11 +48,111 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-builddir=${MXS_BUILDDIR:-build}
-if [ -f "$builddir/build.ninja" ]; then
-  meson setup --reconfigure "$builddir" -Dtests=enabled --wrap-mode=nodownload >/dev/null
-else
-  meson setup "$builddir" -Dtests=enabled --wrap-mode=nodownload
+if [ "$quick" = 1 ]; then builddir=${MXS_BUILDDIR:-build-quick}; else builddir=${MXS_BUILDDIR:-build}; fi
+opts=(-Dtests=enabled -Ddefault_library=both --wrap-mode=nodownload)
+if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled); else opts+=(-Dcuda=auto); fi
+if [ -n "${MXS_SM_ARCHS:-}" ]; then opts+=("-Dsm_archs=$MXS_SM_ARCHS"); fi
+
+# ---- what this machine has, and what that means -----------------------------
+say() { printf 'test.sh: %s\n' "$*"; }
+archs=${MXS_SM_ARCHS:-}
+if [ -z "$archs" ] && [ -f "$builddir/build.ninja" ]; then
+  archs=$(meson introspect --buildoptions "$builddir" 2>/dev/null |
+    python3 -c 'import json,sys; print(",".join(next(o["value"] for o in json.load(sys.stdin) if o["name"] == "sm_archs")))' 2>/dev/null || true)
 fi
+if [ -z "$archs" ]; then
+  archs=$(sed -n "/option('sm_archs'/s/.*value: *\[\([^]]*\)\].*/\1/p" meson_options.txt | tr -d "' ")
+fi
+gpus=0
+if command -v nvidia-smi >/dev/null; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
+gpu_note="no GPU visible ($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi lists none' || echo 'no nvidia-smi'))"
+[ "$gpus" -gt 0 ] && gpu_note="$gpus GPU(s): $(nvidia-smi -L 2>/dev/null | head -n 2 | sed 's/ (UUID.*//' | paste -sd ';' -)"
+
+say "build dir $builddir, meson setup ${opts[*]}"
+say "host: $(cc --version 2>/dev/null | head -n 1 || echo 'no cc')"
+say "cpu suite: Criterion $(pkg-config --modversion criterion 2>/dev/null || echo 'missing: the Criterion tests will not be built')"
+if [ "$quick" = 1 ]; then
+  say "--quick: CUDA off (-Dcuda=disabled): no kernel is compiled, no cuda/nccl suite"
+elif command -v nvcc >/dev/null; then
+  say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled and linked for sm_${archs//,/ sm_} (+ PTX of the last); on 2 cores this is most of the run (about a minute per architecture); MXS_SM_ARCHS=90 halves it"
+  say "$gpu_note"
+  if [ "$gpus" -eq 0 ]; then
+    say "=> suite cuda: built and linked, its tests SKIP (no CUDA device); suite nccl: SKIP (needs 2 GPUs)"
+  elif [ "$gpus" -eq 1 ]; then
+    say "=> suite cuda runs on the GPU; suite nccl: SKIP (needs 2 GPUs, one process each)"
+  else
+    say "=> suites cuda and nccl run on the GPUs"
+  fi
+else
+  say "no nvcc on PATH (nor in /usr/local/cuda/bin): CUDA kernels, suites cuda and nccl are not built (install the CUDA toolkit to compile them)"
+fi
+say "also: packaging (install to a temp dir, link with pkg-config; the meson-subproject check), examples (C and C++)"
+if [ -f scripts/test-python.sh ]; then say "then: scripts/test-python.sh (the Python package)"; fi
+
+# ---- style (warning only unless MXS_FORMAT_CHECK=strict) --------------------
+format_rc=0
+if command -v clang-format >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  mapfile -t srcs < <(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')
+  bad=()
+  for f in "${srcs[@]}"; do
+    [ -f "$f" ] || continue
+    clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
+  done
+  if [ ${#bad[@]} -gt 0 ]; then
+    say "clang-format: ${#bad[@]} of ${#srcs[@]} files differ from .clang-format: ${bad[*]}"
+    say "  (clang-format -i <file> to fix; a warning for now, MXS_FORMAT_CHECK=strict makes it an error)"
+    [ "${MXS_FORMAT_CHECK:-}" = strict ] && format_rc=1
+  else
+    say "clang-format: all ${#srcs[@]} tracked C/C++/CUDA files match .clang-format"
+  fi
+else
+  say "clang-format: not installed (or not a git checkout), style check skipped"
+fi
+
+# ---- configure, build, test ---------------------------------------------------
+t0=$SECONDS
+reconf=()
+[ -f "$builddir/build.ninja" ] && reconf=(--reconfigure)
+if ! setup_log=$(meson setup "${reconf[@]}" "$builddir" "${opts[@]}" 2>&1); then
+  printf '%s\n' "$setup_log" >&2
+  say "meson setup failed"
+  exit 1
+fi
+# meson's summary of what was found and what will be built
+printf '%s\n' "$setup_log" | sed -n '/^mxshard [0-9]/,/^  User defined options/p' | sed '$d' | grep -v '^$' |
+  sed 's/^/test.sh: configured: /'
+say "configure: $((SECONDS - t0)) s"
+
+t0=$SECONDS
 meson compile -C "$builddir"
-meson test -C "$builddir" --print-errorlogs "$@"
+say "build: $((SECONDS - t0)) s"
+
+t0=$SECONDS
+rc=0
+meson test -C "$builddir" --print-errorlogs "${test_args[@]}" || rc=$?
+say "meson test: $((SECONDS - t0)) s (exit $rc)"
+# Why each skipped test skipped: the reason its TAP plan gave ("1..0 # SKIP
+# reason"; meson keeps it in the log, its console line says only SKIP).
+python3 - "$builddir/meson-logs/testlog.json" <<'PY' || true
+import json, re, sys
+why = {}
+for line in open(sys.argv[1]):
+    t = json.loads(line)
+    if t.get("result") != "SKIP":
+        continue
+    m = re.search(r"^1\.\.0\s*#\s*skip\S*\s*(.*)$", t.get("stdout") or "", re.I | re.M)
+    reason = m.group(1).strip() if m and m.group(1).strip() else "exit status 77"
+    reason = re.sub(r"^test_\w+ \w+: ", "", reason)  # the launcher names the program; the test name says it
+    why.setdefault(reason, []).append(t["name"].split(":", 1)[-1].replace(" / ", "/"))
+for reason, names in why.items():
+    print("test.sh: skipped %s: %s" % (", ".join(names), reason))
+PY
+
+if [ -f scripts/test-python.sh ] && [ ${#test_args[@]} -eq 0 ]; then
+  t0=$SECONDS
+  MXS_BUILDDIR=$builddir bash scripts/test-python.sh || rc=1
+  say "scripts/test-python.sh: $((SECONDS - t0)) s"
+fi
+[ "$format_rc" = 0 ] || rc=1
+say "total: $((SECONDS - t_start)) s, $([ $rc = 0 ] && echo PASS || echo FAIL)"
+exit $rc

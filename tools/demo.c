@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard-demo: distributed MXFP8 writeback on a simulated data-parallel
  * group, with a readable account of what it saved and what it moved.
  *
@@ -15,6 +16,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,10 +28,7 @@
 #include "demo.h"
 #include "sim.h"
 
-
 /* ---- options ---------------------------------------------------------------- */
-
-
 
 static void usage(FILE *out) {
     fprintf(out, "usage: mxshard-demo [options]\n"
@@ -40,6 +39,7 @@ static void usage(FILE *out) {
                  "their shards and all-gather the bytes. Verified bit for bit against\n"
                  "whole-tensor quantization and BF16 copy-back.\n"
                  "\n"
+                 "Options take their value as --flag=value or --flag value.\n"
                  "  --ranks N               simulated data-parallel ranks, 1..64 (default 4)\n"
                  "  --hidden H              hidden size (default 1024); k/v: H/4 x H (GQA),\n"
                  "                          MLP: ffn = round(8H/3), not rounded to 32\n"
@@ -49,7 +49,7 @@ static void usage(FILE *out) {
                  "  --seed S                master initialisation seed (default 1)\n"
                  "  --json                  machine-readable summary on stdout instead of the table\n"
                  "  --device cpu|cuda       backend (default cpu)\n"
-                 "  --help                  this text\n");
+                 "  -h, --help              this text\n");
 }
 
 static int bad_flag(const char *msg, const char *arg) {
@@ -68,9 +68,23 @@ static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return 1;
 }
 
+enum { OPT_RANKS = 256, OPT_HIDDEN, OPT_LAYERS, OPT_ROW_ONLY, OPT_ROUNDING, OPT_SEED, OPT_JSON, OPT_DEVICE };
+
 /* Returns 0 to run, 1 for --help (exit 0), 2 for a bad flag. */
 static int parse_args(int argc, char **argv, demo_opts *o) {
-    int i;
+    static const struct option longopts[] = {
+        {"ranks", required_argument, NULL, OPT_RANKS},
+        {"hidden", required_argument, NULL, OPT_HIDDEN},
+        {"layers", required_argument, NULL, OPT_LAYERS},
+        {"row-only-fraction", required_argument, NULL, OPT_ROW_ONLY},
+        {"rounding", required_argument, NULL, OPT_ROUNDING},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"device", required_argument, NULL, OPT_DEVICE},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
     memset(o, 0, sizeof *o);
     o->ranks = 4;
     o->hidden = 1024;
@@ -78,49 +92,28 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
     o->row_only_fraction = 0.5;
     o->rounding = MXS_ROUND_CEIL;
     o->seed = 1;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i], *val = NULL;
-        char name[64];
-        const char *eq = strchr(a, '=');
+    opterr = 0; /* our own messages (bad_flag) */
+    optind = 1;
+    while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
+        const char *val = optarg;
         int64_t v;
-        if (strncmp(a, "--", 2) != 0) return bad_flag("unexpected argument", a);
-        if (eq) {
-            size_t n = (size_t)(eq - a);
-            if (n >= sizeof name) return bad_flag("unknown flag", a);
-            memcpy(name, a, n);
-            name[n] = 0;
-            val = eq + 1;
-        } else {
-            snprintf(name, sizeof name, "%s", a);
-        }
-        if (!strcmp(name, "--help")) {
-            if (val) return bad_flag("--help takes no value", a);
-            return 1;
-        }
-        if (!strcmp(name, "--json")) {
-            if (val) return bad_flag("--json takes no value", a);
-            o->json = 1;
-            continue;
-        }
-        if (strcmp(name, "--ranks") && strcmp(name, "--hidden") && strcmp(name, "--layers") &&
-            strcmp(name, "--row-only-fraction") && strcmp(name, "--rounding") && strcmp(name, "--seed") &&
-            strcmp(name, "--device"))
-            return bad_flag("unknown flag", a);
-        if (!val) {
-            if (i + 1 >= argc) return bad_flag("missing value for", name);
-            val = argv[++i];
-        }
-        if (!strcmp(name, "--ranks")) {
+        switch (c) {
+        case 'h': return 1;
+        case OPT_JSON: o->json = 1; break;
+        case OPT_RANKS:
             if (!parse_i64(val, 1, 64, &v)) return bad_flag("--ranks needs an integer in 1..64", val);
             o->ranks = (int)v;
             o->ranks_set = 1;
-        } else if (!strcmp(name, "--hidden")) {
+            break;
+        case OPT_HIDDEN:
             if (!parse_i64(val, 1, 16384, &v)) return bad_flag("--hidden needs an integer in 1..16384", val);
             o->hidden = v;
-        } else if (!strcmp(name, "--layers")) {
+            break;
+        case OPT_LAYERS:
             if (!parse_i64(val, 1, 64, &v)) return bad_flag("--layers needs an integer in 1..64", val);
             o->layers = (int)v;
-        } else if (!strcmp(name, "--row-only-fraction")) {
+            break;
+        case OPT_ROW_ONLY: {
             char *end;
             double f;
             errno = 0;
@@ -128,37 +121,49 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
             if (errno || end == val || *end || !(f >= 0.0 && f <= 1.0))
                 return bad_flag("--row-only-fraction needs a number in [0, 1]", val);
             o->row_only_fraction = f;
-        } else if (!strcmp(name, "--rounding")) {
+            break;
+        }
+        case OPT_ROUNDING:
             if (!strcmp(val, "ceil"))
                 o->rounding = MXS_ROUND_CEIL;
             else if (!strcmp(val, "floor"))
                 o->rounding = MXS_ROUND_FLOOR;
             else
                 return bad_flag("--rounding needs ceil or floor", val);
-        } else if (!strcmp(name, "--seed")) {
+            break;
+        case OPT_SEED: {
             char *end;
-            unsigned long long s;
+            unsigned long long seed;
             errno = 0;
-            s = strtoull(val, &end, 10);
+            seed = strtoull(val, &end, 10);
             if (errno || end == val || *end || val[0] == '-')
                 return bad_flag("--seed needs a non-negative integer", val);
-            o->seed = (uint64_t)s;
-        } else { /* --device */
+            o->seed = (uint64_t)seed;
+            break;
+        }
+        case OPT_DEVICE:
             if (!strcmp(val, "cpu"))
                 o->cuda = 0;
             else if (!strcmp(val, "cuda"))
                 o->cuda = 1;
             else
                 return bad_flag("--device needs cpu or cuda", val);
+            break;
+        case ':': return bad_flag("missing value for", argv[optind - 1]);
+        default: /* '?': unknown option, or a value given to a flag that takes none */
+            return bad_flag(strchr(argv[optind - 1], '=') ? "unknown flag, or a flag that takes no value"
+                                                          : "unknown flag",
+                            argv[optind - 1]);
         }
     }
+    if (optind < argc) return bad_flag("unexpected argument", argv[optind]);
     return 0;
 }
 
 /* ---- backend ---------------------------------------------------------------- */
 
 /* One writeback's phases over the whole simulated group. The CPU backend is
- * tools/sim.h; a CUDA backend provides the same four calls. */
+ * harness/sim.h; a CUDA backend provides the same four calls. */
 typedef struct demo_backend {
     const char *name;
     mxs_status (*partial)(mxs_sim *);
@@ -239,6 +244,13 @@ const char *demo_fmt_mib(int64_t v, char *buf, size_t n) {
     return buf;
 }
 
+static const char *plural(int64_t n) { return n == 1 ? "" : "s"; }
+
+/* One progress line, columns aligned: "[update 1/2] partial    4 ranks      97.1 ms". */
+static void progress_line(FILE *out, const char *label, const char *phase, int ranks, double ms) {
+    fprintf(out, "%-12s %-8s %3d rank%s %9.1f ms\n", label, phase, ranks, ranks == 1 ? " " : "s", ms);
+}
+
 /* ---- main ---------------------------------------------------------------------- */
 
 enum { PH_STEP, PH_PARTIAL, PH_REDUCE, PH_APPLY, PH_GATHER, PH_VERIFY, PH_COUNT };
@@ -255,7 +267,7 @@ int main(int argc, char **argv) {
     int n, u, w, rc = parse_args(argc, argv, &o);
     FILE *progress;
     mxs_status s;
-    char b1[32], b2[32], b3[32];
+    char b1[32], b2[32], b3[32], label[32];
 
     if (rc == 1) {
         usage(stdout);
@@ -287,8 +299,8 @@ int main(int argc, char **argv) {
     d.seed = o.seed;
 
     if (!o.json)
-        fprintf(progress, "mxshard-demo: %d ranks (simulated, %s), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
-                o.ranks, be->name, o.layers, o.layers > 1 ? "s" : "", (long long)o.hidden, (long long)kv,
+        fprintf(progress, "mxshard-demo: %d rank%s (simulated, %s), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
+                o.ranks, plural(o.ranks), be->name, o.layers, plural(o.layers), (long long)o.hidden, (long long)kv,
                 (long long)ffn);
     t0 = demo_now_ms();
     s = mxs_sim_create(&sim, &d);
@@ -296,7 +308,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mxshard-demo: cannot set up the simulated group (%s; out of memory?)\n", mxs_status_str(s));
         return 3;
     }
-    fprintf(progress, "[setup]       %d ranks   %8.1f ms\n", o.ranks, demo_now_ms() - t0);
+    progress_line(progress, "[setup]", "", o.ranks, demo_now_ms() - t0);
 
     for (u = 0; u < DEMO_UPDATES; u++) {
         mxs_status (*const phase_fn[4])(mxs_sim *) = {be->partial, be->reduce, be->apply, be->gather};
@@ -304,8 +316,8 @@ int main(int argc, char **argv) {
         t0 = demo_now_ms();
         mxs_sim_update(&sim);
         ms[u][PH_STEP] = demo_now_ms() - t0;
-        fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES, "step", o.ranks,
-                ms[u][PH_STEP]);
+        snprintf(label, sizeof label, "[update %d/%d]", u + 1, DEMO_UPDATES);
+        progress_line(progress, label, "step", o.ranks, ms[u][PH_STEP]);
         for (p = 0; p < 4; p++) {
             t0 = demo_now_ms();
             s = phase_fn[p](&sim);
@@ -315,8 +327,7 @@ int main(int argc, char **argv) {
                 mxs_sim_destroy(&sim);
                 return 3;
             }
-            fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES,
-                    phase_names[PH_PARTIAL + p], o.ranks, ms[u][PH_PARTIAL + p]);
+            progress_line(progress, label, phase_names[PH_PARTIAL + p], o.ranks, ms[u][PH_PARTIAL + p]);
         }
         t0 = demo_now_ms();
         if ((s = mxs_sim_reference(&sim)) != MXS_OK || (s = mxs_sim_copyback_bf16(&sim)) != MXS_OK) {
@@ -326,8 +337,7 @@ int main(int argc, char **argv) {
         }
         mismatch += mxs_sim_compare(&sim, 0) + mxs_sim_compare_banks(&sim) + mxs_sim_guard_damage(&sim);
         ms[u][PH_VERIFY] = demo_now_ms() - t0;
-        fprintf(progress, "[update %d/%d] %-8s  %d ranks   %8.1f ms\n", u + 1, DEMO_UPDATES, "verify", o.ranks,
-                ms[u][PH_VERIFY]);
+        progress_line(progress, label, "verify", o.ranks, ms[u][PH_VERIFY]);
     }
 
     for (w = 0; w < n; w++) {
@@ -382,8 +392,9 @@ int main(int argc, char **argv) {
     } else {
         int p;
         printf("\n== mxshard-demo summary ==\n");
-        printf("bucket: %d weights, %s elements (padded to %s), distributed-optimizer sharding over %d ranks\n", n,
-               demo_fmt_int(elems, b1, sizeof b1), demo_fmt_int(sim.bucket_elems, b2, sizeof b2), o.ranks);
+        printf("bucket: %d weight%s, %s elements (padded to %s), distributed-optimizer sharding over %d rank%s\n", n,
+               plural(n), demo_fmt_int(elems, b1, sizeof b1), demo_fmt_int(sim.bucket_elems, b2, sizeof b2), o.ranks,
+               plural(o.ranks));
         printf("masters: f32, rounded through bf16; scales: E8M0, %s rounding, padded (TE) layout\n\n",
                o.rounding == MXS_ROUND_CEIL ? "ceil" : "floor");
         printf("%-10s %15s  %-8s %16s %18s\n", "weight", "shape", "planes", "primary bytes", "if bidirectional");
@@ -398,7 +409,8 @@ int main(int argc, char **argv) {
         printf("%-10s %15s  %-8s %16s %18s\n", "total", "", "", demo_fmt_int(primary, b1, sizeof b1),
                demo_fmt_int(bidir, b2, sizeof b2));
         printf("memory: %d of %d weights row-only: %s instead of %s, saved %s (%.1f%%) per rank\n\n", (int)row_only, n,
-               demo_fmt_mib(primary, b1, sizeof b1), demo_fmt_mib(bidir, b2, sizeof b2), demo_fmt_mib(bidir - primary, b3, sizeof b3),
+               demo_fmt_mib(primary, b1, sizeof b1), demo_fmt_mib(bidir, b2, sizeof b2),
+               demo_fmt_mib(bidir - primary, b3, sizeof b3),
                bidir ? 100.0 * (double)(bidir - primary) / (double)bidir : 0.0);
 
         printf("reduction per update (one all-reduce):\n");
@@ -422,7 +434,7 @@ int main(int argc, char **argv) {
         printf("  (verification only: all-gather bf16 %lld calls, %s bytes, for the BF16 copy-back)\n\n",
                (long long)sim.stats.gather_bf16_calls, demo_fmt_int(sim.stats.gather_bf16_bytes, b1, sizeof b1));
 
-        printf("time per phase, all %d ranks, ms:", o.ranks);
+        printf("time per phase, %d rank%s, ms:", o.ranks, plural(o.ranks));
         for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
         printf("\n");
         for (p = 0; p < PH_COUNT; p++) {
@@ -432,9 +444,9 @@ int main(int argc, char **argv) {
         }
         printf("\n");
         if (!mismatch)
-            printf("verified: bit-exact (%d updates x %d ranks x %d weights, data and scales: whole-tensor quantize "
-                   "and bf16 copy-back)\n",
-                   DEMO_UPDATES, o.ranks, n);
+            printf("verified: bit-exact (%d updates x %d rank%s x %d weight%s, data and scales: whole-tensor "
+                   "quantize and bf16 copy-back)\n",
+                   DEMO_UPDATES, o.ranks, plural(o.ranks), n, plural(n));
     }
     if (mismatch) fprintf(o.json ? stderr : stdout, "verified: FAILED (%lld mismatching bytes)\n", (long long)mismatch);
     mxs_sim_destroy(&sim);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tools/demo.h - what the CPU demo (demo.c) and its CUDA/NCCL backend
  * (demo_cuda.c) share: options, the Llama-style bucket, formatting. */
 #ifndef MXSHARD_TOOLS_DEMO_H

@@ -2,41 +2,28 @@
  *
  * Host code only: it validates, then enqueues the CUDA kernels of
  * libmxshard_cuda and NCCL collectives on the caller's stream. Every
- * collective goes through mxs__nccl_issue(), which reports it to the internal
- * test hook (mxs_nccl_hooks.h) first.
+ * collective goes through mxs__nccl_issue(), the one place that calls NCCL
+ * collectives. No state: nothing static, nothing per thread. (The tests
+ * see what goes on the wire by interposing NCCL's entry points - NCCL
+ * exports them as weak aliases of its pncclXxx profiling names - not
+ * through a hook in this library.)
  */
 #include <mxshard/nccl.h>
 
-#include "mxs_nccl_hooks.h"
-
-/* ---- test hook ----------------------------------------------------------- */
-
-static mxs_nccl_hook_fn mxs__nccl_hook;
-static void *mxs__nccl_hook_user;
-
-void mxs_nccl_set_test_hook(mxs_nccl_hook_fn fn, void *user) {
-    mxs__nccl_hook = fn;
-    mxs__nccl_hook_user = fn ? user : NULL;
-}
+typedef enum {
+    MXS__NCCL_ALL_REDUCE = 0, /* ncclAllReduce */
+    MXS__NCCL_BROADCAST = 1,  /* ncclBroadcast */
+    MXS__NCCL_ALL_GATHER = 2  /* ncclAllGather */
+} mxs__nccl_op;
 
 /* The one place that calls NCCL collectives. `send` may be NULL only for
- * MXS_NCCL_OP_BROADCAST on a non-root rank (NCCL ignores it there). */
-static ncclResult_t mxs__nccl_issue(mxs_nccl_op op, const void *send, void *recv, size_t count,
-                                    ncclDataType_t type, ncclRedOp_t red, int root, ncclComm_t comm,
-                                    cudaStream_t stream) {
-    if (mxs__nccl_hook) {
-        mxs_nccl_event ev;
-        ev.op = op;
-        ev.type = type;
-        ev.red = op == MXS_NCCL_OP_ALL_REDUCE ? red : ncclSum;
-        ev.count = count;
-        ev.root = op == MXS_NCCL_OP_BROADCAST ? root : -1;
-        mxs__nccl_hook(&ev, mxs__nccl_hook_user);
-    }
+ * MXS__NCCL_BROADCAST on a non-root rank (NCCL ignores it there). */
+static ncclResult_t mxs__nccl_issue(mxs__nccl_op op, const void *send, void *recv, size_t count, ncclDataType_t type,
+                                    ncclRedOp_t red, int root, ncclComm_t comm, cudaStream_t stream) {
     switch (op) {
-    case MXS_NCCL_OP_ALL_REDUCE: return ncclAllReduce(send, recv, count, type, red, comm, stream);
-    case MXS_NCCL_OP_BROADCAST: return ncclBroadcast(send, recv, count, type, root, comm, stream);
-    case MXS_NCCL_OP_ALL_GATHER: return ncclAllGather(send, recv, count, type, comm, stream);
+    case MXS__NCCL_ALL_REDUCE: return ncclAllReduce(send, recv, count, type, red, comm, stream);
+    case MXS__NCCL_BROADCAST: return ncclBroadcast(send, recv, count, type, root, comm, stream);
+    case MXS__NCCL_ALL_GATHER: return ncclAllGather(send, recv, count, type, comm, stream);
     }
     return ncclInvalidArgument;
 }
@@ -52,29 +39,80 @@ static mxs_status mxs__nccl_comm_info(ncclComm_t comm, int *nranks, int *rank) {
 
 /* ---- writeback ----------------------------------------------------------- */
 
-mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, void *workspace,
-                                 int64_t workspace_bytes, ncclComm_t comm, cudaStream_t stream) {
-    int64_t need = 0;
+/* Whether a packed buffer description can take part in the group's
+ * all-reduce: `packed` holds `bytes` bytes ending with the status byte. */
+static int mxs__wb_joinable(const uint8_t *packed, int64_t bytes, int64_t status_offset) {
+    return bytes > 0 && packed && status_offset == bytes - 1;
+}
+
+/* The group's one MAX all-reduce of the packed buffer. */
+static mxs_status mxs__wb_reduce(uint8_t *packed, int64_t bytes, ncclComm_t comm, cudaStream_t stream) {
+    if (mxs__nccl_issue(MXS__NCCL_ALL_REDUCE, packed, packed, (size_t)bytes, ncclUint8, ncclMax, 0, comm, stream) !=
+        ncclSuccess)
+        return MXS_ERR_NCCL;
+    return MXS_OK;
+}
+
+/* A rank-local failure `err` before the reduction: this rank still joins
+ * the group's one all-reduce - with zeros (nothing of its batch) and the
+ * status byte 1 - so that no other rank waits forever, and every other rank
+ * reads the 1 after the reduction and skips apply (MXS_ERR_REMOTE). Returns
+ * `err`. */
+static mxs_status mxs__wb_join_failed(uint8_t *packed, int64_t bytes, int64_t status_offset, ncclComm_t comm,
+                                      cudaStream_t stream, mxs_status err) {
+    if (cudaMemsetAsync(packed, 0, (size_t)bytes, stream) != cudaSuccess ||
+        cudaMemsetAsync(packed + status_offset, 1, 1, stream) != cudaSuccess)
+        (void)cudaGetLastError(); /* our error; the all-reduce is still issued (a hang is worse) */
+    (void)mxs__wb_reduce(packed, bytes, comm, stream);
+    return err;
+}
+
+/* After the reduction: the group status byte (one byte to the host and a
+ * synchronisation of `stream`). MXS_ERR_REMOTE when some rank failed. */
+static mxs_status mxs__wb_group_status(const uint8_t *packed, int64_t status_offset, cudaStream_t stream) {
+    uint8_t group = 0;
+    if (cudaMemcpyAsync(&group, packed + status_offset, 1, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+        cudaStreamSynchronize(stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return MXS_ERR_CUDA;
+    }
+    return group ? MXS_ERR_REMOTE : MXS_OK;
+}
+
+mxs_status mxs_nccl_wb_bucket_writeback(const mxs_cuda_wb_bucket *bucket, ncclComm_t comm, cudaStream_t stream) {
     int nranks, rank;
     mxs_status s;
-
-    /* Everything partial, the reduction and apply could reject is checked
-     * here, so that no rank stops between the partial and the all-reduce
-     * (the other ranks would wait in the all-reduce forever). */
-    if (!b || !plan) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs__wb_check_plan(b, plan)) != MXS_OK) return s;
-    if (plan->packed_bytes > 0 && !packed) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_cuda_wb_workspace_bytes(b, &need)) != MXS_OK) return s;
-    if (workspace_bytes < need) return MXS_ERR_BUFFER_SIZE;
-    if (need > 0 && !workspace) return MXS_ERR_INVALID_ARGUMENT;
+    /* Nothing can be joined without a trustworthy packed buffer or
+     * communicator: those errors return at once (on every rank alike when
+     * every rank passes the same bad arguments). */
+    if (!bucket || bucket->magic != MXS_CUDA_WB_BUCKET_MAGIC) return MXS_ERR_INVALID_ARGUMENT;
     if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if (!mxs__wb_joinable(bucket->packed, bucket->packed_bytes, bucket->status_offset))
+        return bucket->packed_bytes == 0 && bucket->n_items == 0 ? MXS_OK : MXS_ERR_INVALID_ARGUMENT;
 
-    if ((s = mxs_cuda_wb_partial(b, plan, packed, workspace, workspace_bytes, stream)) != MXS_OK) return s;
-    if (plan->packed_bytes > 0 &&
-        mxs__nccl_issue(MXS_NCCL_OP_ALL_REDUCE, packed, packed, (size_t)plan->packed_bytes, ncclUint8, ncclMax, 0,
-                        comm, stream) != ncclSuccess)
-        return MXS_ERR_NCCL;
-    return mxs_cuda_wb_apply(b, plan, packed, workspace, workspace_bytes, stream);
+    if ((s = mxs_cuda_wb_bucket_partial(bucket, stream)) != MXS_OK)
+        return mxs__wb_join_failed(bucket->packed, bucket->packed_bytes, bucket->status_offset, comm, stream, s);
+    if ((s = mxs__wb_reduce(bucket->packed, bucket->packed_bytes, comm, stream)) != MXS_OK) return s;
+    if ((s = mxs__wb_group_status(bucket->packed, bucket->status_offset, stream)) != MXS_OK) return s;
+    return mxs_cuda_wb_bucket_apply(bucket, stream);
+}
+
+mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, void *workspace,
+                                 int64_t workspace_bytes, ncclComm_t comm, cudaStream_t stream) {
+    mxs_cuda_wb_bucket bucket;
+    int nranks, rank;
+    mxs_status s;
+    if (!plan) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if (!mxs__wb_joinable(packed, plan->packed_bytes, plan->status_offset)) {
+        /* an empty plan without a status byte: nothing to reduce, nothing to do */
+        if (plan->packed_bytes == 0 && plan->n_items == 0) return mxs__wb_check_plan(b, plan);
+        return MXS_ERR_INVALID_ARGUMENT;
+    }
+    /* validation once: the plan check (aliasing included), the buffers */
+    s = mxs_cuda_wb_prepare(&bucket, b, plan, packed, workspace, workspace_bytes, stream);
+    if (s != MXS_OK) return mxs__wb_join_failed(packed, plan->packed_bytes, plan->status_offset, comm, stream, s);
+    return mxs_nccl_wb_bucket_writeback(&bucket, comm, stream);
 }
 
 mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclComm_t comm, cudaStream_t stream) {
@@ -90,13 +128,10 @@ mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclCo
     mine[1] = ~plan->fingerprint;
     mine[2] = sz;
     mine[3] = ~sz;
-    if (cudaMemcpyAsync(scratch, mine, sizeof mine, cudaMemcpyHostToDevice, stream) != cudaSuccess)
-        return MXS_ERR_CUDA;
-    if (mxs__nccl_issue(MXS_NCCL_OP_ALL_REDUCE, scratch, scratch, 4, ncclUint64, ncclMax, 0, comm, stream) !=
-        ncclSuccess)
+    if (cudaMemcpyAsync(scratch, mine, sizeof mine, cudaMemcpyHostToDevice, stream) != cudaSuccess) return MXS_ERR_CUDA;
+    if (mxs__nccl_issue(MXS__NCCL_ALL_REDUCE, scratch, scratch, 4, ncclUint64, ncclMax, 0, comm, stream) != ncclSuccess)
         return MXS_ERR_NCCL;
-    if (cudaMemcpyAsync(all, scratch, sizeof all, cudaMemcpyDeviceToHost, stream) != cudaSuccess)
-        return MXS_ERR_CUDA;
+    if (cudaMemcpyAsync(all, scratch, sizeof all, cudaMemcpyDeviceToHost, stream) != cudaSuccess) return MXS_ERR_CUDA;
     if (cudaStreamSynchronize(stream) != cudaSuccess) return MXS_ERR_CUDA;
     for (k = 0; k < 4; k++)
         if (all[k] != mine[k]) return MXS_ERR_PLAN_MISMATCH;
@@ -119,7 +154,7 @@ static void mxs__group_bcast(mxs__group *g, uint8_t *base, int64_t first_byte, i
     if (g->err != ncclSuccess || bytes <= 0) return;
     if (g->ops == 0 && (g->err = ncclGroupStart()) != ncclSuccess) return;
     g->ops++;
-    g->err = mxs__nccl_issue(MXS_NCCL_OP_BROADCAST, base + first_byte, base + first_byte, (size_t)bytes, ncclUint8,
+    g->err = mxs__nccl_issue(MXS__NCCL_BROADCAST, base + first_byte, base + first_byte, (size_t)bytes, ncclUint8,
                              ncclSum, root, g->comm, g->stream);
     if (g->ops == MXS_NCCL_GROUP_OPS || g->err != ncclSuccess) {
         ncclResult_t end = ncclGroupEnd();
@@ -138,8 +173,8 @@ static mxs_status mxs__group_finish(mxs__group *g) {
 }
 
 /* One flat buffer: each rank's segment (mxs_gather_segment), in rank order. */
-static void mxs__gather_one(mxs__group *g, uint8_t *buf, int64_t elem_bytes, const int64_t *starts,
-                            const int64_t *lens, int nranks) {
+static void mxs__gather_one(mxs__group *g, uint8_t *buf, int64_t elem_bytes, const int64_t *starts, const int64_t *lens,
+                            int nranks) {
     int q;
     for (q = 0; q < nranks; q++) {
         int64_t seg_start, seg_len;
@@ -149,8 +184,7 @@ static void mxs__gather_one(mxs__group *g, uint8_t *buf, int64_t elem_bytes, con
 }
 
 /* Validates a shard table of nranks entries against a buffer of `elems`. */
-static mxs_status mxs__check_table(int64_t elems, const int64_t *starts, const int64_t *lens, int nranks,
-                                   int *any) {
+static mxs_status mxs__check_table(int64_t elems, const int64_t *starts, const int64_t *lens, int nranks, int *any) {
     int q;
     mxs_status s;
     for (q = 0; q < nranks; q++) {
@@ -219,8 +253,8 @@ mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclCom
     chunk = bucket_bytes / nranks;
     if (chunk == 0) return MXS_OK;
     if (!bucket) return MXS_ERR_INVALID_ARGUMENT;
-    if (mxs__nccl_issue(MXS_NCCL_OP_ALL_GATHER, bucket + (int64_t)rank * chunk, bucket, (size_t)chunk, ncclUint8,
-                        ncclSum, 0, comm, stream) != ncclSuccess)
+    if (mxs__nccl_issue(MXS__NCCL_ALL_GATHER, bucket + (int64_t)rank * chunk, bucket, (size_t)chunk, ncclUint8, ncclSum,
+                        0, comm, stream) != ncclSuccess)
         return MXS_ERR_NCCL;
     return MXS_OK;
 }

@@ -58,8 +58,13 @@
 #define MXS_EXTERN_C_END
 #endif
 
+/* The version of these headers. meson.build's project version is the one
+ * source; tests/version checks that these lines agree with it. A program
+ * detects a header/library mismatch by comparing MXS_VERSION_CODE with
+ * mxs_cuda_version() / mxs_nccl_glue_version() / mxs_host_version(). */
 #define MXS_VERSION_MAJOR 0
-#define MXS_VERSION_MINOR 1
+#define MXS_VERSION_MINOR 2
 #define MXS_VERSION_PATCH 0
+#define MXS_VERSION_CODE (MXS_VERSION_MAJOR * 10000 + MXS_VERSION_MINOR * 100 + MXS_VERSION_PATCH)
 
 #endif /* MXSHARD_CONFIG_H */

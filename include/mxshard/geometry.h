@@ -29,6 +29,11 @@
  *
  * All functions are pure, 64-bit and MXS_HOST_DEVICE; callers validate the
  * shard first with mxs_shard_check (no overflow is possible afterwards).
+ * Preconditions: rows, cols >= 1 and 0 <= start, start + len <= rows*cols
+ * (a checked shape and shard). No function divides by zero or traps on bad
+ * input: given cols < 1 (or nranks < 1 for mxs_bucket_shard), the range
+ * functions return an empty range and mxs_row_block_of returns -1; other
+ * results for unchecked input are unspecified.
  */
 #ifndef MXSHARD_GEOMETRY_H
 #define MXSHARD_GEOMETRY_H
@@ -44,7 +49,7 @@ typedef struct mxs_range {
 } mxs_range;
 
 /* Validates 0 <= start, 0 <= len, start + len <= elems (MXS_ERR_RANGE). */
-MXS_HD mxs_status mxs_shard_check(int64_t elems, int64_t start, int64_t len) {
+MXS_NODISCARD MXS_HD mxs_status mxs_shard_check(int64_t elems, int64_t start, int64_t len) {
     int64_t end;
     if (start < 0 || len < 0 || !mxs_add_ok(start, len, &end) || end > elems) return MXS_ERR_RANGE;
     return MXS_OK;
@@ -55,17 +60,22 @@ MXS_HD int64_t mxs_row_blocks_per_row(int64_t cols) { return mxs_ceil_div(cols, 
 /* Column-wise row groups: Kc = ceil(rows/32). */
 MXS_HD int64_t mxs_col_groups(int64_t rows) { return mxs_ceil_div(rows, MXS_BLOCK); }
 
-/* Row-wise block id of flat element i: r*Kr + c/32. */
+/* Row-wise block id of flat element i >= 0: r*Kr + c/32 (-1 when cols < 1
+ * or i < 0). */
 MXS_HD int64_t mxs_row_block_of(int64_t cols, int64_t i) {
+    if (cols < 1 || i < 0) return -1;
     return (i / cols) * mxs_row_blocks_per_row(cols) + (i % cols) / MXS_BLOCK;
 }
 
 /* Flat range [begin, end) of row-wise block b. */
 MXS_HD mxs_range mxs_row_block_span(int64_t cols, int64_t b) {
-    int64_t kr = mxs_row_blocks_per_row(cols);
-    int64_t r = b / kr, c0 = (b % kr) * MXS_BLOCK;
-    int64_t c1 = c0 + MXS_BLOCK < cols ? c0 + MXS_BLOCK : cols;
+    int64_t kr = mxs_row_blocks_per_row(cols), r, c0, c1;
     mxs_range out;
+    out.first = out.count = 0;
+    if (kr < 1 || b < 0) return out;
+    r = b / kr;
+    c0 = (b % kr) * MXS_BLOCK;
+    c1 = c0 + MXS_BLOCK < cols ? c0 + MXS_BLOCK : cols;
     out.first = r * cols + c0;
     out.count = c1 - c0;
     return out;
@@ -74,8 +84,8 @@ MXS_HD mxs_range mxs_row_block_span(int64_t cols, int64_t b) {
 /* Row-wise blocks the shard touches (empty range for len == 0). */
 MXS_HD mxs_range mxs_shard_row_blocks(int64_t cols, int64_t start, int64_t len) {
     mxs_range out;
-    out.first = len > 0 ? mxs_row_block_of(cols, start) : 0;
-    out.count = len > 0 ? mxs_row_block_of(cols, start + len - 1) - out.first + 1 : 0;
+    out.first = len > 0 && cols > 0 ? mxs_row_block_of(cols, start) : 0;
+    out.count = len > 0 && cols > 0 ? mxs_row_block_of(cols, start + len - 1) - out.first + 1 : 0;
     return out;
 }
 
@@ -88,8 +98,8 @@ MXS_HD int mxs_row_block_inside(int64_t cols, int64_t b, int64_t start, int64_t 
 /* The 32-row groups the shard touches. */
 MXS_HD mxs_range mxs_shard_groups(int64_t cols, int64_t start, int64_t len) {
     mxs_range out;
-    out.first = len > 0 ? (start / cols) / MXS_BLOCK : 0;
-    out.count = len > 0 ? ((start + len - 1) / cols) / MXS_BLOCK - out.first + 1 : 0;
+    out.first = len > 0 && cols > 0 ? (start / cols) / MXS_BLOCK : 0;
+    out.count = len > 0 && cols > 0 ? ((start + len - 1) / cols) / MXS_BLOCK - out.first + 1 : 0;
     return out;
 }
 
@@ -108,6 +118,7 @@ MXS_HD int mxs_shard_col_intervals(int64_t rows, int64_t cols, int64_t start, in
     mxs_range gr = mxs_group_rows(rows, g);
     int64_t a = gr.first * cols, b = (gr.first + gr.count) * cols;
     int64_t ca, cb;
+    if (cols < 1) return 0;
     if (start > a) a = start;
     if (start + len < b) b = start + len;
     if (a >= b) return 0;
@@ -150,6 +161,36 @@ MXS_HD mxs_range mxs_shard_row_cols(int64_t cols, int64_t r, int64_t start, int6
     return out;
 }
 
+/* ---- which blocks a phase casts ------------------------------------------
+ *
+ * Every phase that writes data bytes casts a selection of the blocks a shard
+ * touches (SPEC section 4): quantize casts all of them; the FUSED partial
+ * casts the blocks wholly inside the shard (their exponents are final
+ * without the reduction) and the FUSED apply casts the others (those that
+ * straddle one of the shard's two edges); STRICT casts nothing in partial
+ * and everything in apply. One rule, used by the host engine (quantize.h)
+ * and by the CUDA kernels:
+ *
+ *   shard      [==========================)
+ *   blocks  |  a  |  b  |  c  |  d  |  e  |  f  |
+ *   inside         (b, c, d, e: wholly inside)     partial-fused casts b..e
+ *   outside     a                       f          apply-fused casts a, f
+ */
+enum { MXS__JOB_QUANTIZE = 0, MXS__JOB_PARTIAL = 1, MXS__JOB_APPLY = 2 };
+enum { MXS__CAST_NONE = 0, MXS__CAST_ALL = 1, MXS__CAST_INSIDE = 2, MXS__CAST_OUTSIDE = 3 };
+
+/* The selection (MXS__CAST_*) of phase `mode` (MXS__JOB_*); fused: MXS_WB_FUSED. */
+MXS_HD int mxs__phase_cast(int mode, int fused) {
+    if (mode == MXS__JOB_PARTIAL) return fused ? MXS__CAST_INSIDE : MXS__CAST_NONE;
+    if (mode == MXS__JOB_APPLY) return fused ? MXS__CAST_OUTSIDE : MXS__CAST_ALL;
+    return MXS__CAST_ALL;
+}
+
+/* Whether selection `cast` casts a block that lies wholly inside the shard
+ * (inside != 0) or straddles one of its edges (inside == 0). */
+MXS_HD int mxs__cast_selected(int cast, int inside) {
+    return cast == MXS__CAST_ALL || (cast == MXS__CAST_INSIDE && inside) || (cast == MXS__CAST_OUTSIDE && !inside);
+}
 
 /* Distributed-optimizer bucket sharding. Weights are laid back to back in a
  * flat bucket of bucket_elems elements (padded so that nranks divides it);
@@ -164,9 +205,12 @@ MXS_HD mxs_range mxs_shard_row_cols(int64_t cols, int64_t r, int64_t start, int6
  */
 /* The part of the bucket range [lo, hi) that falls in the weight at bucket
  * offset `offset` with `elems` elements, as a flat range of that weight
- * (count 0 when they do not meet). */
+ * (count 0 when they do not meet). Needs offset >= 0, elems >= 0 and
+ * offset + elems <= INT64_MAX; otherwise the result is empty (count 0). */
 MXS_HD mxs_range mxs_range_in_weight(int64_t lo, int64_t hi, int64_t offset, int64_t elems) {
     mxs_range out;
+    out.first = out.count = 0;
+    if (offset < 0 || elems < 0 || elems > INT64_MAX - offset) return out;
     lo = lo > offset ? lo : offset;
     hi = hi < offset + elems ? hi : offset + elems;
     out.first = hi > lo ? lo - offset : 0;
@@ -174,8 +218,16 @@ MXS_HD mxs_range mxs_range_in_weight(int64_t lo, int64_t hi, int64_t offset, int
     return out;
 }
 
+/* Rank `rank`'s shard of that weight. Needs nranks >= 1, 0 <= rank < nranks
+ * and bucket_elems >= 0 (and the conditions of mxs_range_in_weight);
+ * otherwise the result is empty (count 0). No product here can overflow:
+ * (rank + 1) * chunk <= bucket_elems. */
 MXS_HD mxs_range mxs_bucket_shard(int64_t offset, int64_t elems, int64_t bucket_elems, int64_t nranks, int64_t rank) {
-    int64_t chunk = bucket_elems / nranks;
+    int64_t chunk;
+    mxs_range none;
+    none.first = none.count = 0;
+    if (nranks < 1 || rank < 0 || rank >= nranks || bucket_elems < 0) return none;
+    chunk = bucket_elems / nranks;
     return mxs_range_in_weight(rank * chunk, rank * chunk + chunk, offset, elems);
 }
 

@@ -5,22 +5,36 @@
  * NCCL + the CUDA runtime).
  *
  * All calls run on the caller's communicator and stream, enqueue work and
- * return (asynchronous, like NCCL itself), except mxs_nccl_wb_check_plan,
- * which synchronises `stream` to read the verdict. Every argument is
- * validated on the host before anything is enqueued: a rejected call issues
- * no collective, so ranks that all pass the same (bad) arguments all return
- * the same error and none of them hangs. Failures map to MXS_ERR_NCCL (an
- * NCCL call failed) and MXS_ERR_CUDA (a CUDA runtime call failed); nothing
- * prints or aborts. Like any collective, each call must be made by every
- * rank of `comm`, in the same order, with the same plan / shapes / shard
- * tables.
+ * return (asynchronous, like NCCL itself), except mxs_nccl_wb_check_plan
+ * (synchronises `stream` to read the verdict) and the writeback (after its
+ * all-reduce it reads the one group status byte: a 1-byte copy and a
+ * synchronisation of `stream`). Failures map to MXS_ERR_NCCL (an NCCL call
+ * failed) and MXS_ERR_CUDA (a CUDA runtime call failed); nothing prints or
+ * aborts. Like any collective, each call must be made by every rank of
+ * `comm`, in the same order, with the same plan / shapes / shard tables.
+ *
+ * Never hang the group. Gather calls validate every argument before
+ * anything is enqueued: a rejected call issues no collective, so ranks that
+ * all pass the same (bad) arguments all return the same error. The
+ * writeback goes further: a rank that fails locally (its batch no longer
+ * matches its plan, a workspace too small or misaligned, an overlap, a
+ * failed launch, ...) still joins the group's one all-reduce - with a
+ * zero-filled packed buffer whose trailing status byte is 1 - and returns
+ * its own error; every other rank sees the 1 after the reduction, skips
+ * apply and returns MXS_ERR_REMOTE. Only what makes joining impossible
+ * returns at once: a NULL plan or bucket, a NULL packed buffer, an invalid
+ * communicator. Ranks whose PLANS differ cannot meet in one all-reduce
+ * (different sizes): check plans once with mxs_nccl_wb_check_plan. A
+ * failing rank's packed buffer is still written (zeros, then the reduced
+ * bytes) - also when its failure was that the buffer overlaps another one
+ * (MXS_ERR_ALIASING): joining is what keeps the group alive.
  *
  *   per rank                                     collectives
  *   --------                                     -----------
  *   mxs_wb_make_plan       (host, no comm)
  *   mxs_nccl_wb_check_plan (opt-in, once)        1 x AllReduce u64 MAX (32 B)
  *   mxs_nccl_wb_writeback  partial -> reduce ->  1 x AllReduce u8  MAX
- *                          apply                     (plan->packed_bytes)
+ *   (or _bucket_writeback) status -> apply           (plan->packed_bytes)
  *   mxs_nccl_gather_planes / _gather_bucket      Broadcasts / 1 AllGather, u8
  *   mxs_cuda_convert_scales (optional swizzle)   none
  */
@@ -35,16 +49,29 @@
 extern "C" {
 #endif
 
-/* Steps 2-4 of SPEC section 4: mxs_cuda_wb_partial, then exactly one
- * ncclAllReduce(packed, packed, plan->packed_bytes, ncclUint8, ncclMax,
- * comm, stream), then mxs_cuda_wb_apply. No high-precision value is ever
- * communicated. `packed` holds plan->packed_bytes bytes of device memory,
- * `workspace` at least mxs_cuda_wb_workspace_bytes(b) bytes. Validates the
- * batch against the plan, the buffers and the communicator before enqueuing
- * anything. A plan with packed_bytes == 0 (an empty batch, equal on every
- * rank) issues no collective at all. */
-mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, void *workspace,
-                                 int64_t workspace_bytes, ncclComm_t comm, cudaStream_t stream);
+/* The version libmxshard_nccl was built as (compare with MXS_VERSION_CODE,
+ * as mxs_cuda_version()). */
+int mxs_nccl_glue_version(void);
+
+/* Steps 2-4 of SPEC section 4 for a prepared bucket (mxs_cuda_wb_prepare):
+ * mxs_cuda_wb_bucket_partial, then exactly one ncclAllReduce(packed,
+ * packed, packed_bytes, ncclUint8, ncclMax, comm, stream), then the group
+ * status byte (1 byte to the host, `stream` synchronised): 0 ->
+ * mxs_cuda_wb_bucket_apply; else MXS_ERR_REMOTE and no apply. No
+ * high-precision value is ever communicated. No validation of the batch:
+ * the bucket was validated when prepared. */
+MXS_NODISCARD mxs_status mxs_nccl_wb_bucket_writeback(const mxs_cuda_wb_bucket *bucket, ncclComm_t comm,
+                                                      cudaStream_t stream);
+
+/* One-shot: mxs_cuda_wb_prepare into `workspace` (at least
+ * mxs_cuda_wb_prepare_bytes(b) bytes, 16-byte aligned) and
+ * mxs_nccl_wb_bucket_writeback - the batch is validated once per call.
+ * `packed` holds plan->packed_bytes bytes of device memory. A rank whose
+ * prepare fails joins the all-reduce as described above and returns the
+ * prepare's error. */
+MXS_NODISCARD mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed,
+                                               void *workspace, int64_t workspace_bytes, ncclComm_t comm,
+                                               cudaStream_t stream);
 
 /* Opt-in: compares plan->fingerprint and sizes across the ranks with one
  * tiny reduction; returns MXS_ERR_PLAN_MISMATCH on every rank when any two
@@ -57,7 +84,8 @@ mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_wb_plan *plan,
  * of v equals this rank's v and max of ~v equals ~v exactly when every rank
  * holds the same v; so every rank reaches the same verdict from one
  * all-reduce. */
-mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclComm_t comm, cudaStream_t stream);
+MXS_NODISCARD mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclComm_t comm,
+                                                cudaStream_t stream);
 
 /* ---- gather (SPEC section 4, step 5) ------------------------------------
  *
@@ -96,8 +124,8 @@ mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclCo
 /* The part of rank q's shard that rank q sends: [*seg_start, *seg_start +
  * *seg_len) (seg_len 0: nothing). starts/lens are the nranks entries of one
  * weight (already validated). Pure host function, also used by the tests. */
-static inline void mxs_gather_segment(const int64_t *starts, const int64_t *lens, int nranks, int q,
-                                      int64_t *seg_start, int64_t *seg_len) {
+static inline void mxs_gather_segment(const int64_t *starts, const int64_t *lens, int nranks, int q, int64_t *seg_start,
+                                      int64_t *seg_len) {
     int64_t lo = starts[q], hi = starts[q] + lens[q];
     int p;
     if (lens[q] > 0) {
@@ -116,16 +144,16 @@ static inline void mxs_gather_segment(const int64_t *starts, const int64_t *lens
  * (nranks entries; in elements). Issues one ncclBroadcast per non-empty
  * segment, as uint8. Used for the data planes, and by callers that gather a
  * bf16 weight for copy-back (elem_bytes = 2). */
-mxs_status mxs_nccl_gather_bytes(void *buf, int64_t elems, int64_t elem_bytes, const int64_t *starts,
-                                 const int64_t *lens, ncclComm_t comm, cudaStream_t stream);
+MXS_NODISCARD mxs_status mxs_nccl_gather_bytes(void *buf, int64_t elems, int64_t elem_bytes, const int64_t *starts,
+                                               const int64_t *lens, ncclComm_t comm, cudaStream_t stream);
 
 /* Gathers every PRESENT data plane (row_data if dirs has MXS_ROWWISE,
  * col_data if MXS_COLWISE) of n_weights tensors in place, with the shard
  * table above (n_weights * nranks entries each). A present plane must have a
  * non-NULL data pointer (MXS_ERR_ABSENT_PLANE; FSDP fragments are the
  * caller's to gather). Scale planes are not touched. */
-mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, const int64_t *starts,
-                                  const int64_t *lens, ncclComm_t comm, cudaStream_t stream);
+MXS_NODISCARD mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, const int64_t *starts,
+                                                const int64_t *lens, ncclComm_t comm, cudaStream_t stream);
 
 /* Fast path for a distributed-optimizer bucket whose quantized data plane is
  * one contiguous device buffer sharded like its master bucket
@@ -136,7 +164,8 @@ mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64_t n_weights, 
  *   bucket  |-- w0 row data --|---- w1 row data ----|-- w2 --|pad|
  *           |   rank 0 chunk   |   rank 1 chunk   |  rank 2 chunk  |
  */
-mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclComm_t comm, cudaStream_t stream);
+MXS_NODISCARD mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclComm_t comm,
+                                                cudaStream_t stream);
 
 #ifdef __cplusplus
 }

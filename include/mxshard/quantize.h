@@ -26,38 +26,24 @@
 #include "geometry.h"
 #include "status.h"
 #include "tensor.h"
+#include "wbjob.h"
 
 MXS_EXTERN_C_BEGIN
 
 /* ---- engine (private) ---------------------------------------------------- */
 
-enum { MXS__JOB_QUANTIZE = 0, MXS__JOB_PARTIAL = 1, MXS__JOB_APPLY = 2 };
-
-/* One weight processed over the flat range [lo, hi).
+/* One weight processed over the flat range [lo, hi) (the job of wbjob.h,
+ * shared with the CUDA kernels).
  *   QUANTIZE: amax -> exponent -> scale[] and cast every element.
  *   PARTIAL : amax -> exponent -> scale[] (the packed buffer, COMPACT);
- *             fused: also cast the blocks wholly inside [lo, hi).
+ *             cast the blocks job->cast selects (fused: wholly inside).
  *   APPLY   : exponent <- scale[] (the reduced packed buffer); cast the
- *             elements in [lo, hi); fused: skip blocks wholly inside. */
-typedef struct mxs__host_job {
-    int64_t rows, cols;
-    int64_t lo, hi;
-    const void *src; /* src element 0 is flat index src_base */
-    int64_t src_base;
-    mxs_dtype src_dtype;
-    mxs_dtype round_through;
-    mxs_rounding rounding;
-    int mode, fused;
-    unsigned planes;
-    uint8_t *out[2];     /* data bytes per plane [row, col]: out[p][f - out_base[p]] */
-    int64_t out_base[2];
-    mxs_scale_geom geom[2];
-    uint8_t *scale[2];   /* QUANTIZE/PARTIAL: written; APPLY: read */
-} mxs__host_job;
+ *             blocks job->cast selects (fused: those straddling an edge). */
+typedef mxs__job mxs__host_job;
 
 /* Widen n source elements starting at element idx into dst (f32), applying
  * the round-through. One switch per call, not per element. */
-MXS_API void mxs__host_load(float *dst, const void *src, mxs_dtype dtype, int64_t idx, int64_t n, mxs_dtype rt) {
+MXS_PRIVATE void mxs__host_load(float *dst, const void *src, mxs_dtype dtype, int64_t idx, int64_t n, mxs_dtype rt) {
     int64_t k;
     switch (dtype) {
     case MXS_BF16: {
@@ -87,7 +73,7 @@ MXS_API void mxs__host_load(float *dst, const void *src, mxs_dtype dtype, int64_
     }
 }
 
-MXS_API void mxs__host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x, int64_t n, float mult) {
+MXS_PRIVATE void mxs__host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x, int64_t n, float mult) {
     int64_t k;
     if (n == MXS_BLOCK) { /* a constant trip count vectorises even at -O2 */
         for (k = 0; k < MXS_BLOCK; k++) out[k] = mxs_quantize_elem(x[k], mult);
@@ -97,7 +83,7 @@ MXS_API void mxs__host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS_RES
 }
 
 /* Column-wise cast of one tile row: each element has its column's multiplier. */
-MXS_API void mxs__host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x,
+MXS_PRIVATE void mxs__host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x,
                                  const float *MXS_RESTRICT mult, int64_t a, int64_t b) {
     int64_t k;
     if (a == 0 && b == MXS_BLOCK) {
@@ -109,14 +95,14 @@ MXS_API void mxs__host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RES
 
 /* lane[j] = maxNum(lane[j], |x[j]|) for 8 lanes: the shape compilers turn
  * into vector max instructions. */
-MXS_API void mxs__host_max8(float *MXS_RESTRICT lane, const float *MXS_RESTRICT x) {
+MXS_PRIVATE void mxs__host_max8(float *MXS_RESTRICT lane, const float *MXS_RESTRICT x) {
     int j;
     for (j = 0; j < 8; j++) lane[j] = mxs_amax_step(lane[j], x[j]);
 }
 
 /* Amax of one row of the tile (<= 32 elements). A full block is reduced in
  * 8 lanes first; maxNum is associative, so the order does not matter. */
-MXS_API float mxs__host_amax_span(const float *x, int64_t n) {
+MXS_PRIVATE float mxs__host_amax_span(const float *x, int64_t n) {
     float lane[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, amax = 0.0f;
     int64_t k;
     if (n == MXS_BLOCK) {
@@ -129,7 +115,7 @@ MXS_API float mxs__host_amax_span(const float *x, int64_t n) {
 }
 
 /* Tile (group g, block column t): rows 32g.., cols 32t.. */
-MXS_API void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) {
+MXS_PRIVATE void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) {
     float x[MXS_BLOCK][MXS_BLOCK];
     int64_t lo[MXS_BLOCK], hi[MXS_BLOCK];
     float mult_row[MXS_BLOCK], mult_col[MXS_BLOCK];
@@ -160,7 +146,7 @@ MXS_API void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) {
     col_full_hi = all_rows && minhi > maxlo ? minhi : 0;
 
     /* Anything to cast in this tile? (APPLY-fused only touches straddlers.) */
-    if (job->mode == MXS__JOB_APPLY && job->fused) {
+    if (job->mode == MXS__JOB_APPLY && job->cast == MXS__CAST_OUTSIDE) {
         need_cast = 0;
         if (do_col && (col_full_hi - col_full_lo) < nc) need_cast = 1;
         for (i = 0; i < nr && do_row && !need_cast; i++) need_cast = hi[i] > lo[i] && !full_row[i];
@@ -211,29 +197,29 @@ MXS_API void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) {
         }
     }
 
-    if (job->mode == MXS__JOB_PARTIAL && !job->fused) return;
+    if (job->cast == MXS__CAST_NONE) return;
 
     for (i = 0; i < nr; i++) {
         int64_t f = (r0 + i) * job->cols + c0;
         if (hi[i] <= lo[i]) continue;
         if (do_row) {
-            /* PARTIAL-fused casts whole blocks only; APPLY-fused the others. */
-            int cast = job->mode == MXS__JOB_QUANTIZE || !job->fused ||
-                       (job->mode == MXS__JOB_PARTIAL ? full_row[i] : !full_row[i]);
-            if (cast)
+            /* the row-wise block of this tile row is wholly inside iff the row is full */
+            if (mxs__cast_selected(job->cast, full_row[i]))
                 mxs__host_cast_span(job->out[0] + (f + lo[i] - job->out_base[0]), &x[i][lo[i]], hi[i] - lo[i],
                                     mult_row[i]);
         }
         if (do_col) {
             uint8_t *out = job->out[1] + (f - job->out_base[1]);
             int64_t a = lo[i], b = hi[i];
-            if (job->mode == MXS__JOB_PARTIAL && job->fused) {
-                a = a > col_full_lo ? a : col_full_lo; /* whole column blocks only */
+            /* column j's block is wholly inside iff col_full_lo <= j < col_full_hi */
+            if (job->cast == MXS__CAST_INSIDE) {
+                a = a > col_full_lo ? a : col_full_lo; /* one contiguous run: vectorises */
                 b = b < col_full_hi ? b : col_full_hi;
                 mxs__host_cast_cols(out, x[i], mult_col, a, b);
-            } else if (job->mode == MXS__JOB_APPLY && job->fused) {
+            } else if (job->cast == MXS__CAST_OUTSIDE) {
                 for (j = a; j < b; j++)
-                    if (j < col_full_lo || j >= col_full_hi) out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
+                    if (mxs__cast_selected(job->cast, j >= col_full_lo && j < col_full_hi))
+                        out[j] = mxs_quantize_elem(x[i][j], mult_col[j]);
             } else {
                 mxs__host_cast_cols(out, x[i], mult_col, a, b);
             }
@@ -243,11 +229,11 @@ MXS_API void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) {
 
 /* Runs the job over the groups the range touches (APPLY-fused: only the two
  * edge groups can hold straddling blocks). */
-MXS_API void mxs__host_run(const mxs__host_job *job) {
+MXS_PRIVATE void mxs__host_run(const mxs__host_job *job) {
     mxs_range groups = mxs_shard_groups(job->cols, job->lo, job->hi - job->lo);
     int64_t kr = mxs_row_blocks_per_row(job->cols), g, t;
     for (g = groups.first; g < groups.first + groups.count; g++) {
-        if (job->mode == MXS__JOB_APPLY && job->fused && g != groups.first && g != groups.first + groups.count - 1)
+        if (job->cast == MXS__CAST_OUTSIDE && g != groups.first && g != groups.first + groups.count - 1)
             continue;
         for (t = 0; t < kr; t++) mxs__host_tile(job, g, t);
     }
@@ -255,43 +241,55 @@ MXS_API void mxs__host_run(const mxs__host_job *job) {
 
 /* ---- public API ---------------------------------------------------------- */
 
-/* Quantizes the whole rows x cols `src` into exactly the planes dst->dirs
- * names (SPEC sections 5 and 7). Validates everything before writing:
- * MXS_ERR_INVALID_ARGUMENT (NULL dst/src, bad dtype/rounding/dirs/layout),
- * MXS_ERR_SHAPE, MXS_ERR_OVERFLOW, MXS_ERR_ABSENT_PLANE (a named plane has a
- * NULL data or scale pointer). Padding entries of PADDED/SWIZZLED scale
- * planes are written as 0x00. */
-/* Validates a quantize request (shared by the host and CUDA paths). */
-MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding r) {
+/* Validates a quantize request (shared by the host and CUDA paths): the
+ * arguments, the tensor (mxs_tensor_check) and the buffers. Every output
+ * plane the tensor names - each data plane (rows*cols bytes) and each scale
+ * plane (mxs_scale_bytes in dst's layout) - must not overlap `src`
+ * (rows*cols elements of src_dtype) nor another output plane:
+ * MXS_ERR_ALIASING. Pointers are compared, never dereferenced. */
+MXS_NODISCARD MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const void *src, mxs_dtype src_dtype,
+                                                    mxs_rounding r) {
+    const uint8_t *out[4] = {NULL, NULL, NULL, NULL};
+    int64_t bytes[4] = {0, 0, 0, 0}, elems, src_bytes;
+    int n = 0, p, i, j;
+    mxs_status s;
     if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_rounding_valid((int)r))
         return MXS_ERR_INVALID_ARGUMENT;
-    return mxs_tensor_check(dst);
+    if ((s = mxs_tensor_check(dst)) != MXS_OK) return s;
+    elems = dst->rows * dst->cols;
+    if (!mxs_mul_ok(elems, mxs_dtype_bytes(src_dtype), &src_bytes)) return MXS_ERR_OVERFLOW;
+    for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
+        if (!(dst->dirs & (unsigned)p)) continue;
+        out[n] = p == MXS_ROWWISE ? dst->row_data : dst->col_data;
+        bytes[n++] = elems;
+        out[n] = p == MXS_ROWWISE ? dst->row_scale : dst->col_scale;
+        bytes[n++] = mxs_scale_bytes(dst, (mxs_dirs)p);
+    }
+    for (i = 0; i < n; i++) {
+        if (mxs__overlap(out[i], bytes[i], src, src_bytes)) return MXS_ERR_ALIASING;
+        for (j = 0; j < i; j++)
+            if (mxs__overlap(out[i], bytes[i], out[j], bytes[j])) return MXS_ERR_ALIASING;
+    }
+    return MXS_OK;
 }
 
-MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype src_dtype, mxs_rounding r) {
+/* Quantizes the whole rows x cols `src` into exactly the planes dst->dirs
+ * names (SPEC sections 5 and 7). Validates everything before writing
+ * (mxs_quantize_check): MXS_ERR_INVALID_ARGUMENT (NULL dst/src, bad
+ * dtype/rounding/dirs/layout), MXS_ERR_SHAPE, MXS_ERR_OVERFLOW,
+ * MXS_ERR_ABSENT_PLANE (a named plane has a NULL data or scale pointer),
+ * MXS_ERR_ALIASING (an output plane overlaps src or another output plane).
+ * Padding entries of PADDED/SWIZZLED scale planes are written as 0x00. */
+MXS_NODISCARD MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype src_dtype,
+                                                   mxs_rounding r) {
     mxs__host_job job;
     mxs_status s;
     int p;
     if ((s = mxs_quantize_check(dst, src, src_dtype, r)) != MXS_OK) return s;
 
-    memset(&job, 0, sizeof job);
-    job.rows = dst->rows;
-    job.cols = dst->cols;
-    job.lo = 0;
-    job.hi = dst->rows * dst->cols;
-    job.src = src;
-    job.src_dtype = src_dtype;
-    job.round_through = MXS_F32;
-    job.rounding = r;
-    job.mode = MXS__JOB_QUANTIZE;
-    job.planes = dst->dirs;
-    job.out[0] = dst->row_data;
-    job.out[1] = dst->col_data;
-    job.scale[0] = dst->row_scale;
-    job.scale[1] = dst->col_scale;
+    mxs__quantize_job(dst, src, src_dtype, r, &job);
     for (p = 0; p < 2; p++) {
         if (!(dst->dirs & (unsigned)(p + 1))) continue;
-        mxs_scale_geom_make(dst->rows, dst->cols, (mxs_dirs)(p + 1), dst->scale_layout, &job.geom[p]);
         if (dst->scale_layout != MXS_SCALES_COMPACT) /* padding entries are 0x00 */
             memset(job.scale[p], 0, (size_t)mxs_scale_geom_bytes(&job.geom[p]));
     }
@@ -299,16 +297,13 @@ MXS_API mxs_status mxs_host_quantize(mxs_tensor *dst, const void *src, mxs_dtype
     return MXS_OK;
 }
 
-/* Checks that [a, a+an) and [b, b+bn) do not overlap. */
-MXS_API int mxs__disjoint(const void *a, int64_t an, const void *b, int64_t bn) {
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return pa + (uintptr_t)an <= pb || pb + (uintptr_t)bn <= pa;
-}
-
 /* Validates a dequantize request (shared by the host and CUDA paths) and
- * returns the plane's data/scale pointers and scale geometry. */
-MXS_API mxs_status mxs_dequantize_check(const mxs_tensor *t, mxs_dirs plane, const void *dst, mxs_dtype dst_dtype,
-                                        const uint8_t **data, const uint8_t **scale, mxs_scale_geom *g) {
+ * returns the plane's data/scale pointers and scale geometry. dst
+ * (rows*cols elements of dst_dtype) must not overlap the data plane or the
+ * scale plane (in t's layout) it reads: MXS_ERR_ALIASING. */
+MXS_NODISCARD MXS_API mxs_status mxs_dequantize_check(const mxs_tensor *t, mxs_dirs plane, const void *dst,
+                                                      mxs_dtype dst_dtype, const uint8_t **data, const uint8_t **scale,
+                                                      mxs_scale_geom *g) {
     int64_t elems;
     mxs_status s;
     if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane))
@@ -320,15 +315,18 @@ MXS_API mxs_status mxs_dequantize_check(const mxs_tensor *t, mxs_dirs plane, con
     if (!*data || !*scale) return MXS_ERR_ABSENT_PLANE;
     elems = t->rows * t->cols;
     if (elems > INT64_MAX / 4) return MXS_ERR_OVERFLOW;
-    if (!mxs__disjoint(dst, elems * mxs_dtype_bytes(dst_dtype), *data, elems)) return MXS_ERR_ALIASING;
     mxs_scale_geom_make(t->rows, t->cols, plane, t->scale_layout, g);
+    if (mxs__overlap(dst, elems * mxs_dtype_bytes(dst_dtype), *data, elems) ||
+        mxs__overlap(dst, elems * mxs_dtype_bytes(dst_dtype), *scale, mxs_scale_geom_bytes(g)))
+        return MXS_ERR_ALIASING;
     return MXS_OK;
 }
 
 /* Dequantizes one plane (MXS_ROWWISE or MXS_COLWISE) of t into dst, rows x
  * cols elements of `dst_dtype` (f32, or bf16/f16 rounded to nearest even):
  * x' = e4m3_to_f32(q) * 2^(e-127), in f32. t's scales are read in its layout. */
-MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_dirs plane, void *dst, mxs_dtype dst_dtype) {
+MXS_NODISCARD MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_dirs plane, void *dst,
+                                                     mxs_dtype dst_dtype) {
     mxs_scale_geom g;
     const uint8_t *data, *scale;
     int64_t r, c;
@@ -353,9 +351,10 @@ MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_dirs plane, void
  * dst must not overlap (MXS_ERR_ALIASING). */
 /* Validates a scale-conversion request (shared by the host and CUDA paths)
  * and returns both geometries. */
-MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
-                                            const uint8_t *src, mxs_scale_layout to, const uint8_t *dst,
-                                            mxs_scale_geom *gs, mxs_scale_geom *gd) {
+MXS_NODISCARD MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t cols, mxs_dirs plane,
+                                                          mxs_scale_layout from, const uint8_t *src,
+                                                          mxs_scale_layout to, const uint8_t *dst, mxs_scale_geom *gs,
+                                                          mxs_scale_geom *gd) {
     mxs_tensor shape;
     mxs_status s;
     if (!src || !dst || !mxs_plane_valid((int)plane) || !mxs_layout_valid((int)from) || !mxs_layout_valid((int)to))
@@ -368,12 +367,13 @@ MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t cols, mxs_dirs
     if ((s = mxs_tensor_check_shape(&shape)) != MXS_OK) return s;
     mxs_scale_geom_make(rows, cols, plane, from, gs);
     mxs_scale_geom_make(rows, cols, plane, to, gd);
-    if (!mxs__disjoint(src, mxs_scale_geom_bytes(gs), dst, mxs_scale_geom_bytes(gd))) return MXS_ERR_ALIASING;
+    if (mxs__overlap(src, mxs_scale_geom_bytes(gs), dst, mxs_scale_geom_bytes(gd))) return MXS_ERR_ALIASING;
     return MXS_OK;
 }
 
-MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
-                                           const uint8_t *src, mxs_scale_layout to, uint8_t *dst) {
+MXS_NODISCARD MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane,
+                                                         mxs_scale_layout from, const uint8_t *src, mxs_scale_layout to,
+                                                         uint8_t *dst) {
     mxs_scale_geom gs, gd;
     int64_t off, bytes, m, k;
     mxs_status s = mxs_convert_scales_check(rows, cols, plane, from, src, to, dst, &gs, &gd);

@@ -22,10 +22,11 @@ typedef enum {
     MXS_ERR_BUFFER_SIZE = 6,      /* a caller-given buffer is smaller than required */
     MXS_ERR_CUDA = 7,             /* a CUDA runtime call failed */
     MXS_ERR_NCCL = 8,             /* an NCCL call failed */
-    MXS_ERR_PLAN_MISMATCH = 9,    /* ranks disagree on the writeback plan */
+    MXS_ERR_PLAN_MISMATCH = 9,    /* the batch changed since its plan, or ranks disagree on it */
     MXS_ERR_UNSUPPORTED = 10,     /* valid request this build cannot serve */
     MXS_ERR_ALIASING = 11,        /* an output overlaps an input or another output */
-    MXS_ERR_REDUCE = 12           /* the caller's reduction callback reported a failure */
+    MXS_ERR_REDUCE = 12,          /* the caller's reduction callback reported a failure */
+    MXS_ERR_REMOTE = 13           /* another rank of the group failed; this rank skipped apply */
 } mxs_status;
 
 MXS_API const char *mxs_status_str(mxs_status s) {
@@ -44,12 +45,17 @@ MXS_API const char *mxs_status_str(mxs_status s) {
     case MXS_ERR_CUDA: return "MXS_ERR_CUDA: a CUDA runtime call or kernel launch failed";
     case MXS_ERR_NCCL: return "MXS_ERR_NCCL: an NCCL call failed";
     case MXS_ERR_PLAN_MISMATCH:
-        return "MXS_ERR_PLAN_MISMATCH: the writeback plan (shapes, planes, rounding) differs between ranks";
+        return "MXS_ERR_PLAN_MISMATCH: the writeback plan does not match the batch (the batch changed after "
+               "mxs_wb_make_plan, or the plan was edited or made for another batch), or it differs between ranks";
     case MXS_ERR_UNSUPPORTED: return "MXS_ERR_UNSUPPORTED: this build of mxshard cannot serve the request";
     case MXS_ERR_ALIASING: return "MXS_ERR_ALIASING: an output buffer overlaps an input or another output";
     case MXS_ERR_REDUCE:
         return "MXS_ERR_REDUCE: the caller's MAX reduction callback failed; apply did not run (in fused mode the "
                "blocks wholly inside the shard were already written)";
+    case MXS_ERR_REMOTE:
+        return "MXS_ERR_REMOTE: another rank of the group failed before the reduction (the packed buffer's status "
+               "byte is set); this rank skipped apply (in fused mode the blocks wholly inside the shard were "
+               "already written)";
     }
     return "mxs_status: unknown status code";
 }

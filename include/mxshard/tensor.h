@@ -70,8 +70,22 @@ MXS_HD int mxs_add_ok(int64_t a, int64_t b, int64_t *out) {
     return 1;
 }
 
-MXS_HD int64_t mxs_ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+/* ceil(a / b) and a rounded up to a multiple of b, for a >= 0 and b >= 1
+ * (b < 1 gives 0 instead of a division by zero). */
+MXS_HD int64_t mxs_ceil_div(int64_t a, int64_t b) { return b > 0 ? a / b + (a % b != 0) : 0; }
 MXS_HD int64_t mxs_round_up(int64_t a, int64_t b) { return mxs_ceil_div(a, b) * b; }
+
+/* ---- buffer overlap ------------------------------------------------------ */
+
+/* Whether the byte ranges [a, a+an) and [b, b+bn) share a byte: the one
+ * overlap rule behind every MXS_ERR_ALIASING check. A NULL pointer or a
+ * length <= 0 is an empty range, which overlaps nothing. Exact (ranges that
+ * only touch do not overlap) and overflow-free: no end address is formed. */
+MXS_HD int mxs__overlap(const void *a, int64_t an, const void *b, int64_t bn) {
+    uint64_t pa = (uint64_t)(uintptr_t)a, pb = (uint64_t)(uintptr_t)b;
+    if (!a || !b || an <= 0 || bn <= 0) return 0;
+    return pa <= pb ? pb - pa < (uint64_t)an : pa - pb < (uint64_t)bn;
+}
 
 /* ---- scale-plane geometry ----------------------------------------------- */
 
@@ -157,7 +171,7 @@ MXS_HD int mxs_plane_valid(int plane) { return plane == MXS_ROWWISE || plane == 
 /* Checks shape, flags, layout and sizes (not pointers): rows, cols >= 1,
  * rows*cols and every scale plane fit in int64, dirs is a non-empty subset of
  * MXS_BOTH. */
-MXS_API mxs_status mxs_tensor_check_shape(const mxs_tensor *t) {
+MXS_NODISCARD MXS_API mxs_status mxs_tensor_check_shape(const mxs_tensor *t) {
     int64_t elems;
     mxs_scale_geom g;
     if (!t) return MXS_ERR_INVALID_ARGUMENT;
@@ -172,7 +186,7 @@ MXS_API mxs_status mxs_tensor_check_shape(const mxs_tensor *t) {
 
 /* Full check: shape, and every plane `dirs` names has non-NULL data and scale
  * pointers (else MXS_ERR_ABSENT_PLANE). */
-MXS_API mxs_status mxs_tensor_check(const mxs_tensor *t) {
+MXS_NODISCARD MXS_API mxs_status mxs_tensor_check(const mxs_tensor *t) {
     mxs_status s = mxs_tensor_check_shape(t);
     if (s != MXS_OK) return s;
     if ((t->dirs & MXS_ROWWISE) && (!t->row_data || !t->row_scale)) return MXS_ERR_ABSENT_PLANE;

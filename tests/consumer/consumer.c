@@ -1,5 +1,6 @@
+/* SPDX-License-Identifier: MIT */
 /* A downstream C99 program: builds against <mxshard/mxshard.h> with nothing
- * but -I<srcroot>/include and uses the fixed names of SPEC section 7. */
+ * but -I<srcroot>/include and uses the fixed names (docs/contract.md section 7). */
 #include <mxshard/mxshard.h>
 
 #include <stdio.h>
@@ -34,7 +35,8 @@ int main(void) {
     if (mxs_host_quantize(&t, NULL, MXS_F32, MXS_ROUND_CEIL) != MXS_ERR_INVALID_ARGUMENT) bad |= 128;
     if (strlen(mxs_status_str(MXS_ERR_ABSENT_PLANE)) == 0) bad |= 256;
     printf("consumer (C): %s\n", bad ? "FAILED" : "ok");
-    if (bad) fprintf(stderr, "consumer (C): failure mask 0x%x, row_scale[0]=%u row_data[31]=0x%02x\n", bad,
-                     row_scale[0], row_data[31]);
+    if (bad)
+        fprintf(stderr, "consumer (C): failure mask 0x%x, row_scale[0]=%u row_data[31]=0x%02x\n", bad, row_scale[0],
+                row_data[31]);
     return bad ? 1 : 0;
 }

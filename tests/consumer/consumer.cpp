@@ -1,5 +1,6 @@
+/* SPDX-License-Identifier: MIT */
 // A downstream C++ program: the host headers must compile as C++11/C++17
-// with nothing but -I<srcroot>/include, and use the fixed names of SPEC §7.
+// with nothing but -I<srcroot>/include, and use the fixed names (docs/contract.md §7).
 #include <mxshard/mxshard.h>
 
 #include <cstdio>
@@ -34,7 +35,8 @@ int main() {
     if (col_scale[3] != 124) bad |= 64;
     if (mxs_status_str(MXS_OK) == nullptr || mxs_status_str(static_cast<mxs_status>(999))[0] == '\0') bad |= 128;
     std::printf("consumer (C++%ld): %s\n", static_cast<long>(__cplusplus), bad ? "FAILED" : "ok");
-    if (bad) std::fprintf(stderr, "failure mask 0x%x col_scale0=%u col_data0=0x%02x col_scale3=%u\n", bad,
-                          col_scale[0], col_data[0], col_scale[3]);
+    if (bad)
+        std::fprintf(stderr, "failure mask 0x%x col_scale0=%u col_data0=0x%02x col_scale3=%u\n", bad, col_scale[0],
+                     col_data[0], col_scale[3]);
     return bad ? 1 : 0;
 }

@@ -304,18 +304,18 @@ Test(errors, scale_bytes_is_minus_1_for_invalid_requests) {
 /* ---- mxs_status_str ------------------------------------------------------ */
 
 Test(errors, status_str_names_every_code_distinctly) {
-    const char *seen[MXS_ERR_REDUCE + 1];
+    const char *seen[MXS_ERR_REMOTE + 1];
     int s, k;
-    for (s = MXS_OK; s <= MXS_ERR_REDUCE; s++) {
+    for (s = MXS_OK; s <= MXS_ERR_REMOTE; s++) {
         seen[s] = mxs_status_str((mxs_status)s);
         cr_assert_not_null(seen[s]);
         cr_assert_gt(strlen(seen[s]), 5, "status %d has an empty message", s);
         for (k = 0; k < s; k++) cr_assert_str_neq(seen[k], seen[s], "status %d and %d read the same", k, s);
     }
-    for (s = MXS_ERR_REDUCE + 1; s < MXS_ERR_REDUCE + 50; s++) {
+    for (s = MXS_ERR_REMOTE + 1; s < MXS_ERR_REMOTE + 50; s++) {
         const char *u = mxs_status_str((mxs_status)s);
         cr_assert(u && u[0], "unknown code %d gives a message", s);
-        for (k = 0; k <= MXS_ERR_REDUCE; k++) cr_assert_str_neq(u, seen[k], "unknown code %d reads as %d", s, k);
+        for (k = 0; k <= MXS_ERR_REMOTE; k++) cr_assert_str_neq(u, seen[k], "unknown code %d reads as %d", s, k);
     }
     cr_assert(mxs_status_str((mxs_status)-1) && mxs_status_str((mxs_status)-1)[0]);
 }

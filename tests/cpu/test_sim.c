@@ -1,5 +1,5 @@
 /* Suite cpu / sim: the SPEC section 4 invariant through a simulated
- * data-parallel group (tools/sim.h). Every rank holds its own primaries;
+ * data-parallel group (harness/sim.h). Every rank holds its own primaries;
  * shards come from distributed-optimizer buckets, full replicas, overlapping
  * and random cuts. After partial -> one uint8 MAX reduction -> apply ->
  * byte all-gather, every rank's data and scale bytes must equal a
@@ -465,4 +465,93 @@ Test(sim, threads_through_host_writeback_callback) {
         pthread_mutex_destroy(&g.lock);
         mxs_sim_destroy(&sim);
     }
+}
+
+/* A rank-local failure never hangs the group (SPEC section 6): one rank's
+ * batch goes bad after planning (a changed shard, a NULL master) while the
+ * others are fine. Every rank still calls the reduction exactly once; the
+ * failing rank returns its own error, every other rank MXS_ERR_REMOTE; no
+ * rank runs apply (no scale byte is written anywhere; STRICT: no data byte
+ * either). With the batch repaired, the next writeback is exact again. */
+Test(sim, one_rank_failing_locally_fails_every_rank_and_hangs_none) {
+    static const mxs_sim_weight ws[] = {
+        {"a", 70, 45, MXS_BOTH}, {"b", 1, 77, MXS_ROWWISE}, {"c", 33, 33, MXS_COLWISE}, {"d", 128, 31, MXS_ROWWISE}};
+    int n, fault;
+    for (n = 2; n <= 6; n++)
+        for (fault = 0; fault < 2; fault++) {
+            mxs_sim_desc d;
+            mxs_sim sim;
+            group_ctx g;
+            rank_ctx rc[8];
+            pthread_t th[8];
+            const int bad = (n + fault) % n;
+            mxs_status want_bad = fault ? MXS_ERR_INVALID_ARGUMENT : MXS_ERR_PLAN_MISMATCH;
+            int q, w;
+            memset(&d, 0, sizeof d);
+            d.nranks = n;
+            d.n_weights = 4;
+            d.weights = ws;
+            d.sharding = MXS_SIM_REPLICA; /* every rank owns something of every weight */
+            d.scale_layout = MXS_SCALES_SWIZZLED;
+            d.mode = fault ? MXS_WB_STRICT : MXS_WB_FUSED;
+            d.seed = 2000u + (uint64_t)n;
+            cr_assert_eq(mxs_sim_create(&sim, &d), MXS_OK);
+            memset(&g, 0, sizeof g);
+            g.sim = &sim;
+            pthread_barrier_init(&g.barrier, NULL, (unsigned)n);
+            pthread_mutex_init(&g.lock, NULL);
+            if (fault == 0)
+                sim.ranks[bad].items[0].start += 1, sim.ranks[bad].items[0].len -= 1; /* changed after planning */
+            else
+                sim.ranks[bad].items[2].master = NULL; /* broken after planning */
+            for (q = 0; q < n; q++) {
+                rc[q].group = &g;
+                rc[q].rank = q;
+                rc[q].status = MXS_OK;
+                pthread_create(&th[q], NULL, rank_main, &rc[q]);
+            }
+            for (q = 0; q < n; q++) pthread_join(th[q], NULL);
+            for (q = 0; q < n; q++) {
+                mxs_status want = q == bad ? want_bad : MXS_ERR_REMOTE;
+                cr_assert_eq(rc[q].status, want, "ranks=%d bad=%d rank %d: %s", n, bad, q,
+                             mxs_status_str(rc[q].status));
+                cr_assert_eq(g.calls[q], 1, "rank %d joined the reduction %d times", q, g.calls[q]);
+                for (w = 0; w < 4; w++) {
+                    const mxs_tensor *t = &sim.ranks[q].primary[w];
+                    int64_t k, elems = t->rows * t->cols, written = 0;
+                    if (t->row_scale)
+                        for (k = 0; k < mxs_scale_bytes(t, MXS_ROWWISE); k++)
+                            written += t->row_scale[k] != MXS_SIM_POISON;
+                    if (t->col_scale)
+                        for (k = 0; k < mxs_scale_bytes(t, MXS_COLWISE); k++)
+                            written += t->col_scale[k] != MXS_SIM_POISON;
+                    cr_assert_eq(written, 0, "rank %d weight %d: apply ran", q, w);
+                    if (d.mode == MXS_WB_STRICT || q == bad) {
+                        for (k = 0; k < elems; k++) {
+                            if (t->row_data) written += t->row_data[k] != MXS_SIM_POISON;
+                            if (t->col_data) written += t->col_data[k] != MXS_SIM_POISON;
+                        }
+                        cr_assert_eq(written, 0, "rank %d weight %d: data written", q, w);
+                    }
+                }
+            }
+            /* repaired: the same group, the same plans, exact again */
+            mxs_sim_build_items(&sim, bad);
+            for (q = 0; q < n; q++) {
+                rc[q].status = MXS_ERR_UNSUPPORTED;
+                pthread_create(&th[q], NULL, rank_main, &rc[q]);
+            }
+            for (q = 0; q < n; q++) pthread_join(th[q], NULL);
+            for (q = 0; q < n; q++) {
+                cr_assert_eq(rc[q].status, MXS_OK, "after repair, rank %d: %s", q, mxs_status_str(rc[q].status));
+                cr_assert_eq(g.calls[q], 2);
+            }
+            cr_assert_eq(mxs_sim_gather(&sim), MXS_OK);
+            cr_assert_eq(mxs_sim_reference(&sim), MXS_OK);
+            cr_assert_eq(mxs_sim_compare(&sim, 0), 0, "ranks=%d after repair", n);
+            cr_assert_eq(mxs_sim_guard_damage(&sim), 0);
+            pthread_barrier_destroy(&g.barrier);
+            pthread_mutex_destroy(&g.lock);
+            mxs_sim_destroy(&sim);
+        }
 }

@@ -187,28 +187,36 @@ static void expected_partial(const mxs_wb_item *it, const float *full, mxs_round
 /* ---- plan ------------------------------------------------------------------------- */
 
 /* SPEC section 4 step 1: compact row-wise scales of every item with a row
- * plane, in batch order, then the compact column-wise scales. */
+ * plane, in batch order, then the compact column-wise scales, then the one
+ * status byte. */
 Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {
     mxs_sim_rng rng = {42};
     int iter;
+    /* every plane gets its own bytes (planes of a batch must not overlap);
+     * the plan only compares the pointers */
+    const size_t plane_max = 300 * 300, arena_bytes = 9 * 4 * plane_max;
+    uint8_t *arena = (uint8_t *)malloc(arena_bytes);
+    cr_assert(arena != NULL);
     for (iter = 0; iter < 300; iter++) {
         mxs_wb_item items[9];
         mxs_wb_slot slots[9];
         mxs_wb_batch b;
-        mxs_wb_plan plan = {0, 0, 0, 0};
-        uint8_t dummy = 0;
+        mxs_wb_plan plan = {0};
         int n = (int)mxs_sim_range_i(&rng, 0, 9), k;
         int64_t ro = 0, co = 0, colbytes = 0;
         memset(items, 0, sizeof items);
         memset(&b, 0, sizeof b);
         for (k = 0; k < n; k++) {
             mxs_tensor *t = &items[k].primary;
+            uint8_t *mine = arena + (size_t)k * 4 * plane_max;
             t->rows = mxs_sim_range_i(&rng, 1, 300);
             t->cols = mxs_sim_range_i(&rng, 1, 300);
             t->dirs = (unsigned)mxs_sim_range_i(&rng, 1, 3);
             t->scale_layout = (mxs_scale_layout)mxs_sim_range_i(&rng, 0, 2);
-            t->row_data = t->row_scale = (t->dirs & 1u) ? &dummy : NULL;
-            t->col_data = t->col_scale = (t->dirs & 2u) ? &dummy : NULL;
+            t->row_data = (t->dirs & 1u) ? mine : NULL;
+            t->row_scale = (t->dirs & 1u) ? mine + plane_max : NULL;
+            t->col_data = (t->dirs & 2u) ? mine + 2 * plane_max : NULL;
+            t->col_scale = (t->dirs & 2u) ? mine + 3 * plane_max : NULL;
             if (t->dirs & 1u) ro += t->rows * ((t->cols + 31) / 32);
             if (t->dirs & 2u) colbytes += ((t->rows + 31) / 32) * t->cols;
         }
@@ -217,7 +225,8 @@ Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {
         cr_assert_eq(mxs_wb_make_plan(&b, &plan, slots), MXS_OK);
         cr_assert_eq(plan.n_items, n);
         cr_assert_eq(plan.row_region_bytes, ro);
-        cr_assert_eq(plan.packed_bytes, ro + colbytes);
+        cr_assert_eq(plan.packed_bytes, ro + colbytes + 1);
+        cr_assert_eq(plan.status_offset, ro + colbytes);
         co = ro;
         ro = 0;
         for (k = 0; k < n; k++) {
@@ -236,6 +245,7 @@ Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {
             }
         }
     }
+    free(arena);
 }
 
 /* Every rank computes the same plan from shapes and flags alone; a different
@@ -247,7 +257,7 @@ Test(writeback, plan_depends_only_on_shapes_flags_and_options) {
     static const item_spec other_shards[] = {
         {45, 70, MXS_BOTH, 0, 0, 2}, {33, 40, MXS_ROWWISE, 0, 1320, 1}, {64, 33, MXS_COLWISE, 2000, 112, 0}};
     fixture f1, f2;
-    mxs_wb_plan p1 = {0, 0, 0, 0}, p2 = {0, 0, 0, 0};
+    mxs_wb_plan p1 = {0}, p2 = {0};
     mxs_wb_item saved;
     fixture_init(&f1, a, 3, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 1);
     fixture_init(&f2, other_shards, 3, MXS_SCALES_SWIZZLED, MXS_ROUND_CEIL, MXS_WB_STRICT, POISON_A, 2);
@@ -312,7 +322,7 @@ static void check_partial(mxs_wb_mode mode) {
         for (pz = 0; pz < 2; pz++)
             for (rnd = 0; rnd < 2; rnd++) {
                 fixture fx;
-                mxs_wb_plan plan = {0, 0, 0, 0};
+                mxs_wb_plan plan = {0};
                 mxs_wb_slot slots[3];
                 uint8_t *expect;
                 int64_t fused_written = 0;
@@ -330,6 +340,7 @@ static void check_partial(mxs_wb_mode mode) {
                         expected_partial(&fx.items[k], fx.full[k], (mxs_rounding)rnd, MXS_COLWISE,
                                          expect + slots[k].col_offset);
                 }
+                expect[plan.status_offset] = 0; /* partial: this rank is fine */
                 cr_assert_eq(memcmp(expect, fx.packed.p, (size_t)plan.packed_bytes), 0, "partial exponents (set %d)",
                              set);
                 free(expect);
@@ -362,7 +373,7 @@ Test(writeback, apply_writes_all_scales_and_only_the_shard_slice) {
         for (mode = 0; mode < 2; mode++)
             for (rnd = 0; rnd < 2; rnd++) {
                 fixture fx;
-                mxs_wb_plan plan = {0, 0, 0, 0};
+                mxs_wb_plan plan = {0};
                 mxs_wb_slot slots[3];
                 mxs_scale_layout lay = (mxs_scale_layout)((set + mode) % 3);
                 fixture_init(&fx, partial_specs[set], 3, lay, (mxs_rounding)rnd, (mxs_wb_mode)mode, POISON_A,
@@ -438,7 +449,7 @@ Test(writeback, host_writeback_calls_the_reduction_exactly_once) {
     int mode;
     for (mode = 0; mode < 2; mode++) {
         fixture fx;
-        mxs_wb_plan plan = {0, 0, 0, 0};
+        mxs_wb_plan plan = {0};
         reduce_log log = {0, 0, NULL, 0};
         int k;
         fixture_init(&fx, whole, 3, MXS_SCALES_PADDED, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 31);
@@ -467,6 +478,7 @@ Test(writeback, host_writeback_calls_the_reduction_exactly_once) {
         fixture_free(&fx);
 
         fixture_init(&fx, whole, 3, MXS_SCALES_PADDED, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 31);
+        cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK); /* new buffers: a new plan */
         fixture_alloc_packed(&fx, plan.packed_bytes);
         log.calls = 0;
         log.fail = 1;
@@ -488,7 +500,7 @@ Test(writeback, row_only_primary_never_gains_a_column_plane) {
     int mode;
     for (mode = 0; mode < 2; mode++) {
         fixture fx;
-        mxs_wb_plan plan = {0, 0, 0, 0};
+        mxs_wb_plan plan = {0};
         mxs_wb_slot slot;
         reduce_log log = {0, 0, NULL, 0};
         buf_t decoy_data = buf_new(3150, POISON_A), decoy_scale = buf_new(4096, POISON_A);
@@ -501,7 +513,7 @@ Test(writeback, row_only_primary_never_gains_a_column_plane) {
         fx.items[0].primary.col_scale = decoy_scale.p;
         cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, &slot), MXS_OK);
         cr_assert_eq(slot.col_offset, -1);
-        cr_assert_eq(plan.packed_bytes, 70 * 2);
+        cr_assert_eq(plan.packed_bytes, 70 * 2 + 1);
         fixture_alloc_packed(&fx, plan.packed_bytes);
         cr_assert_eq(mxs_host_wb_writeback(&fx.batch, &plan, fx.packed.p, log_reduce, &log), MXS_OK);
         cr_assert_eq(buf_count_not(&decoy_data, POISON_A), 0);
@@ -531,7 +543,7 @@ Test(writeback, fragments_equal_in_place_slices) {
     int mode;
     for (mode = 0; mode < 2; mode++) {
         fixture a, b;
-        mxs_wb_plan pa = {0, 0, 0, 0}, pb = {0, 0, 0, 0};
+        mxs_wb_plan pa = {0}, pb = {0};
         int k, p;
         fixture_init(&a, inplace, 2, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 51);
         fixture_init(&b, frag, 2, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 51);
@@ -648,7 +660,7 @@ Test(writeback, bad_input_is_caught_before_any_write) {
     for (mode = 0; mode < 2; mode++)
         for (c = 0; c < sizeof corruptions / sizeof corruptions[0]; c++) {
             fixture fx;
-            mxs_wb_plan good = {0, 0, 0, 0}, out;
+            mxs_wb_plan good = {0}, out;
             mxs_status s;
             fixture_init(&fx, err_specs, 3, MXS_SCALES_PADDED, MXS_ROUND_CEIL, (mxs_wb_mode)mode, POISON_A, 61);
             cr_assert_eq(mxs_wb_make_plan(&fx.batch, &good, NULL), MXS_OK);
@@ -674,7 +686,7 @@ Test(writeback, bad_input_is_caught_before_any_write) {
 /* NULL batch, plan or packed buffer. */
 Test(writeback, null_arguments_are_rejected_before_any_write) {
     fixture fx;
-    mxs_wb_plan plan = {0, 0, 0, 0};
+    mxs_wb_plan plan = {0};
     fixture_init(&fx, err_specs, 3, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 62);
     cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
     fixture_alloc_packed(&fx, plan.packed_bytes);
@@ -696,7 +708,7 @@ Test(writeback, batch_changed_after_planning_is_a_plan_mismatch) {
     int c;
     for (c = 0; c < 9; c++) {
         fixture fx;
-        mxs_wb_plan plan = {0, 0, 0, 0};
+        mxs_wb_plan plan = {0};
         fixture_init(&fx, err_specs, 3, MXS_SCALES_SWIZZLED, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 63);
         cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
         fixture_alloc_packed(&fx, plan.packed_bytes);
@@ -771,9 +783,9 @@ Test(writeback, repeated_updates_in_place_fused_equals_strict) {
 Test(writeback, rank_owning_nothing_contributes_zeros) {
     static const item_spec none[] = {{45, 70, MXS_BOTH, 0, 0, 0}, {33, 40, MXS_ROWWISE, 1320, 0, 0}};
     fixture fx;
-    mxs_wb_plan plan = {0, 0, 0, 0};
+    mxs_wb_plan plan = {0};
     mxs_wb_batch empty;
-    mxs_wb_plan eplan = {0, 0, 0, 0};
+    mxs_wb_plan eplan = {0};
     int64_t k;
     fixture_init(&fx, none, 2, MXS_SCALES_COMPACT, MXS_ROUND_CEIL, MXS_WB_FUSED, POISON_A, 81);
     cr_assert_eq(mxs_wb_make_plan(&fx.batch, &plan, NULL), MXS_OK);
@@ -786,9 +798,17 @@ Test(writeback, rank_owning_nothing_contributes_zeros) {
     cr_assert_eq(fixture_guards(&fx), 0);
     fixture_free(&fx);
 
+    /* an empty batch still has the status byte (a rank may join a group's
+     * reduction with nothing to write back) */
     memset(&empty, 0, sizeof empty);
     cr_assert_eq(mxs_wb_make_plan(&empty, &eplan, NULL), MXS_OK);
-    cr_assert_eq(eplan.packed_bytes, 0);
-    cr_assert_eq(mxs_host_wb_partial(&empty, &eplan, NULL), MXS_OK);
-    cr_assert_eq(mxs_host_wb_apply(&empty, &eplan, NULL), MXS_OK);
+    cr_assert_eq(eplan.packed_bytes, 1);
+    cr_assert_eq(eplan.status_offset, 0);
+    cr_assert_eq(mxs_host_wb_partial(&empty, &eplan, NULL), MXS_ERR_INVALID_ARGUMENT);
+    {
+        uint8_t status = 0xA5;
+        cr_assert_eq(mxs_host_wb_partial(&empty, &eplan, &status), MXS_OK);
+        cr_assert_eq(status, 0);
+        cr_assert_eq(mxs_host_wb_apply(&empty, &eplan, &status), MXS_OK);
+    }
 }

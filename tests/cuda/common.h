@@ -1,6 +1,10 @@
 /* tests/cuda/common.h - helpers of the `cuda` suite: TAP-ish output, skip
  * without a GPU (exit 77), random data, poisoned + guarded device buffers.
  *
+ * Output is TAP: "1..0 # SKIP no CUDA device" (exit 77) without a GPU;
+ * failed checks print "# FAIL file:line: ..." and fail the current test
+ * point ("not ok N - name").
+ *
  * Every device output lives inside a guarded allocation:
  *
  *   | guard 0xA5 x 64+mis | payload (poisoned 0xA5) | guard 0xA5 x 64 |
@@ -42,7 +46,7 @@ static int g_failures = 0, g_checks = 0;
         g_checks++;                                                                                    \
         if (!(cond)) {                                                                                 \
             g_failures++;                                                                              \
-            printf("not ok - %s:%d: ", __FILE__, __LINE__);                                            \
+            printf("# FAIL %s:%d: ", __FILE__, __LINE__);                                              \
             printf(__VA_ARGS__);                                                                       \
             printf("\n");                                                                              \
             if (g_failures > 20) exit(1);                                                              \
@@ -52,9 +56,24 @@ static int g_failures = 0, g_checks = 0;
 static inline void require_gpu(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-        printf("1..0 # skip: no CUDA device\n");
+        printf("1..0 # SKIP no CUDA device\n");
         exit(77);
     }
+}
+
+/* TAP test points: tap_point(name) closes one (ok when no CHECK failed since
+ * the previous point), tap_done() prints the plan and returns the exit
+ * status. (finish() is the one-point form of the older programs.) */
+static int g_tap_points = 0, g_tap_failures_before = 0;
+static inline void tap_point(const char *name) {
+    g_tap_points++;
+    printf("%s %d - %s\n", g_failures == g_tap_failures_before ? "ok" : "not ok", g_tap_points, name);
+    g_tap_failures_before = g_failures;
+}
+static inline int tap_done(void) {
+    printf("1..%d\n", g_tap_points);
+    printf("# %d checks, %d failures\n", g_checks, g_failures);
+    return g_failures ? 1 : 0;
 }
 
 static inline int finish(const char *name) {

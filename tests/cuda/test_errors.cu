@@ -64,6 +64,9 @@ int main(void) {
     for (int k = 0; k < 4; k++) dev_untouched(P.dbuf[k], "dequantize/convert rejected: planes untouched");
 
     /* ---- writeback ---- */
+    /* item 1 has its own primary: two items writing one primary overlap (MXS_ERR_ALIASING) */
+    Planes P2;
+    planes_make(P2, rows, cols, MXS_BOTH, MXS_SCALES_SWIZZLED, false);
     DevBuf master = dev_alloc(rows * cols * 4);
     mxs_wb_item items[2];
     memset(items, 0, sizeof items);
@@ -72,6 +75,7 @@ int main(void) {
     items[0].start = 10;
     items[0].len = 1000;
     items[1] = items[0];
+    items[1].primary = P2.d;
     items[1].start = 0;
     items[1].len = rows * cols;
     mxs_wb_batch b;
@@ -102,13 +106,13 @@ int main(void) {
     items[1].master = master.p;
     items[1].primary.col_scale = NULL;
     expect(mxs_cuda_wb_apply(&b, &plan, packed.p, ws.p, wsb, 0), MXS_ERR_ABSENT_PLANE, "apply absent plane");
-    items[1].primary = P.d;
+    items[1].primary = P2.d;
     items[1].primary.dirs = MXS_ROWWISE;
     items[1].col_fragment = out.p;
     expect(mxs_cuda_wb_partial(&b, &plan, packed.p, ws.p, wsb, 0), MXS_ERR_ABSENT_PLANE, "fragment of absent plane");
     items[1].col_fragment = NULL;
     expect(mxs_cuda_wb_partial(&b, &plan, packed.p, ws.p, wsb, 0), MXS_ERR_PLAN_MISMATCH, "flags differ from plan");
-    items[1].primary = P.d;
+    items[1].primary = P2.d;
     b.mode = (mxs_wb_mode)7;
     expect(mxs_cuda_wb_partial(&b, &plan, packed.p, ws.p, wsb, 0), MXS_ERR_INVALID_ARGUMENT, "partial mode");
     CUDA_OK(cudaDeviceSynchronize());
@@ -116,15 +120,24 @@ int main(void) {
     dev_untouched(ws, "writeback rejected: workspace untouched");
     dev_untouched(out, "writeback rejected: fragment untouched");
     for (int k = 0; k < 4; k++) dev_untouched(P.dbuf[k], "writeback rejected: planes untouched");
+    for (int k = 0; k < 4; k++) dev_untouched(P2.dbuf[k], "writeback rejected: planes untouched");
 
-    /* an empty batch is valid and does nothing */
+    /* an empty batch is valid: its packed buffer is the status byte alone,
+     * which partial zeroes; no workspace needed */
     b.mode = MXS_WB_FUSED;
     b.n_items = 0;
     expect(mxs_wb_make_plan(&b, &plan, NULL), MXS_OK, "empty plan");
-    expect(mxs_cuda_wb_partial(&b, &plan, NULL, NULL, 0, 0), MXS_OK, "empty partial");
-    expect(mxs_cuda_wb_apply(&b, &plan, NULL, NULL, 0, 0), MXS_OK, "empty apply");
+    CHECK(plan.packed_bytes == 1 && plan.status_offset == 0, "empty plan: packed = the status byte");
+    DevBuf status = dev_alloc(1);
+    expect(mxs_cuda_wb_partial(&b, &plan, NULL, NULL, 0, 0), MXS_ERR_INVALID_ARGUMENT, "empty partial, NULL packed");
+    expect(mxs_cuda_wb_partial(&b, &plan, status.p, NULL, 0, 0), MXS_OK, "empty partial");
+    expect(mxs_cuda_wb_apply(&b, &plan, status.p, NULL, 0, 0), MXS_OK, "empty apply");
     CUDA_OK(cudaDeviceSynchronize());
     CUDA_OK(cudaGetLastError());
+    const uint8_t zero = 0;
+    dev_compare(status, &zero, "empty partial: status byte 0");
+    dev_free(status);
+    planes_free(P2);
 
     planes_free(P);
     dev_free(dsrc);

@@ -154,8 +154,8 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
     };
 
     /* Two updates with the same buffers and pointers, as in training: the
-     * second one has new master values, and (for 5..226 items) hits the
-     * launcher's item-table cache, which must not change a byte. */
+     * second one has new master values (the one-shot calls re-prepare every
+     * time; tests/cuda/test_bucket.cu keeps one prepared bucket). */
     for (int upd = 0; upd < 2; upd++) {
     if (upd > 0) {
         for (int i = 0; i < nw; i++) {
@@ -225,10 +225,10 @@ int main(void) {
     for (int it = 0; it < 12; it++)
         test_case((int)rnd_in(1, 3), (int)rnd_in(1, 8), (mxs_wb_mode)(it % 2), (mxs_rounding)(rnd() % 2),
                   (mxs_dtype)(rnd() % 3), true);
-    printf("# writeback: a 75-item batch (compact item table in the kernel parameters)\n");
+    printf("# writeback: a 75-item batch (work list stored in two parameter blocks)\n");
     test_case(75, 3, MXS_WB_FUSED, MXS_ROUND_CEIL, MXS_BF16, false);
     test_case(75, 2, MXS_WB_STRICT, MXS_ROUND_FLOOR, MXS_F32, false);
-    printf("# writeback: a 240-item batch (item table staged into the workspace)\n");
+    printf("# writeback: a 240-item batch (work list stored in five parameter blocks)\n");
     test_case(240, 2, MXS_WB_FUSED, MXS_ROUND_CEIL, MXS_BF16, false);
     test_case(240, 3, MXS_WB_STRICT, MXS_ROUND_FLOOR, MXS_F32, false);
     return finish("cuda writeback");

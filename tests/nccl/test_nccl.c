@@ -7,8 +7,8 @@
  *
  * Exit 77 (skipped) with fewer than 2 GPUs. Before that, the parent checks
  * the gather's owner rule (mxs_gather_segment) on the host, without CUDA.
- * What goes on the wire is observed through the internal hook of
- * libmxshard_nccl (cuda/nccl/mxs_nccl_hooks.h).
+ * What goes on the wire is observed by interposing NCCL's collectives
+ * (wire.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "launch.h"
@@ -17,43 +17,7 @@
 
 #include <mxshard/nccl.h>
 
-#include "mxs_nccl_hooks.h"
-
-/* ---- wire log (test hook) -------------------------------------------------- */
-
-typedef struct wire {
-    int all_reduce, broadcast, all_gather;
-    int non_u8;        /* collectives whose datatype is not ncclUint8 */
-    int reduce_not_max;
-    long long reduce_elems, bcast_bytes, gather_elems;
-} wire;
-
-static wire g_wire;
-
-static void wire_hook(const mxs_nccl_event *ev, void *user) {
-    wire *w = (wire *)user;
-    if (ev->type != ncclUint8) w->non_u8++;
-    switch (ev->op) {
-    case MXS_NCCL_OP_ALL_REDUCE:
-        w->all_reduce++;
-        w->reduce_elems += (long long)ev->count;
-        if (ev->red != ncclMax) w->reduce_not_max++;
-        break;
-    case MXS_NCCL_OP_BROADCAST:
-        w->broadcast++;
-        w->bcast_bytes += (long long)ev->count;
-        break;
-    case MXS_NCCL_OP_ALL_GATHER:
-        w->all_gather++;
-        w->gather_elems += (long long)ev->count;
-        break;
-    }
-}
-
-static void wire_reset(void) {
-    memset(&g_wire, 0, sizeof g_wire);
-    mxs_nccl_set_test_hook(wire_hook, &g_wire);
-}
+#include "wire.h"
 
 static int wire_quiet(void) { return g_wire.all_reduce + g_wire.broadcast + g_wire.all_gather == 0; }
 
@@ -350,7 +314,7 @@ static void writeback(mxs_rank *r, weight *w, int n, mxs_rounding rnd, mxs_dtype
     packed = dev_alloc(r, plan.packed_bytes);
     wire_reset();
     st = mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes, r->comm, r->stream);
-    mxs_nccl_set_test_hook(NULL, NULL);
+    wire_stop();
     MXS_CHECK(r, st == MXS_OK, "mxs_nccl_wb_writeback: %s", mxs_status_str(st));
     CU(r, cudaStreamSynchronize(r->stream));
     MXS_CHECK(r, g_wire.all_reduce == 1 && g_wire.broadcast == 0 && g_wire.all_gather == 0,
@@ -443,7 +407,7 @@ static void gather_planes(mxs_rank *r, weight *w, int n) {
     }
     wire_reset();
     st = mxs_nccl_gather_planes(ts, n, starts, lens, r->comm, r->stream);
-    mxs_nccl_set_test_hook(NULL, NULL);
+    wire_stop();
     MXS_CHECK(r, st == MXS_OK, "mxs_nccl_gather_planes: %s", mxs_status_str(st));
     CU(r, cudaStreamSynchronize(r->stream));
     MXS_CHECK(r, g_wire.all_reduce == 0 && g_wire.all_gather == 0 && g_wire.non_u8 == 0,
@@ -527,6 +491,9 @@ static void mixed_specs(wspec *s, int n) {
     }
 }
 
+static void test_bucket_writeback_updates(mxs_rank *r);
+static void test_group_never_hangs(mxs_rank *r);
+
 static void group_writeback(mxs_rank *r) {
     wspec s[N_DIRS_SHAPES];
     test_writeback_dirs(r, MXS_ROWWISE, "writeback_rowwise_only_distopt_bucket");
@@ -541,6 +508,127 @@ static void group_writeback(mxs_rank *r) {
                        MXS_ROUND_CEIL, 0);
     run_writeback_case(r, "writeback_overlapping_shards", s, N_DIRS_SHAPES, SHARD_OVERLAP, MXS_WB_FUSED,
                        MXS_ROUND_CEIL, 0);
+    test_bucket_writeback_updates(r);
+    test_group_never_hangs(r);
+}
+
+/* The batch of this rank's shards of w (items[] has n entries). */
+static void batch_of(weight *w, int n, mxs_wb_item *items, mxs_wb_batch *b, mxs_rounding rnd, mxs_wb_mode mode) {
+    int i;
+    memset(items, 0, sizeof(mxs_wb_item) * (size_t)n);
+    for (i = 0; i < n; i++) {
+        items[i].primary = w[i].dev;
+        items[i].master = w[i].shard_dev;
+        items[i].master_dtype = MXS_F32;
+        items[i].start = w[i].start;
+        items[i].len = w[i].len;
+    }
+    memset(b, 0, sizeof *b);
+    b->items = items;
+    b->n_items = n;
+    b->rounding = rnd;
+    b->mode = mode;
+}
+
+/* A bucket prepared once serves every update (new master values, same
+ * pointers): mxs_nccl_wb_bucket_writeback, one uint8 MAX all-reduce each. */
+static void test_bucket_writeback_updates(mxs_rank *r) {
+    const char *name = "bucket_prepared_once_serves_every_update";
+    long before = test_begin(r, name);
+    wspec s[N_DIRS_SHAPES];
+    mxs_wb_item items[N_DIRS_SHAPES];
+    mxs_wb_batch b;
+    mxs_wb_plan plan;
+    mxs_cuda_wb_bucket bk;
+    int64_t ws_bytes = 0;
+    void *ws, *packed;
+    weight *w;
+    int u;
+    mixed_specs(s, N_DIRS_SHAPES);
+    w = weights_new(r, s, N_DIRS_SHAPES, SHARD_BUCKET, 4242u, NULL, NULL, NULL);
+    batch_of(w, N_DIRS_SHAPES, items, &b, MXS_ROUND_CEIL, MXS_WB_FUSED);
+    ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
+    ST(r, mxs_cuda_wb_prepare_bytes(&b, &ws_bytes), MXS_OK);
+    ws = dev_alloc(r, ws_bytes);
+    packed = dev_alloc(r, plan.packed_bytes);
+    ST(r, mxs_cuda_wb_prepare(&bk, &b, &plan, (uint8_t *)packed, ws, ws_bytes, r->stream), MXS_OK);
+    for (u = 0; u < 3; u++) {
+        mxs_status st;
+        weights_update(r, w, N_DIRS_SHAPES, 777u + (uint64_t)u, MXS_F32, MXS_ROUND_CEIL);
+        wire_reset();
+        st = mxs_nccl_wb_bucket_writeback(&bk, r->comm, r->stream);
+        wire_stop();
+        MXS_CHECK(r, st == MXS_OK, "mxs_nccl_wb_bucket_writeback: %s", mxs_status_str(st));
+        CU(r, cudaStreamSynchronize(r->stream));
+        MXS_CHECK(r, g_wire.all_reduce == 1 && g_wire.broadcast + g_wire.all_gather == 0 && g_wire.non_u8 == 0 &&
+                         g_wire.reduce_not_max == 0 && g_wire.reduce_elems == plan.packed_bytes,
+                  "bucket writeback: %d all-reduces of %lld bytes (want 1 of %lld, uint8 MAX)", g_wire.all_reduce,
+                  g_wire.reduce_elems, (long long)plan.packed_bytes);
+        check_local(r, w, N_DIRS_SHAPES);
+        gather_planes(r, w, N_DIRS_SHAPES);
+        check_full(r, w, N_DIRS_SHAPES, u == 0 ? "update 1" : u == 1 ? "update 2" : "update 3");
+    }
+    ST(r, mxs_cuda_wb_bucket_release(&bk), MXS_OK);
+    cudaFree(ws);
+    cudaFree(packed);
+    weights_free(w, N_DIRS_SHAPES, 1);
+    test_end(r, name, before);
+}
+
+/* A rank-local failure never hangs the group: the last rank's workspace is
+ * one byte short. It still joins the one all-reduce (zeros, status byte 1)
+ * and returns MXS_ERR_BUFFER_SIZE; every other rank returns MXS_ERR_REMOTE
+ * and skips apply (its scale planes stay untouched); afterwards the
+ * communicator is in step (a correct writeback + gather works). */
+static void test_group_never_hangs(mxs_rank *r) {
+    const char *name = "rank_local_failure_never_hangs_the_group";
+    long before = test_begin(r, name);
+    wspec s[N_DIRS_SHAPES];
+    mxs_wb_item items[N_DIRS_SHAPES];
+    mxs_wb_batch b;
+    mxs_wb_plan plan;
+    int64_t ws_bytes = 0;
+    void *ws, *packed;
+    weight *w;
+    int last = r->rank == r->nranks - 1, i, p;
+    mxs_status st, want = last ? MXS_ERR_BUFFER_SIZE : MXS_ERR_REMOTE;
+    mixed_specs(s, N_DIRS_SHAPES);
+    w = weights_new(r, s, N_DIRS_SHAPES, SHARD_UNEVEN, 31337u, NULL, NULL, NULL);
+    weights_update(r, w, N_DIRS_SHAPES, 9u, MXS_F32, MXS_ROUND_CEIL);
+    batch_of(w, N_DIRS_SHAPES, items, &b, MXS_ROUND_CEIL, MXS_WB_FUSED);
+    ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
+    ST(r, mxs_cuda_wb_prepare_bytes(&b, &ws_bytes), MXS_OK);
+    ws = dev_alloc(r, ws_bytes);
+    packed = dev_alloc(r, plan.packed_bytes);
+    wire_reset();
+    st = mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, last ? ws_bytes - 1 : ws_bytes, r->comm, r->stream);
+    wire_stop();
+    CU(r, cudaStreamSynchronize(r->stream));
+    MXS_CHECK(r, st == want, "writeback with a failing last rank -> %s (want %s)", mxs_status_str(st),
+              mxs_status_str(want));
+    MXS_CHECK(r, g_wire.all_reduce == 1 && g_wire.reduce_elems == plan.packed_bytes,
+              "the failing group issued %d all-reduces of %lld bytes (want 1 of %lld)", g_wire.all_reduce,
+              g_wire.reduce_elems, (long long)plan.packed_bytes);
+    for (i = 0; i < N_DIRS_SHAPES; i++)
+        for (p = 0; p < 2; p++) {
+            uint8_t *got;
+            int64_t k, touched = 0;
+            if (!has_plane(&w[i], p)) continue;
+            got = download(r, dev_scale(&w[i], p), w[i].scale_bytes[p]);
+            for (k = 0; k < w[i].scale_bytes[p]; k++) touched += got[k] != 0xCD;
+            MXS_CHECK(r, touched == 0, "weight %d plane %d: %lld scale bytes written although apply was skipped", i,
+                      p, (long long)touched);
+            free(got);
+        }
+    /* the communicator is still in step */
+    weights_update(r, w, N_DIRS_SHAPES, 10u, MXS_F32, MXS_ROUND_CEIL);
+    writeback(r, w, N_DIRS_SHAPES, MXS_ROUND_CEIL, MXS_F32, MXS_WB_FUSED);
+    gather_planes(r, w, N_DIRS_SHAPES);
+    check_full(r, w, N_DIRS_SHAPES, "after the failed writeback");
+    cudaFree(ws);
+    cudaFree(packed);
+    weights_free(w, N_DIRS_SHAPES, 1);
+    test_end(r, name, before);
 }
 
 /* Fast path: bidirectional weights whose row and column data planes each
@@ -567,7 +655,7 @@ static void test_gather_bucket_fast_path(mxs_rank *r) {
         wire_reset();
         st1 = mxs_nccl_gather_bucket(row_bucket, bucket_elems, r->comm, r->stream);
         st2 = mxs_nccl_gather_bucket(col_bucket, bucket_elems, r->comm, r->stream);
-        mxs_nccl_set_test_hook(NULL, NULL);
+        wire_stop();
         MXS_CHECK(r, st1 == MXS_OK && st2 == MXS_OK, "mxs_nccl_gather_bucket: %s / %s", mxs_status_str(st1),
                   mxs_status_str(st2));
         CU(r, cudaStreamSynchronize(r->stream));
@@ -663,7 +751,7 @@ static void test_gather_pattern_without_kernels(mxs_rank *r) {
         }
         wire_reset();
         st = mxs_nccl_gather_planes(ts, N, starts, lens, r->comm, r->stream);
-        mxs_nccl_set_test_hook(NULL, NULL);
+        wire_stop();
         MXS_CHECK(r, st == MXS_OK, "%s: mxs_nccl_gather_planes: %s", scheme_name[scheme], mxs_status_str(st));
         CU(r, cudaStreamSynchronize(r->stream));
         MXS_CHECK(r, g_wire.bcast_bytes == want_bytes && g_wire.non_u8 == 0 && g_wire.all_reduce == 0,
@@ -702,7 +790,7 @@ static void test_gather_pattern_without_kernels(mxs_rank *r) {
         upload(r, bucket + r->rank * chunk, mine + r->rank * chunk, chunk);
         wire_reset();
         st = mxs_nccl_gather_bucket(bucket, bytes, r->comm, r->stream);
-        mxs_nccl_set_test_hook(NULL, NULL);
+        wire_stop();
         MXS_CHECK(r, st == MXS_OK, "mxs_nccl_gather_bucket: %s", mxs_status_str(st));
         MXS_CHECK(r, g_wire.all_gather == 1 && g_wire.gather_elems == chunk && g_wire.non_u8 == 0,
                   "bucket: %d all-gathers of %lld", g_wire.all_gather, g_wire.gather_elems);
@@ -729,7 +817,7 @@ static void test_gather_pattern_without_kernels(mxs_rank *r) {
         upload(r, (uint16_t *)buf + st_[r->rank], mine + st_[r->rank], 2 * ln[r->rank]);
         wire_reset();
         st = mxs_nccl_gather_bytes(buf, elems, 2, st_, ln, r->comm, r->stream);
-        mxs_nccl_set_test_hook(NULL, NULL);
+        wire_stop();
         MXS_CHECK(r, st == MXS_OK, "mxs_nccl_gather_bytes: %s", mxs_status_str(st));
         MXS_CHECK(r, g_wire.bcast_bytes == 2 * elems && g_wire.non_u8 == 0, "bytes: %lld broadcast",
                   g_wire.bcast_bytes);
@@ -940,7 +1028,7 @@ static void test_plan_mismatch(mxs_rank *r) {
         ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
         wire_reset();
         st = mxs_nccl_wb_check_plan(&plan, scratch, r->comm, r->stream);
-        mxs_nccl_set_test_hook(NULL, NULL);
+        wire_stop();
         MXS_CHECK(r, st == want, "case %d: mxs_nccl_wb_check_plan -> %s (want %s)", k, mxs_status_str(st),
                   mxs_status_str(want));
         MXS_CHECK(r, g_wire.all_reduce == 1 && g_wire.broadcast + g_wire.all_gather == 0,
@@ -951,11 +1039,11 @@ static void test_plan_mismatch(mxs_rank *r) {
     test_end(r, name, before);
 }
 
-/* Every rank passes the same bad arguments: each call is rejected before
- * anything is enqueued (no collective, so no rank hangs), and the
- * communicator stays usable. */
+/* Every rank passes the same bad arguments: each call returns the error,
+ * no rank hangs (a writeback joins the one all-reduce when it can, a
+ * gather issues nothing), and the communicator stays usable. */
 static void test_rejects_before_enqueue(mxs_rank *r) {
-    const char *name = "invalid_arguments_rejected_before_any_collective";
+    const char *name = "invalid_arguments_never_hang_the_group";
     long before = test_begin(r, name);
     wspec s[2] = {{70, 130, MXS_ROWWISE, MXS_SCALES_COMPACT, 0}, {33, 47, MXS_BOTH, MXS_SCALES_SWIZZLED, 0}};
     weight *w = weights_new(r, s, 2, SHARD_UNEVEN, 11u, NULL, NULL, NULL);
@@ -988,15 +1076,31 @@ static void test_rejects_before_enqueue(mxs_rank *r) {
     ST(r, mxs_cuda_wb_workspace_bytes(&b, &ws_bytes), MXS_OK);
     ws = dev_alloc(r, ws_bytes);
     packed = dev_alloc(r, plan.packed_bytes);
+    /* Writeback: what makes joining impossible returns at once (no
+     * collective); a rank-local failure joins the one all-reduce (zeros,
+     * status byte 1) and returns its own error - here on every rank. */
     wire_reset();
-    if (ws_bytes > 0)
-        ST(r, mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes - 1, r->comm, r->stream),
-           MXS_ERR_BUFFER_SIZE);
     ST(r, mxs_nccl_wb_writeback(&b, &plan, NULL, ws, ws_bytes, r->comm, r->stream), MXS_ERR_INVALID_ARGUMENT);
-    ST(r, mxs_nccl_wb_writeback(&b, &other_plan, (uint8_t *)packed, ws, ws_bytes, r->comm, r->stream),
-       MXS_ERR_PLAN_MISMATCH);
     ST(r, mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes, NULL, r->stream),
        MXS_ERR_INVALID_ARGUMENT);
+    ST(r, mxs_nccl_wb_writeback(&b, NULL, (uint8_t *)packed, ws, ws_bytes, r->comm, r->stream),
+       MXS_ERR_INVALID_ARGUMENT);
+    ST(r, mxs_nccl_wb_bucket_writeback(NULL, r->comm, r->stream), MXS_ERR_INVALID_ARGUMENT);
+    wire_stop();
+    MXS_CHECK(r, wire_quiet(), "a writeback that cannot join issued %d all-reduces", g_wire.all_reduce);
+    wire_reset();
+    ST(r, mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes - 1, r->comm, r->stream),
+       MXS_ERR_BUFFER_SIZE);
+    ST(r, mxs_nccl_wb_writeback(&b, &other_plan, (uint8_t *)packed, ws, ws_bytes, r->comm, r->stream),
+       MXS_ERR_PLAN_MISMATCH);
+    wire_stop();
+    CU(r, cudaStreamSynchronize(r->stream));
+    MXS_CHECK(r, g_wire.all_reduce == 2 && g_wire.broadcast + g_wire.all_gather == 0 && g_wire.non_u8 == 0 &&
+                     g_wire.reduce_not_max == 0 && g_wire.reduce_elems == plan.packed_bytes + other_plan.packed_bytes,
+              "failing writebacks issued %d all-reduces of %lld bytes (want 2 of %lld)", g_wire.all_reduce,
+              g_wire.reduce_elems, (long long)(plan.packed_bytes + other_plan.packed_bytes));
+    /* Gather: every argument is validated before anything is enqueued */
+    wire_reset();
     ts[1].col_data = NULL;
     ST(r, mxs_nccl_gather_planes(ts, 2, starts, lens, r->comm, r->stream), MXS_ERR_ABSENT_PLANE);
     ts[1] = w[1].dev;
@@ -1006,8 +1110,8 @@ static void test_rejects_before_enqueue(mxs_rank *r) {
        MXS_ERR_INVALID_ARGUMENT);
     ST(r, mxs_nccl_gather_bytes(w[0].dev.row_data, w[0].elems, 0, w[0].starts, w[0].lens, r->comm, r->stream),
        MXS_ERR_INVALID_ARGUMENT);
-    mxs_nccl_set_test_hook(NULL, NULL);
-    MXS_CHECK(r, wire_quiet(), "a rejected call issued %d all-reduces, %d broadcasts, %d all-gathers",
+    wire_stop();
+    MXS_CHECK(r, wire_quiet(), "a rejected gather issued %d all-reduces, %d broadcasts, %d all-gathers",
               g_wire.all_reduce, g_wire.broadcast, g_wire.all_gather);
     /* the communicator is still in step: a real writeback + gather works */
     weights_update(r, w, 2, 4u, MXS_F32, MXS_ROUND_CEIL);

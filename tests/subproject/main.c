@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Quantizes a 32 x 32 weight row-only through mxshard taken as a meson
  * subproject, and checks one block by hand. */
 #include <mxshard/mxshard.h>

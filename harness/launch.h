@@ -1,4 +1,4 @@
-/* tests/nccl/launch.h - one process per GPU, like torchrun, for the nccl
+/* harness/launch.h - one process per GPU, like torchrun, for the nccl
  * test suite and the demo. Header-only; C11 + POSIX.
  *
  *   #define _POSIX_C_SOURCE 200809L     (before any #include)
@@ -29,8 +29,8 @@
  * Inside fn, mxs_rank_log() writes a line to the rank's report pipe and
  * MXS_CHECK(r, cond, fmt, ...) counts a check (and logs it when it fails).
  */
-#ifndef MXSHARD_TESTS_NCCL_LAUNCH_H
-#define MXSHARD_TESTS_NCCL_LAUNCH_H
+#ifndef MXSHARD_HARNESS_LAUNCH_H
+#define MXSHARD_HARNESS_LAUNCH_H
 
 #if !defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L
 #error "define _POSIX_C_SOURCE 200809L before any #include to use launch.h"
@@ -400,4 +400,4 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
     return bad ? 1 : 0;
 }
 
-#endif /* MXSHARD_TESTS_NCCL_LAUNCH_H */
+#endif /* MXSHARD_HARNESS_LAUNCH_H */

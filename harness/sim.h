@@ -1,4 +1,4 @@
-/* tools/sim.h - a simulated data-parallel group, in one process.
+/* harness/sim.h - a simulated data-parallel group, in one process.
  *
  * N ranks, each with its OWN copy of every MXFP8 primary (as in real
  * training: every data-parallel rank holds the whole quantized weight), its
@@ -37,8 +37,8 @@
  * Header-only; used by tests/cpu/test_sim.c, tests/cpu/test_writeback.c and
  * tools/demo.c. Not part of the installed library.
  */
-#ifndef MXSHARD_TOOLS_SIM_H
-#define MXSHARD_TOOLS_SIM_H
+#ifndef MXSHARD_HARNESS_SIM_H
+#define MXSHARD_HARNESS_SIM_H
 
 #include <math.h>
 #include <stdint.h>
@@ -700,4 +700,4 @@ static inline int64_t mxs_sim_weight_bytes(const mxs_sim *sim, int w, unsigned d
     return mxs_tensor_storage_bytes(&t);
 }
 
-#endif /* MXSHARD_TOOLS_SIM_H */
+#endif /* MXSHARD_HARNESS_SIM_H */

@@ -1,0 +1,332 @@
+/* bench/bench_util.h - timing, same-mix ceilings and report tables for
+ * bench/cuda_bench.cu (a program, not part of the library).
+ *
+ * Timing modes (all on one non-blocking stream, CUDA events):
+ *   single  one call between two events, the L2 flushed before each call (a
+ *           kernel READS a buffer of 3x the L2 size, so the lines it leaves
+ *           are clean and the timed call pays no write-back of flush data);
+ *           median of `single_reps`.
+ *   b2b     K calls in a row between two events, time / K; median of
+ *           `b2b_reps` such windows; no flush (steady state). K = b2b_k
+ *           rounded up to a multiple of the rotation (below).
+ *   graph   each call captured once into a CUDA graph
+ *           (cudaStreamCaptureModeGlobal, as PyTorch captures), then K
+ *           replays in a row between two events, time / K; median of
+ *           `b2b_reps`. -1 when the call cannot be captured (the reason is
+ *           kept).
+ * A case is a list of calls used in rotation (call i % n): one call for
+ * most cases; the 8 ranks' shards for DP=8, so that the b2b / graph working
+ * set exceeds the L2 as it would for 8 different buckets.
+ */
+#ifndef MXS_BENCH_UTIL_H
+#define MXS_BENCH_UTIL_H
+
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <mxshard/mxshard.h>
+
+/* A failed CUDA or mxshard call throws: the case is reported as an error
+ * and the run goes on (or, after a sticky CUDA error, stops) - the tables
+ * measured so far are still written. */
+struct bench_error : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] static void bench_fail(const char *file, int line, const char *what, const char *why) {
+    char m[600];
+    snprintf(m, sizeof m, "%s:%d %s: %s", file, line, what, why);
+    throw bench_error(m);
+}
+
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) bench_fail(__FILE__, __LINE__, #x, cudaGetErrorString(e_));                             \
+    } while (0)
+#define MK(x)                                                                                                          \
+    do {                                                                                                               \
+        mxs_status s_ = (x);                                                                                           \
+        if (s_ != MXS_OK) bench_fail(__FILE__, __LINE__, #x, mxs_status_str(s_));                                      \
+    } while (0)
+
+/* One enqueue of the measured work on stream s; MXS_OK or the failure. */
+typedef std::function<mxs_status(cudaStream_t)> bench_call;
+
+static mxs_status bench_launch_status(void) { return cudaGetLastError() == cudaSuccess ? MXS_OK : MXS_ERR_CUDA; }
+
+/* ---- kernels ------------------------------------------------------------ */
+
+/* Finite values with exponents in a moderate range (never zeros: zeros hide
+ * unwritten outputs and can run faster than real data). f32 = 1: n f32
+ * words; else n words of two bf16. */
+__global__ void bench_fill(uint32_t *p, int64_t n, uint32_t seed, int f32) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u + seed;
+        h ^= h >> 15;
+        h *= 0x2C1B3C6Du;
+        h ^= h >> 12;
+        uint32_t v = ((h & 1u) << 31) | ((110u + (h >> 27)) << 23) | ((h >> 4) & 0x7FFFFFu);
+        uint32_t w = ((h & 2u) << 30) | ((110u + ((h >> 22) & 31u)) << 23) | ((h >> 1) & 0x7FFFFFu);
+        p[i] = f32 ? v : ((v >> 16) | (w & 0xFFFF0000u));
+    }
+}
+
+/* bf16 copy of an f32 master, the library's own rounding rule: the input of
+ * the reference quantize (writeback with round-through bf16 == quantize of
+ * the bf16 copy, SPEC section 1). */
+__global__ void bench_to_bf16(const float *m, uint16_t *o, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        o[i] = mxs_bf16_from_f32(m[i]);
+}
+
+__global__ void bench_diff(const uint8_t *a, const uint8_t *b, int64_t n, unsigned long long *count) {
+    unsigned long long c = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        c += a[i] != b[i];
+    if (c) atomicAdd(count, c);
+}
+
+/* Reads n 16-byte vectors; the store never happens for real data but the
+ * compiler cannot know that, so every load is issued. */
+__global__ void bench_l2_flush(const uint4 *p, int64_t n, uint32_t *sink) {
+    uint32_t acc = 0;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint4 v = p[i];
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9E3779B9u) *sink = acc;
+}
+
+/* The same-mix ceiling: reads nvec 16-byte vectors of IB-byte elements
+ * (bf16: 8 per vector, f32: 4), writes one byte per element to each of PL
+ * output planes (a byte of the input, no arithmetic) and nsvec 16-byte
+ * vectors to each of PL scale planes. Coalesced 16-byte loads, U of them in
+ * flight per thread before the first store. */
+template <int IB, int PL>
+__global__ void __launch_bounds__(256)
+    bench_mix(const uint4 *__restrict__ in, int64_t nvec, uint8_t *__restrict__ o0, uint8_t *__restrict__ o1,
+              uint4 *__restrict__ s0, uint4 *__restrict__ s1, int64_t nsvec) {
+    constexpr int U = 4;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (int64_t base = tid; base < nvec; base += U * stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int64_t j = base + k * stride;
+            if (j < nvec) v[k] = in[j];
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int64_t j = base + k * stride;
+            if (j >= nvec) continue;
+            if (IB == 2) { /* the high byte of each of the 8 bf16 */
+                uint2 o = make_uint2(__byte_perm(v[k].x, v[k].y, 0x7531), __byte_perm(v[k].z, v[k].w, 0x7531));
+                reinterpret_cast<uint2 *>(o0)[j] = o;
+                if (PL == 2) reinterpret_cast<uint2 *>(o1)[j] = o;
+            } else { /* the high byte of each of the 4 f32 */
+                uint32_t o =
+                    __byte_perm(__byte_perm(v[k].x, v[k].y, 0x0073), __byte_perm(v[k].z, v[k].w, 0x0073), 0x5410);
+                reinterpret_cast<uint32_t *>(o0)[j] = o;
+                if (PL == 2) reinterpret_cast<uint32_t *>(o1)[j] = o;
+            }
+        }
+    }
+    for (int64_t j = tid; j < nsvec; j += stride) {
+        uint4 z = make_uint4((uint32_t)j, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+        s0[j] = z;
+        if (PL == 2) s1[j] = z;
+    }
+}
+
+/* ---- timing ------------------------------------------------------------- */
+
+struct bench_times {
+    double single = -1, b2b = -1, graph = -1; /* microseconds; -1: not measured */
+    std::string graph_why;                    /* why graph is -1 */
+};
+
+struct bench_ctx {
+    cudaStream_t s = nullptr;
+    cudaEvent_t ev0 = nullptr, ev1 = nullptr;
+    int single_reps = 50, b2b_k = 20, b2b_reps = 9, warmup = 3;
+    bool graphs = true;
+    uint4 *flush = nullptr;
+    int64_t flush_vecs = 0;
+    uint32_t *sink = nullptr;
+    int sms = 0;
+
+    void init(const cudaDeviceProp &prop) {
+        sms = prop.multiProcessorCount;
+        CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        CK(cudaEventCreate(&ev0));
+        CK(cudaEventCreate(&ev1));
+        int64_t fb = std::max<int64_t>(3 * (int64_t)prop.l2CacheSize, (int64_t)192 << 20);
+        flush_vecs = fb / 16;
+        CK(cudaMalloc(&flush, (size_t)fb));
+        CK(cudaMemset(flush, 0x5A, (size_t)fb));
+        CK(cudaMalloc(&sink, 16));
+    }
+    void l2_flush() {
+        bench_l2_flush<<<sms * 4, 512, 0, s>>>(flush, flush_vecs, sink);
+        CK(cudaGetLastError());
+    }
+    float elapsed_ms() {
+        float ms = 0;
+        CK(cudaEventSynchronize(ev1));
+        CK(cudaEventElapsedTime(&ms, ev0, ev1));
+        return ms;
+    }
+};
+
+static double bench_median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? -1 : v[v.size() / 2];
+}
+
+static void bench_must(mxs_status st, const char *what) {
+    if (st != MXS_OK) {
+        std::string why = std::string(mxs_status_str(st)) + " (CUDA: " + cudaGetErrorString(cudaGetLastError()) + ")";
+        bench_fail(__FILE__, __LINE__, what, why.c_str());
+    }
+}
+
+/* Captures call c into an executable graph; false (and why) when it cannot. */
+static bool bench_capture(bench_ctx &B, const bench_call &c, cudaGraphExec_t *exec, std::string *why) {
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamBeginCapture(B.s, cudaStreamCaptureModeGlobal);
+    if (e != cudaSuccess) {
+        *why = std::string("begin capture: ") + cudaGetErrorString(e);
+        cudaGetLastError();
+        return false;
+    }
+    mxs_status st = c(B.s);
+    e = cudaStreamEndCapture(B.s, &g);
+    if (st != MXS_OK || e != cudaSuccess) {
+        *why = st != MXS_OK ? std::string("call during capture: ") + mxs_status_str(st)
+                            : std::string("end capture: ") + cudaGetErrorString(e);
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return false;
+    }
+    e = cudaGraphInstantiate(exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        *why = std::string("instantiate: ") + cudaGetErrorString(e);
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+static bench_times bench_measure(bench_ctx &B, const std::vector<bench_call> &calls, const char *what, bool try_graph) {
+    bench_times t;
+    const size_t n = calls.size();
+    const int K = (int)(((size_t)B.b2b_k + n - 1) / n * n); /* every call of the rotation equally often */
+    for (size_t i = 0; i < (size_t)B.warmup * n; i++) bench_must(calls[i % n](B.s), what);
+    CK(cudaStreamSynchronize(B.s));
+
+    std::vector<double> v;
+    for (int r = 0; r < B.single_reps; r++) {
+        B.l2_flush();
+        CK(cudaEventRecord(B.ev0, B.s));
+        bench_must(calls[(size_t)r % n](B.s), what);
+        CK(cudaEventRecord(B.ev1, B.s));
+        v.push_back(1000.0 * B.elapsed_ms());
+    }
+    t.single = bench_median(v);
+
+    v.clear();
+    for (int r = 0; r < B.b2b_reps; r++) {
+        CK(cudaEventRecord(B.ev0, B.s));
+        for (int k = 0; k < K; k++) bench_must(calls[(size_t)k % n](B.s), what);
+        CK(cudaEventRecord(B.ev1, B.s));
+        v.push_back(1000.0 * B.elapsed_ms() / K);
+    }
+    t.b2b = bench_median(v);
+
+    if (!try_graph || !B.graphs) {
+        t.graph_why = "not tried";
+        return t;
+    }
+    std::vector<cudaGraphExec_t> ex;
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphExec_t e = nullptr;
+        if (!bench_capture(B, calls[i], &e, &t.graph_why)) break;
+        ex.push_back(e);
+    }
+    if (ex.size() == n) {
+        for (size_t i = 0; i < (size_t)B.warmup * n; i++) CK(cudaGraphLaunch(ex[i % n], B.s));
+        CK(cudaStreamSynchronize(B.s));
+        v.clear();
+        for (int r = 0; r < B.b2b_reps; r++) {
+            CK(cudaEventRecord(B.ev0, B.s));
+            for (int k = 0; k < K; k++) CK(cudaGraphLaunch(ex[(size_t)k % n], B.s));
+            CK(cudaEventRecord(B.ev1, B.s));
+            v.push_back(1000.0 * B.elapsed_ms() / K);
+        }
+        t.graph = bench_median(v);
+    }
+    for (cudaGraphExec_t e : ex) cudaGraphExecDestroy(e);
+    CK(cudaStreamSynchronize(B.s));
+    return t;
+}
+
+/* ---- same-mix ceilings -------------------------------------------------- */
+
+/* One ceiling stream: `elems` input elements of in_bytes (2 or 4) bytes at
+ * `in`, `planes` output planes of elems bytes, `scale_bytes` per plane. */
+struct bench_mix_job {
+    const void *in;
+    int64_t elems;
+    int in_bytes, planes;
+    uint8_t *o0, *o1;
+    uint8_t *s0, *s1;
+    int64_t scale_bytes;
+};
+
+static mxs_status bench_mix_launch(const bench_mix_job &j, int grid, cudaStream_t s) {
+    const int64_t nvec = j.elems * j.in_bytes / 16, nsvec = (j.scale_bytes + 15) / 16;
+    const uint4 *in = (const uint4 *)j.in;
+    uint4 *s0 = (uint4 *)j.s0, *s1 = (uint4 *)j.s1;
+    if (j.in_bytes == 2 && j.planes == 1)
+        bench_mix<2, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    else if (j.in_bytes == 2)
+        bench_mix<2, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    else if (j.planes == 1)
+        bench_mix<4, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    else
+        bench_mix<4, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    return bench_launch_status();
+}
+
+/* Times the jobs (used in rotation, like a case's calls) with two grid
+ * shapes - persistent (8 CTAs of 256 per SM) and one pass of U vectors per
+ * thread - and keeps the faster of the two in each mode. */
+static bench_times bench_ceiling(bench_ctx &B, const std::vector<bench_mix_job> &jobs, const char *what) {
+    bench_times best;
+    for (int variant = 0; variant < 2; variant++) {
+        std::vector<bench_call> calls;
+        for (const bench_mix_job &j : jobs) {
+            int64_t nvec = j.elems * j.in_bytes / 16;
+            int64_t one_pass = std::max<int64_t>(1, (nvec + 256 * 4 - 1) / (256 * 4));
+            int grid = variant == 0 ? B.sms * 8 : (int)std::min<int64_t>(one_pass, 1 << 30);
+            calls.push_back([j, grid](cudaStream_t s) { return bench_mix_launch(j, grid, s); });
+        }
+        bench_times t = bench_measure(B, calls, what, false);
+        if (best.single < 0 || t.single < best.single) best.single = t.single;
+        if (best.b2b < 0 || t.b2b < best.b2b) best.b2b = t.b2b;
+    }
+    return best;
+}
+
+#endif /* MXS_BENCH_UTIL_H */

@@ -1,0 +1,131 @@
+/* cuda/mxs_scales.cuh - byte ranges in 16-byte vectors: the zero-fill of
+ * the packed buffer (writeback partial) and the one scale scatterer (every
+ * byte of a scale plane in any layout from a plane in any layout, padding
+ * 0x00: the rule of mxs_host_convert_scales), used by the writeback apply
+ * and by mxs_cuda_convert_scales.
+ *
+ * A byte range [p, p + len) is cut into units of kVecChunk bytes on the
+ * 16-byte grid of the ADDRESS (not of the offset), so every whole vector is
+ * an aligned store:
+ *
+ *   address     |. . . p=====|================|================|====p+len . .|
+ *   16 B grid   ^            ^                ^                ^            ^
+ *               partial head (byte by byte)    whole vectors    partial tail
+ *
+ * One CTA (kThreads threads) works one unit: kVecPerThread vectors per
+ * thread. Every byte of the range is written exactly once.
+ */
+#ifndef MXSHARD_CUDA_SCALES_CUH
+#define MXSHARD_CUDA_SCALES_CUH
+
+#include "mxs_tile.cuh"
+
+namespace mxs__cu {
+
+constexpr int kVecPerThread = 4;
+constexpr int64_t kVecChunk = (int64_t)kThreads * 16 * kVecPerThread; /* bytes per unit */
+
+/* Units of the range [p, p + len). */
+__host__ __device__ inline int64_t vec_units(const void *p, int64_t len) {
+    if (len <= 0) return 0;
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(p) & 15u);
+    return (mis + len + kVecChunk - 1) / kVecChunk;
+}
+
+/* ---- writeback zero-fill / scale scatter in 16-byte vectors ----
+ * Unit `unit` of a range [p, p + len): thread vectors at address offsets
+ * v = unit * kVecChunk + (s * kThreads + tid) * 16 from p - (p % 16), i.e.
+ * range offsets off = v - p % 16. A vector wholly inside the range is one
+ * 16-byte store; the (at most two) partial vectors at the ends are stored
+ * byte by byte. Every byte of the range is written exactly once. */
+__device__ __forceinline__ void zero_vec_unit(uint8_t *p, int64_t len, int64_t unit) {
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(p) & 15u);
+#pragma unroll
+    for (int s = 0; s < kVecPerThread; s++) {
+        const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+        if (off >= 0 && off + 16 <= len) {
+            *reinterpret_cast<uint4 *>(p + off) = make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            for (int j = 0; j < 16; j++)
+                if (off + j >= 0 && off + j < len) p[off + j] = 0;
+        }
+    }
+}
+
+/* 16 bytes from any address: one vector load when 16-aligned, else aligned
+ * 32-bit words (each holds a byte of [p, p + 16), so stays inside the
+ * allocation) joined by funnel shifts. */
+__device__ __forceinline__ uint4 ld16_any(const uint8_t *p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if ((a & 15u) == 0) return __ldg(reinterpret_cast<const uint4 *>(p));
+    const uint32_t *w = reinterpret_cast<const uint32_t *>(a & ~(uintptr_t)3);
+    const unsigned sh = (unsigned)(a & 3u) * 8u;
+    const uint32_t w0 = __ldg(w), w1 = __ldg(w + 1), w2 = __ldg(w + 2), w3 = __ldg(w + 3);
+    const uint32_t w4 = sh ? __ldg(w + 4) : 0u;
+    return make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
+                      __funnelshift_r(w3, w4, sh));
+}
+
+/* Destination byte `off` of a scale plane in layout gd, from src in gs
+ * (padding entries 0x00): the rule of mxs_host_convert_scales. */
+__device__ __forceinline__ uint8_t scale_byte(const mxs_scale_geom &gd, const uint8_t *src, const mxs_scale_geom &gs,
+                                              int64_t off) {
+    int64_t m, k;
+    mxs_scale_geom_coords(&gd, off, &m, &k);
+    return mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : (uint8_t)0;
+}
+
+/* Unit `unit` of the scatter of a whole scale plane (bytes = its size in
+ * layout gd) into dst. COMPACT -> COMPACT is a copy; PADDED / SWIZZLED
+ * destinations assemble each 16-byte vector from 4 groups of 4 aligned bytes,
+ * each group being (m, k..k+3) - or (m..m+3, k) for the padded column plane
+ * (the plane is a multiple of 4 bytes; when dst is not 4-aligned, byte by
+ * byte). */
+__device__ __forceinline__ void scatter_vec_unit(uint8_t *dst, const mxs_scale_geom &gd, const uint8_t *src,
+                                                 const mxs_scale_geom &gs, int64_t bytes, int64_t unit) {
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(dst) & 15u);
+    const bool copy = gd.layout == MXS_SCALES_COMPACT && gs.layout == MXS_SCALES_COMPACT;
+    const bool grouped = gd.layout != MXS_SCALES_COMPACT && (mis & 3) == 0;
+    const bool step_m = gd.layout == MXS_SCALES_PADDED && gd.colwise;
+#pragma unroll 1
+    for (int s = 0; s < kVecPerThread; s++) {
+        const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+        if (off >= 0 && off + 16 <= bytes) {
+            uint4 v;
+            if (copy) {
+                v = ld16_any(src + off);
+            } else {
+                uint32_t w[4];
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    uint32_t word = 0;
+                    if (grouped) {
+                        int64_t m, k;
+                        mxs_scale_geom_coords(&gd, off + 4 * q, &m, &k);
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            const int64_t mj = step_m ? m + j : m, kj = step_m ? k : k + j;
+                            const uint32_t b =
+                                mxs_scale_geom_is_logical(&gd, mj, kj) ? src[mxs_scale_geom_offset(&gs, mj, kj)] : 0u;
+                            word |= b << (8 * j);
+                        }
+                    } else {
+                        for (int j = 0; j < 4; j++)
+                            word |= (uint32_t)scale_byte(gd, src, gs, off + 4 * q + j) << (8 * j);
+                    }
+                    w[q] = word;
+                }
+                v = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+            *reinterpret_cast<uint4 *>(dst + off) = v;
+        } else {
+            for (int j = 0; j < 16; j++)
+                if (off + j >= 0 && off + j < bytes)
+                    dst[off + j] = copy ? src[off + j] : scale_byte(gd, src, gs, off + j);
+        }
+    }
+}
+
+} /* namespace mxs__cu */
+
+#endif /* MXSHARD_CUDA_SCALES_CUH */

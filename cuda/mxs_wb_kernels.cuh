@@ -1,0 +1,205 @@
+/* cuda/mxs_wb_kernels.cuh - the writeback work list and its kernels
+ * (partial / apply), shared by mxs_writeback.cu (which builds the list and
+ * launches them).
+ *
+ * A prepared bucket is a table of WbItem in the caller's device workspace,
+ * one per batch item and phase (built once by mxs_cuda_wb_prepare). Each
+ * item owns a contiguous range of work units:
+ *
+ *   units   | item 0: tiles | zero-fill/scatter | item 1: tiles | ... |
+ *           ^unit_begin(0)                      ^unit_begin(1)
+ *
+ * tiles (32 x 128, mxs_tile.cuh) first, then the partial's zero-fill of the
+ * packed buffer outside the touched groups or the apply's scatter of the
+ * reduced exponents into the primary's scale planes (units of kVecChunk
+ * bytes, mxs_scales.cuh). A CTA finds the item of its unit with one binary
+ * search over unit_begin (find_item). Interior tiles of a fused partial -
+ * whole 32 x 128 tiles wholly inside the shard on the vector path (in a
+ * last group of fewer than 32 rows: its rows x 128) - have their own unit
+ * range (int_begin) and go to the lean interior kernel.
+ *
+ * MIS (a template parameter of every kernel): some item's vector loads are
+ * only element-aligned (ld_vec8); a bucket without such items runs the
+ * MIS = false kernels, whose loads are the plain aligned ones.
+ *
+ * Launches per phase (mxs_writeback.cu):
+ *   partial  1, or 2 when the batch has both interior tiles (fused mode)
+ *            and tiles for the general kernel (a shard edge that is not a
+ *            32-row-group boundary, cols % 128 != 0, no vector path):
+ *            interior kernel + general kernel. Without general-kernel
+ *            tiles the zero-fill rides in the interior launch; without
+ *            interior tiles the general kernel does everything.
+ *   apply    1 general kernel (straddling blocks + scale scatter).
+ */
+#ifndef MXSHARD_CUDA_WB_KERNELS_CUH
+#define MXSHARD_CUDA_WB_KERNELS_CUH
+
+#include "mxs_scales.cuh"
+#include "mxs_tile.cuh"
+
+namespace mxs__cu {
+
+/* Which tiles of an item a launch visits. */
+enum { TILES_GROUPS = 0, TILES_EDGE_GROUPS = 1, TILES_EDGE_TILES = 2 };
+
+/* One item of a phase's work list (device copy in the workspace). */
+struct WbItem {
+    mxs__job job;
+    int64_t unit_begin; /* first work unit of this item in the launch */
+    int64_t tile_units, extra_units;
+    int64_t T; /* tile columns: ceil(cols/128) */
+    int tile_mode;
+    int64_t g_first, g_last; /* TILES_GROUPS: the groups the shard touches */
+    /* Partial: groups [ga, gb) lie wholly inside the shard; their first
+     * T_int tile columns are whole 32 x 128 tiles (in a last group of fewer
+     * than 32 rows: its rows x 128) on the vector path and go to the
+     * interior kernel (int_units of them, from int_begin). The general
+     * kernel takes groups [g_first, ga), [gb, g_last] and the tile columns
+     * >= T_int of [ga, gb). Without interior tiles ga = gb = g_last + 1. */
+    int64_t ga, gb, T_int, int_units, int_begin;
+    /* TILES_EDGE_TILES: (g, t) of the (1 or 2) tiles to visit;
+     * TILES_EDGE_GROUPS: tile_a[0], tile_b[0]: the (1 or 2) groups to visit */
+    int64_t tile_a[2], tile_b[2];
+    /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
+    uint8_t *zero_ptr[4];
+    int64_t zero_len[4];
+    /* apply: scatter of the reduced exponents into the primary's planes */
+    uint8_t *dst_scale[2];
+    mxs_scale_geom dst_geom[2];
+    int64_t scatter_units[2];
+};
+static_assert(sizeof(WbItem) % 8 == 0, "WbItem tables are stored back to back, 8-byte aligned");
+
+/* The one search: the last item whose first unit (unit_begin, or int_begin
+ * for the interior units) is <= u. Probes go through the read-only path, so
+ * after the first CTAs of an SM they hit L1. */
+template <bool INTERIOR> __device__ __forceinline__ int64_t find_item(const WbItem *items, int64_t n_items, int64_t u) {
+    int64_t a = 0, b = n_items - 1;
+    while (a < b) {
+        const int64_t mid = (a + b + 1) / 2;
+        if (__ldg(INTERIOR ? &items[mid].int_begin : &items[mid].unit_begin) <= u)
+            a = mid;
+        else
+            b = mid - 1;
+    }
+    return a;
+}
+
+/* Partial zero-fill: unit `local` of the item's 4 ranges' units, in order. */
+__device__ __forceinline__ void zero_unit(const WbItem &it, int64_t local) {
+    for (int q = 0; q < 4; q++) {
+        const int64_t nu = vec_units(it.zero_ptr[q], it.zero_len[q]);
+        if (local < nu) {
+            zero_vec_unit(it.zero_ptr[q], it.zero_len[q], local);
+            return;
+        }
+        local -= nu;
+    }
+}
+
+/* Unit `local` of item `it` (general kernel). */
+template <int MODE, unsigned PLANES, bool MIS>
+__device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSmem &sm) {
+    const mxs__job &job = it.job;
+    if (local < it.tile_units) {
+        int64_t g, t;
+        if (it.tile_mode == TILES_EDGE_TILES) {
+            g = local == 0 ? it.tile_a[0] : it.tile_b[0];
+            t = local == 0 ? it.tile_a[1] : it.tile_b[1];
+        } else {
+            if (it.tile_mode == TILES_EDGE_GROUPS) {
+                int64_t gi = local / it.T;
+                t = local % it.T;
+                g = gi == 0 ? it.tile_a[0] : it.tile_b[0];
+            } else {
+                const int64_t A = (it.ga - it.g_first) * it.T, B = (it.g_last + 1 - it.gb) * it.T;
+                if (local < A) {
+                    g = it.g_first + local / it.T;
+                    t = local % it.T;
+                } else if (local < A + B) {
+                    g = it.gb + (local - A) / it.T;
+                    t = (local - A) % it.T;
+                } else {
+                    const int64_t strip = it.T - it.T_int;
+                    g = it.ga + (local - A - B) / strip;
+                    t = it.T_int + (local - A - B) % strip;
+                }
+            }
+        }
+        run_tile<MODE, PLANES, MIS>(job, g, t, sm);
+        return;
+    }
+    local -= it.tile_units;
+    if (MODE == MXS__JOB_PARTIAL) {
+        zero_unit(it, local);
+    } else {
+        int p = local < it.scatter_units[0] ? 0 : 1;
+        if (p == 1) local -= it.scatter_units[0];
+        scatter_vec_unit(it.dst_scale[p], it.dst_geom[p], job.scale[p], job.geom[p],
+                         mxs_scale_geom_bytes(&it.dst_geom[p]), local);
+    }
+}
+
+/* Interior tile `local` of item `it`. */
+template <unsigned PLANES, bool MIS>
+__device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local, TileSmem &sm) {
+    const int64_t g = it.ga + local / it.T_int, t = local % it.T_int;
+    switch (it.job.src_dtype) {
+    case MXS_F32: interior_tile<MXS_F32, PLANES, true, MIS>(it.job, g, t, sm); break;
+    case MXS_BF16: interior_tile<MXS_BF16, PLANES, true, MIS>(it.job, g, t, sm); break;
+    default: interior_tile<MXS_F16, PLANES, true, MIS>(it.job, g, t, sm); break;
+    }
+}
+
+/* The general kernel of a phase: units [0, units) of the work list. The
+ * partial also writes 0 to the group status byte (status != NULL). */
+template <int MODE, unsigned PLANES, bool MIS>
+__global__ void __launch_bounds__(kThreads, 4)
+    wb_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units, uint8_t *status) {
+    __shared__ TileSmem sm;
+    if (status && blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        const int64_t a = find_item<false>(items, n_items, u);
+        wb_unit<MODE, PLANES, MIS>(items[a], u - items[a].unit_begin, sm);
+    }
+}
+
+/* The interior tiles of a fused partial (see WbItem::ga): units
+ * [0, units). When no item has general-kernel tiles (tile_units == 0, so
+ * unit_begin counts zero-fill units only), the partial's zero-fill runs here
+ * too, as units [units, units + zero_units): one launch instead of two. */
+template <unsigned PLANES, bool MIS>
+__global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items,
+                                                               int64_t units, int64_t zero_units, uint8_t *status) {
+    __shared__ TileSmem sm;
+    if (status && blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
+    for (int64_t u = blockIdx.x; u < units + zero_units; u += gridDim.x) {
+        if (u >= units) {
+            const int64_t z = u - units, a = find_item<false>(items, n_items, z);
+            zero_unit(items[a], z - items[a].unit_begin);
+            continue;
+        }
+        const int64_t a = find_item<true>(items, n_items, u);
+        wb_interior_unit<PLANES, MIS>(items[a], u - items[a].int_begin, sm);
+    }
+}
+
+/* Kernel parameters may take 32764 bytes (CUDA 12.1+, Volta+): the work
+ * list travels to the workspace in parameter blocks of kStoreItems items
+ * (no pageable host copy, no host buffer that must outlive the call). */
+constexpr int kStoreItems = (int)(30000 / sizeof(WbItem));
+static_assert(kStoreItems >= 1, "one item per parameter block at least");
+struct WbStore {
+    WbItem items[kStoreItems];
+};
+static_assert(sizeof(WbItem) % 4 == 0, "WbItem is copied as 32-bit words");
+__global__ void __launch_bounds__(kThreads) table_store(const __grid_constant__ WbStore P, WbItem *dst, int64_t n) {
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(P.items);
+    uint32_t *out = reinterpret_cast<uint32_t *>(dst);
+    const int64_t words = n * (int64_t)(sizeof(WbItem) / 4);
+    for (int64_t k = threadIdx.x; k < words; k += kThreads) out[k] = src[k];
+}
+
+} /* namespace mxs__cu */
+
+#endif /* MXSHARD_CUDA_WB_KERNELS_CUH */

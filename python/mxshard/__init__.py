@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: MIT
+"""mxshard from Python: MXFP8 primary weights under sharded optimizers.
+
+ctypes bindings over the C ABI: the host library (libmxshard_host: numpy
+arrays and CPU tensors) and the CUDA library (libmxshard_cuda: CUDA tensors,
+on torch's current stream). The libraries load on first use; see
+docs/python.md for where they are looked for.
+
+    w = mxshard.MXFP8Weight.empty(4096, 4096, planes="row", device="cuda")
+    mxshard.quantize(w, bf16_weight)              # copy-back into its planes
+    x = w.dequantize(dtype="bf16")
+    wb = mxshard.BucketWriteback(items, round_through="bf16")
+    wb.run(group)                                 # one all-reduce per bucket
+"""
+from ._lib import (LibraryNotFoundError, MxsError, RemoteError, InvalidArgumentError, ShapeError,
+                   SizeOverflowError, AbsentPlaneError, RangeError, BufferSizeError, CudaError, NcclError,
+                   PlanMismatchError, UnsupportedError, AliasingError, ReduceError, error_class)
+from ._arrays import scale_shape
+from .weight import MXFP8Weight
+from .ops import quantize, dequantize, convert_scales, scale_bytes
+from .writeback import BucketWriteback, WritebackItem
+from .buffers import BucketBuffers
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "MXFP8Weight", "BucketWriteback", "WritebackItem", "BucketBuffers",
+    "quantize", "dequantize", "convert_scales", "scale_bytes", "scale_shape",
+    "library_info", "host_version", "cuda_version",
+    "MxsError", "RemoteError", "LibraryNotFoundError", "InvalidArgumentError", "ShapeError",
+    "SizeOverflowError", "AbsentPlaneError", "RangeError", "BufferSizeError", "CudaError", "NcclError",
+    "PlanMismatchError", "UnsupportedError", "AliasingError", "ReduceError", "error_class",
+]
+
+
+def host_version():
+    """MXS_VERSION_CODE the host library was built with (MAJOR*10000+MINOR*100+PATCH)."""
+    from ._lib import host_lib
+    return host_lib().version
+
+
+def cuda_version():
+    """MXS_VERSION_CODE of the CUDA library (None when it has no version symbol)."""
+    from ._lib import cuda_lib
+    return cuda_lib().version
+
+
+def library_info(cuda=False):
+    """Paths and versions of the loaded libraries (loads them)."""
+    from ._lib import host_lib, cuda_lib
+    h = host_lib()
+    info = {"host": h.path, "host_version": h.version}
+    if cuda:
+        c = cuda_lib()
+        info.update(cuda=c.path, cuda_version=c.version)
+    return info

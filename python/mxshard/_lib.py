@@ -1,0 +1,412 @@
+# SPDX-License-Identifier: MIT
+"""Loading the C libraries with ctypes, the C structs they take, and errors.
+
+Lookup order for each library (the first hit wins, see docs/python.md):
+
+  1. an environment variable naming the file: MXSHARD_HOST_LIB / MXSHARD_CUDA_LIB;
+  2. MXSHARD_LIBDIR (a directory, or several separated by os.pathsep);
+  3. the package's own directory (mxshard/ and mxshard/lib/: a wheel or a
+     copy that bundles the libraries);
+  4. the install prefix: sys.prefix/lib, sys.prefix/lib64 (a venv or conda
+     prefix that `meson install --prefix` wrote into);
+  5. `pkg-config --variable=libdir mxshard` (host library) or
+     `mxshard-cuda` (CUDA library);
+  6. the system loader's own search (LD_LIBRARY_PATH, ld.so.cache).
+
+A library that is not found raises LibraryNotFoundError (an ImportError)
+naming every place searched.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import subprocess
+import sys
+import threading
+
+__all__ = [
+    "MxsError", "RemoteError", "LibraryNotFoundError", "host_lib", "cuda_lib",
+    "Tensor", "WbItem", "WbBatch", "WbPlan", "WbSlot", "status_error", "check",
+]
+
+# ---- enums (include/mxshard/*.h) ------------------------------------------
+
+ROWWISE, COLWISE, BOTH = 1, 2, 3
+COMPACT, PADDED, SWIZZLED = 0, 1, 2
+F32, BF16, F16 = 0, 1, 2
+ROUND_CEIL, ROUND_FLOOR = 0, 1
+WB_FUSED, WB_STRICT = 0, 1
+BLOCK = 32
+
+
+# ---- structs ----------------------------------------------------------------
+
+class Tensor(ctypes.Structure):
+    """struct mxs_tensor (tensor.h)."""
+    _fields_ = [
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("dirs", ctypes.c_uint),
+        ("scale_layout", ctypes.c_int),
+        ("row_data", ctypes.c_void_p),
+        ("row_scale", ctypes.c_void_p),
+        ("col_data", ctypes.c_void_p),
+        ("col_scale", ctypes.c_void_p),
+    ]
+
+
+class WbItem(ctypes.Structure):
+    """struct mxs_wb_item (writeback.h)."""
+    _fields_ = [
+        ("primary", Tensor),
+        ("master", ctypes.c_void_p),
+        ("master_dtype", ctypes.c_int),
+        ("start", ctypes.c_int64),
+        ("len", ctypes.c_int64),
+        ("row_fragment", ctypes.c_void_p),
+        ("col_fragment", ctypes.c_void_p),
+    ]
+
+
+class WbBatch(ctypes.Structure):
+    """struct mxs_wb_batch (writeback.h)."""
+    _fields_ = [
+        ("items", ctypes.POINTER(WbItem)),
+        ("n_items", ctypes.c_int64),
+        ("rounding", ctypes.c_int),
+        ("round_through", ctypes.c_int),
+        ("mode", ctypes.c_int),
+    ]
+
+
+class WbPlan(ctypes.Structure):
+    """struct mxs_wb_plan (writeback.h): packed_bytes includes the trailing
+    group status byte at status_offset (= packed_bytes - 1)."""
+    _fields_ = [
+        ("n_items", ctypes.c_int64),
+        ("packed_bytes", ctypes.c_int64),
+        ("row_region_bytes", ctypes.c_int64),
+        ("fingerprint", ctypes.c_uint64),
+        ("status_offset", ctypes.c_int64),
+        ("local_hash", ctypes.c_uint64),
+    ]
+
+
+class WbSlot(ctypes.Structure):
+    """struct mxs_wb_slot (writeback.h)."""
+    _fields_ = [("row_offset", ctypes.c_int64), ("col_offset", ctypes.c_int64)]
+
+
+# which -> (ctypes value computed here) for mxs_host_struct_size(which)
+def _layout_facts():
+    return {
+        0: ctypes.sizeof(Tensor),
+        1: ctypes.sizeof(WbItem),
+        2: ctypes.sizeof(WbBatch),
+        3: ctypes.sizeof(WbPlan),
+        4: ctypes.sizeof(WbSlot),
+        5: ctypes.sizeof(ctypes.c_int),
+        10: WbItem.master.offset,
+        11: WbItem.start.offset,
+        12: WbItem.row_fragment.offset,
+        13: WbBatch.rounding.offset,
+        14: WbPlan.fingerprint.offset,
+        15: Tensor.row_data.offset,
+        16: WbPlan.status_offset.offset,
+        17: WbPlan.local_hash.offset,
+    }
+
+
+# ---- errors -----------------------------------------------------------------
+
+class LibraryNotFoundError(ImportError):
+    """A mxshard shared library could not be found or loaded."""
+
+
+class MxsError(RuntimeError):
+    """A C call returned a status other than MXS_OK.
+
+    ``status`` is the numeric mxs_status, ``name`` its enum name
+    (e.g. ``"MXS_ERR_RANGE"``), ``text`` the library's mxs_status_str().
+    """
+
+    def __init__(self, status, name, text, where=""):
+        self.status = int(status)
+        self.name = name
+        self.text = text
+        self.where = where
+        super().__init__(f"{where}: {text}" if where else text)
+
+
+class RemoteError(MxsError):
+    """Another rank of the group failed (its status byte was set); this rank
+    skipped apply. Its primaries hold the previous step's scales (and, in
+    FUSED mode, this step's bytes of the blocks wholly inside its shards)."""
+
+
+class InvalidArgumentError(MxsError):
+    """MXS_ERR_INVALID_ARGUMENT."""
+
+
+class ShapeError(MxsError):
+    """MXS_ERR_SHAPE."""
+
+
+class SizeOverflowError(MxsError):
+    """MXS_ERR_OVERFLOW: a size or index overflows int64."""
+
+
+class AbsentPlaneError(MxsError):
+    """MXS_ERR_ABSENT_PLANE."""
+
+
+class RangeError(MxsError):
+    """MXS_ERR_RANGE."""
+
+
+class BufferSizeError(MxsError):
+    """MXS_ERR_BUFFER_SIZE."""
+
+
+class CudaError(MxsError):
+    """MXS_ERR_CUDA."""
+
+
+class NcclError(MxsError):
+    """MXS_ERR_NCCL."""
+
+
+class PlanMismatchError(MxsError):
+    """MXS_ERR_PLAN_MISMATCH."""
+
+
+class UnsupportedError(MxsError):
+    """MXS_ERR_UNSUPPORTED."""
+
+
+class AliasingError(MxsError):
+    """MXS_ERR_ALIASING."""
+
+
+class ReduceError(MxsError):
+    """MXS_ERR_REDUCE."""
+
+
+ERROR_CLASSES = {
+    "MXS_ERR_INVALID_ARGUMENT": InvalidArgumentError,
+    "MXS_ERR_SHAPE": ShapeError,
+    "MXS_ERR_OVERFLOW": SizeOverflowError,
+    "MXS_ERR_ABSENT_PLANE": AbsentPlaneError,
+    "MXS_ERR_RANGE": RangeError,
+    "MXS_ERR_BUFFER_SIZE": BufferSizeError,
+    "MXS_ERR_CUDA": CudaError,
+    "MXS_ERR_NCCL": NcclError,
+    "MXS_ERR_PLAN_MISMATCH": PlanMismatchError,
+    "MXS_ERR_UNSUPPORTED": UnsupportedError,
+    "MXS_ERR_ALIASING": AliasingError,
+    "MXS_ERR_REDUCE": ReduceError,
+    "MXS_ERR_REMOTE": RemoteError,
+}
+
+
+def _error_class(name):
+    return ERROR_CLASSES.get(name, MxsError)
+
+
+# ---- library lookup -------------------------------------------------------
+
+_HOST_NAMES = ("libmxshard_host.so", "libmxshard_host.so.*", "libmxshard_host.dylib")
+_CUDA_NAMES = ("libmxshard_cuda.so", "libmxshard_cuda.so.*", "libmxshard_cuda.dylib")
+
+
+def _pkgconfig_libdir(pkg):
+    try:
+        r = subprocess.run(["pkg-config", "--variable=libdir", pkg], capture_output=True, text=True,
+                           timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    d = r.stdout.strip()
+    return d if r.returncode == 0 and d else None
+
+
+def _candidates(env_file, names, pkgs):
+    """Yields (description, path-or-None-for-soname) in lookup order."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    f = os.environ.get(env_file)
+    if f:
+        yield f"${env_file}={f}", f
+    dirs = []
+    for d in filter(None, os.environ.get("MXSHARD_LIBDIR", "").split(os.pathsep)):
+        dirs.append((f"$MXSHARD_LIBDIR ({d})", d))
+    dirs.append(("package directory", here))
+    dirs.append(("package lib/ directory", os.path.join(here, "lib")))
+    for sub in ("lib", "lib64"):
+        dirs.append((f"install prefix ({sys.prefix}/{sub})", os.path.join(sys.prefix, sub)))
+    for pkg in pkgs:
+        d = _pkgconfig_libdir(pkg)
+        dirs.append((f"pkg-config {pkg} libdir ({d})", d) if d else (f"pkg-config {pkg}: not found", None))
+    for kind, d in dirs:
+        if d is None:
+            yield kind, None
+            continue
+        for n in names:
+            hits = sorted(glob.glob(os.path.join(d, n))) if "*" in n else [os.path.join(d, n)]
+            if not hits:
+                yield f"{kind}: {n}", os.path.join(d, n)
+            for h in hits:
+                yield f"{kind}: {os.path.basename(h)}", h
+    for n in names:
+        if "*" not in n:
+            yield f"system loader: {n}", n
+
+
+def _load(what, env_file, names, pkgs):
+    tried = []
+    for desc, path in _candidates(env_file, names, pkgs):
+        if path is None:
+            tried.append(desc)
+            continue
+        if os.sep in path and not os.path.exists(path):
+            tried.append(f"{desc} (absent)")
+            continue
+        try:
+            return ctypes.CDLL(path), path
+        except OSError as e:
+            tried.append(f"{desc} ({e})")
+    raise LibraryNotFoundError(
+        f"mxshard: cannot load {what}. Build it (meson setup build && meson compile -C build) and set "
+        f"MXSHARD_LIBDIR to the directory holding it (or {env_file} to the file). Searched:\n  "
+        + "\n  ".join(tried))
+
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_INT = ctypes.c_int
+
+
+def _proto(lib, name, restype, argtypes, required=True):
+    fn = getattr(lib, name, None)
+    if fn is None:
+        if required:
+            raise LibraryNotFoundError(f"mxshard: {lib._name} has no symbol {name} (an older build?)")
+        return None
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+class _Host:
+    """The host library and its prototypes."""
+
+    def __init__(self):
+        self.lib, self.path = _load("the host library libmxshard_host", "MXSHARD_HOST_LIB", _HOST_NAMES,
+                                    ("mxshard",))
+        L = self.lib
+        self.version = _proto(L, "mxs_host_version", _INT, [])()
+        self.status_str = _proto(L, "mxs_status_str", ctypes.c_char_p, [_INT])
+        self.struct_size = _proto(L, "mxs_host_struct_size", ctypes.c_size_t, [_INT])
+        self.quantize = _proto(L, "mxs_host_quantize", _INT, [ctypes.POINTER(Tensor), _P, _INT, _INT])
+        self.dequantize = _proto(L, "mxs_host_dequantize", _INT, [ctypes.POINTER(Tensor), _INT, _P, _INT])
+        self.convert_scales = _proto(L, "mxs_host_convert_scales", _INT, [_I64, _I64, _INT, _INT, _P, _INT, _P])
+        self.scale_bytes = _proto(L, "mxs_scale_bytes", _I64, [ctypes.POINTER(Tensor), _INT])
+        self.make_plan = _proto(L, "mxs_wb_make_plan", _INT,
+                                [ctypes.POINTER(WbBatch), ctypes.POINTER(WbPlan), ctypes.POINTER(WbSlot)])
+        self.wb_partial = _proto(L, "mxs_host_wb_partial", _INT, [ctypes.POINTER(WbBatch), ctypes.POINTER(WbPlan), _P])
+        self.wb_apply = _proto(L, "mxs_host_wb_apply", _INT, [ctypes.POINTER(WbBatch), ctypes.POINTER(WbPlan), _P])
+        self._self_check()
+        # status codes: read the enum names from the library's own text
+        self.status_names = {}
+        for code in range(0, 64):
+            text = self.status_str(code).decode()
+            name = text.split(":", 1)[0].strip()
+            if name.startswith("MXS_"):
+                self.status_names[code] = name
+        self.codes = {n: c for c, n in self.status_names.items()}
+
+    def _self_check(self):
+        bad = []
+        for which, mine in _layout_facts().items():
+            theirs = self.struct_size(which)
+            if theirs != mine:
+                bad.append(f"fact {which}: C {theirs}, ctypes {mine}")
+        if bad:
+            raise LibraryNotFoundError(
+                f"mxshard: {self.path} does not match this package's struct layouts ({'; '.join(bad)}): "
+                "the library and the Python package come from different versions")
+
+
+class _Cuda:
+    """The CUDA library and its prototypes (prepared-bucket API of cuda.h)."""
+
+    def __init__(self):
+        self.lib, self.path = _load("the CUDA library libmxshard_cuda", "MXSHARD_CUDA_LIB", _CUDA_NAMES,
+                                    ("mxshard-cuda",))
+        L = self.lib
+        vfn = _proto(L, "mxs_cuda_version", _INT, [], required=False)
+        self.version = vfn() if vfn else None
+        self.quantize = _proto(L, "mxs_cuda_quantize", _INT, [ctypes.POINTER(Tensor), _P, _INT, _INT, _P])
+        self.dequantize = _proto(L, "mxs_cuda_dequantize", _INT, [ctypes.POINTER(Tensor), _INT, _P, _INT, _P])
+        self.convert_scales = _proto(L, "mxs_cuda_convert_scales", _INT,
+                                     [_I64, _I64, _INT, _INT, _P, _INT, _P, _P])
+        self.bucket_size = _proto(L, "mxs_cuda_wb_bucket_size", ctypes.c_size_t, [])
+        self.prepare_bytes = _proto(L, "mxs_cuda_wb_prepare_bytes", _INT,
+                                    [ctypes.POINTER(WbBatch), ctypes.POINTER(_I64)])
+        self.prepare = _proto(L, "mxs_cuda_wb_prepare", _INT,
+                              [_P, ctypes.POINTER(WbBatch), ctypes.POINTER(WbPlan), _P, _P, _I64, _P])
+        self.bucket_partial = _proto(L, "mxs_cuda_wb_bucket_partial", _INT, [_P, _P])
+        self.bucket_apply = _proto(L, "mxs_cuda_wb_bucket_apply", _INT, [_P, _P])
+        self.bucket_release = _proto(L, "mxs_cuda_wb_bucket_release", _INT, [_P])
+
+
+_lock = threading.Lock()
+_host = None
+_cuda = None
+
+
+def host_lib():
+    """The loaded host library (loads it on first use)."""
+    global _host
+    if _host is None:
+        with _lock:
+            if _host is None:
+                _host = _Host()
+    return _host
+
+
+def cuda_lib():
+    """The loaded CUDA library (loads it on first use)."""
+    global _cuda
+    if _cuda is None:
+        with _lock:
+            if _cuda is None:
+                host_lib()  # status texts come from the host library
+                _cuda = _Cuda()
+    return _cuda
+
+
+def status_error(status, where=""):
+    """The exception for a nonzero mxs_status."""
+    h = host_lib()
+    text = h.status_str(int(status)).decode()
+    name = h.status_names.get(int(status), f"MXS_STATUS_{int(status)}")
+    return _error_class(name)(status, name, text, where)
+
+
+def check(status, where=""):
+    if status != 0:
+        raise status_error(status, where)
+
+
+def remote_error(where=""):
+    """RemoteError with the library's text for MXS_ERR_REMOTE (or a fallback)."""
+    h = host_lib()
+    code = h.codes.get("MXS_ERR_REMOTE")
+    if code is not None:
+        return RemoteError(code, "MXS_ERR_REMOTE", h.status_str(code).decode(), where)
+    return RemoteError(-1, "MXS_ERR_REMOTE", "MXS_ERR_REMOTE: another rank of the group failed; apply skipped", where)
+
+
+def error_class(name):
+    """The exception class raised for status `name` (e.g. "MXS_ERR_RANGE")."""
+    return _error_class(name)

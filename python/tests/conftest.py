@@ -1,0 +1,48 @@
+# SPDX-License-Identifier: MIT
+import os
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # the package from the source tree when not installed
+
+REPO = os.path.dirname(os.path.dirname(HERE))
+VECTORS = os.path.join(REPO, "tests", "vectors")
+
+
+def pytest_configure(config):
+    # default library location: the build directory the scripts use
+    if not any(os.environ.get(v) for v in ("MXSHARD_LIBDIR", "MXSHARD_HOST_LIB")):
+        bd = os.environ.get("MXS_BUILDDIR", os.path.join(REPO, "build"))
+        cand = os.path.join(bd if os.path.isabs(bd) else os.path.join(REPO, bd), "src", "host")
+        if os.path.isdir(cand):
+            os.environ["MXSHARD_LIBDIR"] = cand + os.pathsep + os.path.join(os.path.dirname(cand), "..", "cuda")
+
+
+@pytest.fixture
+def rng(request):
+    seed = abs(hash(request.node.nodeid)) % (2 ** 32)
+    return np.random.default_rng(seed)
+
+
+def torch_or_skip():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed")
+    return torch
+
+
+def cuda_or_skip():
+    torch = torch_or_skip()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import mxshard
+    try:
+        mxshard.library_info(cuda=True)
+    except mxshard.LibraryNotFoundError as e:
+        pytest.skip(f"libmxshard_cuda not found: {str(e).splitlines()[0]}")
+    return torch

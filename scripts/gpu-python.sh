@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The Python package on the GPU machine: builds libmxshard_host and
+# libmxshard_cuda (meson, -Dsm_archs=90 unless MXS_SM_ARCHS says otherwise),
+# runs the whole pytest suite on one GPU (GPU-vs-host byte equality, the
+# prepared bucket, 2-process gloo tests with CPU and CUDA tensors), the
+# torchrun NCCL tests when there are >= 2 GPUs (they skip otherwise), and
+# the example. Log: ${OUT:-/tmp}/gpu-python.log. Exit status nonzero on any
+# failure. Uses the machine's Python (torch, numpy, pytest); installs nothing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
+out=${OUT:-/tmp}
+mkdir -p "$out"
+log=$out/gpu-python.log
+: > "$log"
+builddir=${MXS_GPU_PY_BUILDDIR:-build-gpu-py}
+archs=${MXS_SM_ARCHS:-90}
+status=0
+
+step() { # step NAME CMD...: run, tee, remember failure
+  local name=$1; shift
+  echo "=== $name: $*" | tee -a "$log"
+  local t0=$SECONDS
+  "$@" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  echo "=== $name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$log"
+  [ "$rc" -eq 0 ] || status=1
+  return "$rc"
+}
+
+{ date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'; } 2>&1 | tee -a "$log"
+
+if [ -f "$builddir/build.ninja" ]; then
+  step configure meson setup --reconfigure "$builddir" -Dcuda=enabled -Dsm_archs="$archs" -Dtests=disabled -Dbench=false -Ddemo=false || exit 1
+else
+  step configure meson setup "$builddir" -Dcuda=enabled -Dsm_archs="$archs" -Dtests=disabled -Dbench=false -Ddemo=false || exit 1
+fi
+step build meson compile -C "$builddir" -j "$(nproc)" mxshard_host mxshard_cuda || exit 1
+export MXSHARD_LIBDIR=$root/$builddir/src/host:$root/$builddir/cuda
+export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
+
+step pytest-1gpu python3 -m pytest python/tests -q -rs -p no:cacheprovider
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+if [ "$ngpu" -ge 2 ]; then
+  step pytest-torchrun torchrun --standalone --nproc_per_node=2 -m pytest python/tests/test_torchrun.py -q -rs -p no:cacheprovider
+  step example-2gpu torchrun --standalone --nproc_per_node=2 examples/torch_writeback.py --steps 30
+else
+  echo "=== torchrun tests: skipped (1 GPU; they need 2)" | tee -a "$log"
+fi
+step example-1gpu torchrun --standalone --nproc_per_node=1 examples/torch_writeback.py --steps 30
+step example-gloo-cpu torchrun --standalone --nproc_per_node=2 examples/torch_writeback.py --device cpu --hidden 128 --layers 8 --steps 5
+
+echo "=== gpu-python: $([ $status -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$log"
+exit $status

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: MIT */
+/* libmxshard_host: the header-only host API compiled into a shared library,
+ * for FFI users (the Python package loads it with ctypes).
+ *
+ * MXS_API is defined as an exported, non-inline definition before any
+ * mxshard header is included, so every public host function (mxs_host_*,
+ * mxs_wb_*, mxs_tensor_*, mxs_scale_bytes, mxs_status_str, ...) becomes a real
+ * symbol of this library. The library is built with -fvisibility=hidden:
+ * only those MXS_API functions and the few below are exported. */
+#define MXS_API __attribute__((visibility("default")))
+#include <mxshard/mxshard.h>
+
+#define MXS__HOST_EXPORT __attribute__((visibility("default")))
+
+/* Runtime version of the headers this library was built from:
+ * MAJOR*10000 + MINOR*100 + PATCH (compare with the header's MXS_VERSION_*). */
+MXS__HOST_EXPORT int mxs_host_version(void);
+MXS__HOST_EXPORT int mxs_host_version(void) {
+    return MXS_VERSION_MAJOR * 10000 + MXS_VERSION_MINOR * 100 + MXS_VERSION_PATCH;
+}
+
+/* sizeof / offsetof facts of the structs an FFI mirrors, so a binding can
+ * check its own layout at load time. `which`:
+ *   0 mxs_tensor   1 mxs_wb_item   2 mxs_wb_batch   3 mxs_wb_plan
+ *   4 mxs_wb_slot  5 sizeof(enum)  (mxs_status, mxs_dtype, ...)
+ *  10 offsetof(mxs_wb_item, master)         11 offsetof(mxs_wb_item, start)
+ *  12 offsetof(mxs_wb_item, row_fragment)   13 offsetof(mxs_wb_batch, rounding)
+ *  14 offsetof(mxs_wb_plan, fingerprint)    15 offsetof(mxs_tensor, row_data)
+ *  16 offsetof(mxs_wb_plan, status_offset)  17 offsetof(mxs_wb_plan, local_hash)
+ * Returns 0 for any other value. */
+MXS__HOST_EXPORT size_t mxs_host_struct_size(int which);
+MXS__HOST_EXPORT size_t mxs_host_struct_size(int which) {
+    switch (which) {
+    case 0: return sizeof(mxs_tensor);
+    case 1: return sizeof(mxs_wb_item);
+    case 2: return sizeof(mxs_wb_batch);
+    case 3: return sizeof(mxs_wb_plan);
+    case 4: return sizeof(mxs_wb_slot);
+    case 5: return sizeof(mxs_status);
+    case 10: return offsetof(mxs_wb_item, master);
+    case 11: return offsetof(mxs_wb_item, start);
+    case 12: return offsetof(mxs_wb_item, row_fragment);
+    case 13: return offsetof(mxs_wb_batch, rounding);
+    case 14: return offsetof(mxs_wb_plan, fingerprint);
+    case 15: return offsetof(mxs_tensor, row_data);
+    case 16: return offsetof(mxs_wb_plan, status_offset);
+    case 17: return offsetof(mxs_wb_plan, local_hash);
+    default: return 0;
+    }
+}
