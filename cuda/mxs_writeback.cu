@@ -31,30 +31,42 @@ enum { WANT_PARTIAL = 1u << PHASE_PARTIAL, WANT_APPLY = 1u << PHASE_APPLY, WANT_
 
 /* ---- the work-list record of one item ------------------------------------ */
 
+/* Vector loads that are only element-aligned (see wb_item_make) are
+ * allowed; false sends such items to scalar loads, as before. */
+constexpr bool kMisalignedLoads = true;
+
 /* Item `in` as the work-list record of phase `mode` (MXS__JOB_PARTIAL or
  * MXS__JOB_APPLY). ro / co: its offsets in the packed buffer
- * (mxs__packed_slot; -1: plane absent). The item is validated. */
+ * (mxs__packed_slot; -1: plane absent). *mis: its vector loads are only
+ * element-aligned. The item is validated. */
 void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_t *packed, int64_t ro, int64_t co,
-                  WbItem *w) {
+                  WbItem *w, bool *mis) {
     const mxs_tensor *t = &in->primary;
     memset(w, 0, sizeof *w);
     mxs__job &J = w->job;
     mxs__wb_job(b, in, mode, ro >= 0 ? packed + ro : nullptr, co >= 0 ? packed + co : nullptr, &J);
 
     /* The vector path: a thread loads the 8 elements at flat index f (f a
-     * multiple of 8 when cols is) as 16-byte vectors from master + (f -
-     * start) * eb, and stores 8-byte vectors at out[p] + (f - out_base[p]).
-     * Those addresses are aligned for every such f exactly when master -
-     * start * eb is 16-byte aligned and out[p] - out_base[p] is 8-byte
-     * aligned (so a shard that starts anywhere takes it when its master is
-     * laid out like the whole weight, e.g. a view into an aligned buffer). */
-    const uintptr_t src_origin =
-        reinterpret_cast<uintptr_t>(in->master) - (uintptr_t)in->start * (uintptr_t)mxs_dtype_bytes(in->master_dtype);
-    bool vec = t->cols % 8 == 0 && (in->len == 0 || src_origin % 16 == 0);
+     * multiple of 8 when cols is) as 16 bytes (f32: 32) from master + (f -
+     * start) * eb, and stores 8 bytes at out[p] + (f - out_base[p]). The
+     * stores need out[p] - out_base[p] 8-byte aligned. The loads are
+     * aligned for every such f exactly when master - start * eb is 16-byte
+     * aligned (a shard starting anywhere whose master is laid out like the
+     * whole weight); otherwise, with kMisalignedLoads, they are read as
+     * element-aligned 16-byte loads (ld16_elems): the item sets *mis and the
+     * bucket runs the MIS kernels. Shards starting off the 8-element grid
+     * then keep the interior tiles and vector loads instead of falling back
+     * to scalar loads for the whole item. */
+    const int64_t eb = mxs_dtype_bytes(in->master_dtype);
+    const uintptr_t src_origin = reinterpret_cast<uintptr_t>(in->master) - (uintptr_t)in->start * (uintptr_t)eb;
+    const bool ld_aligned = in->len == 0 || src_origin % 16 == 0;
+    const bool ld_elem_aligned = in->len == 0 || src_origin % (uintptr_t)(eb == 4 ? 4 : 2) == 0;
+    bool vec = t->cols % 8 == 0 && (ld_aligned || (kMisalignedLoads && ld_elem_aligned));
     for (int p = 0; p < 2; p++)
         if (t->dirs & (unsigned)(p + 1))
             vec = vec && (reinterpret_cast<uintptr_t>(J.out[p]) - (uintptr_t)J.out_base[p]) % 8 == 0;
     J.vec = vec;
+    *mis = vec && !ld_aligned;
 
     const bool fused = b->mode == MXS_WB_FUSED;
     const mxs_range gr = mxs_shard_groups(t->cols, in->start, in->len);
@@ -197,13 +209,14 @@ uint64_t bucket_hash(const mxs_cuda_wb_bucket *bk) {
     }
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->device);
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->row_only);
+    h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->misaligned);
     return h;
 }
 
 /* Builds the work list of phase `mode` and stores it at `dev` (kStoreItems
  * records per table_store launch); returns the unit counts. */
 mxs_status table_build(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, int mode, WbItem *dev,
-                       cudaStream_t stream, int64_t *units, int64_t *int_units, int64_t *tile_units) {
+                       cudaStream_t stream, int64_t *units, int64_t *int_units, int64_t *tile_units, int *misaligned) {
     WbStore chunk; /* ~30 KB on the host stack, copied into the launch's parameters */
     int64_t ro = 0, co = plan->row_region_bytes;
     *units = *int_units = *tile_units = 0;
@@ -214,7 +227,9 @@ mxs_status table_build(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *
             int64_t row_off, col_off;
             mxs__packed_slot(&it->primary, &ro, &co, &row_off, &col_off);
             WbItem &w = chunk.items[j];
-            wb_item_make(b, it, mode, packed, row_off, col_off, &w);
+            bool mis = false;
+            wb_item_make(b, it, mode, packed, row_off, col_off, &w, &mis);
+            if (mis) *misaligned = 1;
             w.unit_begin = *units;
             w.int_begin = *int_units;
             *units += w.tile_units + w.extra_units;
@@ -262,7 +277,7 @@ mxs_status prepare(mxs_cuda_wb_bucket *bucket, const mxs_wb_batch *b, const mxs_
         if (!(want & (1u << p)) || b->n_items == 0) continue;
         WbItem *dev = static_cast<WbItem *>(workspace) + (int64_t)p * b->n_items;
         s = table_build(b, plan, packed, p == PHASE_PARTIAL ? MXS__JOB_PARTIAL : MXS__JOB_APPLY, dev, stream,
-                        &bk.units[p], &bk.int_units[p], &bk.tile_units[p]);
+                        &bk.units[p], &bk.int_units[p], &bk.tile_units[p], &bk.misaligned);
         if (s != MXS_OK) return s;
         bk.table[p] = dev;
     }
@@ -288,20 +303,35 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
 
 /* One phase's launches (see mxs_wb_kernels.cuh). status: the group status
  * byte the partial zeroes (NULL for apply). */
-template <int MODE, unsigned PLANES>
+template <int MODE, unsigned PLANES, bool MIS>
 void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units,
                uint8_t *status, cudaStream_t stream) {
     if (int_units > 0) {
         /* no general-kernel tiles (partial of group-aligned shards): the
          * zero-fill units ride along in the interior launch */
         const int64_t zu = MODE == MXS__JOB_PARTIAL && tile_units == 0 ? units : 0;
-        wb_interior_kernel<PLANES>
+        wb_interior_kernel<PLANES, MIS>
             <<<grid_for(int_units + zu), kThreads, 0, stream>>>(dev, n_items, int_units, zu, status);
         units -= zu;
         status = nullptr;
     }
     if (units == 0) return;
-    wb_kernel<MODE, PLANES><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, status);
+    wb_kernel<MODE, PLANES, MIS><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, status);
+}
+
+/* The kernels of the bucket's kind: row-only or not, misaligned loads or not. */
+template <int MODE>
+void phase_launch(const mxs_cuda_wb_bucket *bk, const WbItem *dev, int64_t int_units, int64_t units, int64_t tile_units,
+                  uint8_t *status, cudaStream_t stream) {
+    const int64_t n = bk->n_items;
+    if (bk->row_only && bk->misaligned)
+        wb_launch<MODE, MXS_ROWWISE, true>(dev, n, int_units, units, tile_units, status, stream);
+    else if (bk->row_only)
+        wb_launch<MODE, MXS_ROWWISE, false>(dev, n, int_units, units, tile_units, status, stream);
+    else if (bk->misaligned)
+        wb_launch<MODE, 0, true>(dev, n, int_units, units, tile_units, status, stream);
+    else
+        wb_launch<MODE, 0, false>(dev, n, int_units, units, tile_units, status, stream);
 }
 
 mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stream) {
@@ -318,17 +348,10 @@ mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stre
         }
         return MXS_OK;
     }
-    if (phase == PHASE_PARTIAL) {
-        if (bk->row_only)
-            wb_launch<MXS__JOB_PARTIAL, MXS_ROWWISE>(dev, bk->n_items, int_units, units, tile_units, status, stream);
-        else
-            wb_launch<MXS__JOB_PARTIAL, 0>(dev, bk->n_items, int_units, units, tile_units, status, stream);
-    } else {
-        if (bk->row_only)
-            wb_launch<MXS__JOB_APPLY, MXS_ROWWISE>(dev, bk->n_items, int_units, units, tile_units, nullptr, stream);
-        else
-            wb_launch<MXS__JOB_APPLY, 0>(dev, bk->n_items, int_units, units, tile_units, nullptr, stream);
-    }
+    if (phase == PHASE_PARTIAL)
+        phase_launch<MXS__JOB_PARTIAL>(bk, dev, int_units, units, tile_units, status, stream);
+    else
+        phase_launch<MXS__JOB_APPLY>(bk, dev, int_units, units, tile_units, nullptr, stream);
     return launch_end();
 }
 

@@ -10,7 +10,8 @@
 #                                    linked (their tests skip without a GPU,
 #                                    and say so), packaging and examples
 #   scripts/test.sh --quick          CPU only (-Dcuda=disabled; build dir
-#                                    build-quick): no nvcc, ~30 s on 2 cores
+#                                    build-quick): no nvcc, about a minute
+#                                    on 2 cores
 #   scripts/test.sh --suite cpu      other arguments go to `meson test`
 #
 # Environment: MXS_BUILDDIR (build dir; default build, or build-quick with
@@ -27,7 +28,7 @@ test_args=()
 for a in "$@"; do
   case $a in
     --quick) quick=1 ;;
-    -h|--help) sed -n '3,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR > 2 && /^#/ { sub(/^# ?/, ""); print; next } NR > 2 { exit }' "$0"; exit 0 ;;
     *) test_args+=("$a") ;;
   esac
 done
@@ -87,7 +88,10 @@ else
   say "no nvcc on PATH (nor in /usr/local/cuda/bin): CUDA kernels, suites cuda and nccl are not built (install the CUDA toolkit to compile them)"
 fi
 say "also: packaging (install to a temp dir, link with pkg-config; the meson-subproject check), examples (C and C++)"
-if [ -f scripts/test-python.sh ]; then say "then: scripts/test-python.sh (the Python package)"; fi
+if [ -f scripts/test-python.sh ]; then
+  if [ ${#test_args[@]} -eq 0 ]; then say "then: scripts/test-python.sh (the Python package)"
+  else say "not running scripts/test-python.sh: meson test arguments given (${test_args[*]})"; fi
+fi
 
 # ---- style (warning only unless MXS_FORMAT_CHECK=strict) --------------------
 format_rc=0

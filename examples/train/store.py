@@ -252,10 +252,16 @@ class Store:
                 g.run()
             timer.stop("gather")
             return
-        self.bucket.partial()
+        err = None
+        try:
+            self.bucket.partial()   # on failure: buffer zeroed, status byte 1, error raised
+        except Exception as e:  # noqa: BLE001 - join the reduction first (never hang the others)
+            err = e
         timer.stop("wb_partial")
         self.comm.all_reduce_max_u8(self.bucket.packed)
         timer.stop("wb_reduce")
+        if err is not None:
+            raise err
         self.bucket.apply()     # reads the group status byte first (RemoteError if a rank failed)
         for dst, src in self.cast_pairs:
             dst.copy_(src)

@@ -49,6 +49,8 @@ def main():
     p.add_argument("--steps", type=int, default=None, help="override the parity steps")
     p.add_argument("--scale-steps", type=int, default=None)
     p.add_argument("--extra", default="", help="extra train.py arguments for every run (space separated)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="wall-clock budget: later runs get what is left, or are skipped")
     a = p.parse_args()
     P = dict(PROFILES[a.profile])
     if a.steps:
@@ -64,8 +66,37 @@ def main():
     extra = a.extra.split() + ["--device", a.device]
     R = {"profile": a.profile, "parts": sorted(parts), "runs": {}, "checks": {}, "errors": []}
     t_all = time.time()
+    current = {"proc": None}
+
+    def outputs():
+        R["wall_s"] = time.time() - t_all
+        with open(os.path.join(a.out, "train_results.json"), "w") as f:
+            json.dump(R, f, indent=1)
+        md = summary(R, P, P["save_at"])
+        with open(os.path.join(a.out, "train_summary.md"), "w") as f:
+            f.write(md)
+        return md
+
+    def on_term(signum, frame):  # an outer timeout: end the running train.py (its own session) too
+        pr = current["proc"]
+        if pr is not None and pr.poll() is None:
+            try:
+                os.killpg(pr.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        R["errors"].append(f"suite killed by signal {signum}")
+        outputs()
+        sys.exit(1)
+    signal.signal(signal.SIGTERM, on_term)
 
     def run(name, args, timeout):
+        if a.budget_s is not None:
+            left = a.budget_s - (time.time() - t_all)
+            if left < 25:
+                R["errors"].append(f"{name}: skipped (out of time budget)")
+                outputs()
+                return None
+            timeout = min(timeout, left - 5)
         js = os.path.join(a.out, f"{name}.json")
         if os.path.exists(js):
             os.remove(js)
@@ -74,6 +105,7 @@ def main():
         t0 = time.time()
         # own session: on a timeout the whole process group (spawned ranks included) is killed
         proc = subprocess.Popen(cmd, start_new_session=True)
+        current["proc"] = proc
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -92,7 +124,26 @@ def main():
             R["runs"][name] = res
         else:
             R["errors"].append(f"{name}: rc={rc}")
+        outputs()
         return res
+
+    def make_plot():
+        """The loss plot (again after the resume runs, which add a curve)."""
+        R["plot"] = {"path": plot_path, "writer": None}
+        if "parity_mxfp8" not in R["runs"] or "parity_bf16" not in R["runs"]:
+            return
+        try:
+            import plot
+            runs = [("MXFP8 primaries (row-only + %d bidirectional), dp=1" %
+                     len(R["runs"]["parity_mxfp8"]["bidir"]), _pts(R["runs"]["parity_mxfp8"])),
+                    ("BF16 weights, dp=1", _pts(R["runs"]["parity_bf16"]))]
+            if "resume_dp1_to_dp2" in R["runs"]:
+                runs.append((f"MXFP8 resumed at step {k} under dp=2", _pts(R["runs"]["resume_dp1_to_dp2"])))
+            os.makedirs(os.path.dirname(os.path.abspath(plot_path)), exist_ok=True)
+            R["plot"]["writer"] = plot.plot(runs, R["runs"]["parity_mxfp8"]["entropy_floor"], plot_path,
+                                            "GPT %s on a Markov source: MXFP8 primaries vs BF16" % P["config"])
+        except Exception as e:  # noqa: BLE001 - the summary still gets written
+            R["errors"].append(f"plot: {e!r}")
 
     base = ["--config", P["config"], "--steps", str(P["steps"])]
     S = P["steps"]
@@ -106,6 +157,7 @@ def main():
                                     "--save-final", fin_mx], P["t_run"])
     if "parity" in parts:
         run("parity_bf16", base + ["--variant", "bf16"], P["t_run"])
+        make_plot()
     if "ckpt" in parts and "parity_mxfp8" in R["runs"]:
         fin = os.path.join(ck, "resume-dp1-dp1-final.safetensors")
         r = run("resume_dp1_to_dp1", base + ["--variant", "mxfp8", "--resume", ck_mx, "--save-final", fin],
@@ -141,28 +193,8 @@ def main():
         run("scale_mx_bidir", sb + ["--variant", "mxfp8", "--bidir", "*"], P["t_scale"])
         run("scale_bf16", sb + ["--variant", "bf16"], P["t_scale"])
 
-    # ---- plot + summary
-    plot_kind = None
-    if "parity_mxfp8" in R["runs"] and "parity_bf16" in R["runs"]:
-        try:
-            import plot
-            runs = [("MXFP8 primaries (row-only + %d bidirectional), dp=1" %
-                     len(R["runs"]["parity_mxfp8"]["bidir"]), _pts(R["runs"]["parity_mxfp8"])),
-                    ("BF16 weights, dp=1", _pts(R["runs"]["parity_bf16"]))]
-            if "resume_dp1_to_dp2" in R["runs"]:
-                runs.append((f"MXFP8 resumed at step {k} under dp=2", _pts(R["runs"]["resume_dp1_to_dp2"])))
-            os.makedirs(os.path.dirname(os.path.abspath(plot_path)), exist_ok=True)
-            plot_kind = plot.plot(runs, R["runs"]["parity_mxfp8"]["entropy_floor"], plot_path,
-                                  "GPT %s on a Markov source: MXFP8 primaries vs BF16" % P["config"])
-        except Exception as e:  # noqa: BLE001 - the summary still gets written
-            R["errors"].append(f"plot: {e!r}")
-    R["plot"] = {"path": plot_path, "writer": plot_kind}
-    R["wall_s"] = time.time() - t_all
-    with open(os.path.join(a.out, "train_results.json"), "w") as f:
-        json.dump(R, f, indent=1)
-    md = summary(R, P, k)
-    with open(os.path.join(a.out, "train_summary.md"), "w") as f:
-        f.write(md)
+    make_plot()
+    md = outputs()
     print(md)
     return 1 if R["errors"] or not all_ok(R) else 0
 
@@ -200,9 +232,15 @@ def summary(R, P, k):
     if anyr:
         L.append(f"Device: {anyr['device_name']} ({anyr['device']}), torch {anyr['torch']}. "
                  f"GEMMs: {anyr['gemm']}. Profile `{R['profile']}`, whole suite {R['wall_s']:.0f} s.")
-        L.append("DP=2 runs on one GPU use the gloo backend (two processes share the GPU; gradients "
-                 "all-reduced + sliced since gloo has no reduce-scatter; collectives staged through host "
-                 "memory), so their collective times are not NCCL times. No 2-GPU run was possible.")
+        b2 = sorted({(r["backend"], r["device"].split(":")[0]) for r in runs.values() if r["dp"] > 1})
+        if ("gloo", "cuda") in b2:
+            L.append("DP=2 runs here shared one GPU over the gloo backend (gradients all-reduced + sliced, "
+                     "since gloo has no reduce-scatter; collectives staged through host memory), so their "
+                     "collective times are not NCCL times.")
+        if ("nccl", "cuda") in b2:
+            L.append("DP=2 runs with the NCCL backend, one GPU per rank.")
+        if ("gloo", "cpu") in b2:
+            L.append("DP=2 runs on the CPU over gloo.")
     L.append("")
     mx, bf = runs.get("parity_mxfp8"), runs.get("parity_bf16")
     if mx and bf:
@@ -223,7 +261,7 @@ def summary(R, P, k):
               f"Relative gap (MXFP8 - BF16) / BF16: last step **{gap_last * 100:+.3f} %**, mean of the last 10% "
               f"of steps **{gap_tail * 100:+.3f} %** (target within 2 %: "
               f"{'met' if abs(gap_tail) <= 0.02 else 'NOT met'}).", "",
-              f"Plot: `{R['plot']['path']}` (writer: {R['plot']['writer']}).", ""]
+              f"Plot: `{R.get('plot', {}).get('path')}` (writer: {R.get('plot', {}).get('writer')}).", ""]
     L += ["## Per-step time breakdown (median ms, phases synchronized)", "",
           "| run | fwd+bwd | grad sync | optimizer | wb partial | wb reduce | wb apply | gather | step | "
           "writeback+gather share |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -260,9 +298,11 @@ def summary(R, P, k):
         for key, what in (("whole_tensor_check", "end of run"), ("reload_whole_tensor_check", "after reload")):
             if key in r:
                 c = r[key]
+                rel = c.get("weight_rel_rms_err")
                 L.append(f"| {name}: primaries vs whole-tensor quantize of the gathered master ({what}) | "
                          f"{'identical' if c['identical'] else 'DIFFERENT: %d bytes' % c['mismatched_bytes']} "
-                         f"({c['planes']} planes) |")
+                         f"({c['planes']} planes" + (f"; MXFP8 vs FP32 master relative RMS error {rel:.2e}"
+                                                      if rel is not None else "") + ") |")
     for name, r in runs.items():
         c = r.get("dequant_check")
         if c is not None and (name == "parity_mxfp8" or not c["identical"]):

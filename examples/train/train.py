@@ -408,6 +408,7 @@ def verify_primaries(store, layout, comm, a):
     import mxshard
     full = comm.all_gather_flat(store.master)
     bad = checked = 0
+    err2 = ref2 = 0.0
     for s in layout.specs:
         w = store.primaries.get(s.name)
         if w is None:
@@ -423,7 +424,12 @@ def verify_primaries(store, layout, comm, a):
                 continue
             checked += 1
             bad += int((x.reshape(-1) != y.reshape(-1)).sum())
-    return {"planes": checked, "mismatched_bytes": bad, "identical": bad == 0 and checked > 0}
+        m = full[s.offset:s.offset + s.numel].view(s.shape)
+        q = w.dequantize(plane="row", dtype="f32")
+        err2 += float(((q - m) ** 2).sum())
+        ref2 += float((m ** 2).sum())
+    return {"planes": checked, "mismatched_bytes": bad, "identical": bad == 0 and checked > 0,
+            "weight_rel_rms_err": (err2 / ref2) ** 0.5 if ref2 > 0 else None}
 
 
 def compare_primaries(store, tens, comm):

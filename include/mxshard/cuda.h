@@ -105,8 +105,9 @@ typedef struct mxs_cuda_wb_bucket {
     int64_t status_offset; /* the group status byte in packed (-1: none) */
     const void *table[2];  /* device work lists in the workspace: [partial, apply] (NULL: phase not prepared) */
     int64_t units[2], int_units[2], tile_units[2];
-    int device;   /* the device it was prepared on */
-    int row_only; /* every item is row-only */
+    int device;     /* the device it was prepared on */
+    int row_only;   /* every item is row-only */
+    int misaligned; /* some item's vector loads are only element-aligned */
 } mxs_cuda_wb_bucket;
 
 #define MXS_CUDA_WB_BUCKET_MAGIC 0x316B637542736D78ull /* "mxsBuck1" */

@@ -9,8 +9,8 @@ Lookup order for each library (the first hit wins, see docs/python.md):
      copy that bundles the libraries);
   4. the install prefix: sys.prefix/lib, sys.prefix/lib64 (a venv or conda
      prefix that `meson install --prefix` wrote into);
-  5. `pkg-config --variable=libdir mxshard` (host library) or
-     `mxshard-cuda` (CUDA library);
+  5. `pkg-config --variable=libdir mxshard-host` (host library; then the
+     prefix of the header-only `mxshard`) or `mxshard-cuda` (CUDA library);
   6. the system loader's own search (LD_LIBRARY_PATH, ld.so.cache).
 
 A library that is not found raises LibraryNotFoundError (an ImportError)
@@ -221,8 +221,12 @@ _CUDA_NAMES = ("libmxshard_cuda.so", "libmxshard_cuda.so.*", "libmxshard_cuda.dy
 
 
 def _pkgconfig_libdir(pkg):
+    return _pkgconfig_var(pkg, "libdir")
+
+
+def _pkgconfig_var(pkg, var):
     try:
-        r = subprocess.run(["pkg-config", "--variable=libdir", pkg], capture_output=True, text=True,
+        r = subprocess.run(["pkg-config", f"--variable={var}", pkg], capture_output=True, text=True,
                            timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -243,19 +247,30 @@ def _candidates(env_file, names, pkgs):
     dirs.append(("package lib/ directory", os.path.join(here, "lib")))
     for sub in ("lib", "lib64"):
         dirs.append((f"install prefix ({sys.prefix}/{sub})", os.path.join(sys.prefix, sub)))
-    for pkg in pkgs:
-        d = _pkgconfig_libdir(pkg)
-        dirs.append((f"pkg-config {pkg} libdir ({d})", d) if d else (f"pkg-config {pkg}: not found", None))
-    for kind, d in dirs:
-        if d is None:
-            yield kind, None
-            continue
+
+    def in_dir(kind, d):
         for n in names:
             hits = sorted(glob.glob(os.path.join(d, n))) if "*" in n else [os.path.join(d, n)]
             if not hits:
                 yield f"{kind}: {n}", os.path.join(d, n)
             for h in hits:
                 yield f"{kind}: {os.path.basename(h)}", h
+
+    for kind, d in dirs:
+        yield from in_dir(kind, d)
+    for pkg in pkgs:  # only asked when everything above failed
+        d = _pkgconfig_libdir(pkg)
+        if not d:  # a .pc without libdir (the header-only mxshard.pc): its prefix's lib dirs
+            pre = _pkgconfig_var(pkg, "prefix")
+            for sub in (["lib", "lib64"] + glob.glob(os.path.join(pre, "lib", "*-linux-gnu")) if pre else []):
+                sd = os.path.join(pre, sub)
+                yield from in_dir(f"pkg-config {pkg} prefix ({sd})", sd)
+            if pre:
+                continue
+        if d:
+            yield from in_dir(f"pkg-config {pkg} libdir ({d})", d)
+        else:
+            yield f"pkg-config {pkg}: not found", None
     for n in names:
         if "*" not in n:
             yield f"system loader: {n}", n
@@ -301,7 +316,7 @@ class _Host:
 
     def __init__(self):
         self.lib, self.path = _load("the host library libmxshard_host", "MXSHARD_HOST_LIB", _HOST_NAMES,
-                                    ("mxshard",))
+                                    ("mxshard-host", "mxshard"))
         L = self.lib
         self.version = _proto(L, "mxs_host_version", _INT, [])()
         self.status_str = _proto(L, "mxs_status_str", ctypes.c_char_p, [_INT])

@@ -242,7 +242,8 @@ def worker(rank, world, port, backend, device, cases, q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import torch.distributed as dist
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        import datetime
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
         if str(device).startswith("cuda"):
             import torch
             torch.cuda.set_device(torch.device(device))

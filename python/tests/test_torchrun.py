@@ -16,17 +16,19 @@ from conftest import cuda_or_skip
 
 @pytest.fixture(scope="module")
 def nccl_group():
-    torch = cuda_or_skip()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 2:
         pytest.skip("not under torchrun with a world of >= 2 (WORLD_SIZE unset or 1)")
+    torch = cuda_or_skip()
     if torch.cuda.device_count() < world:
         pytest.skip(f"{world} ranks but {torch.cuda.device_count()} GPU(s)")
     import torch.distributed as dist
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     if not dist.is_initialized():
-        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+        import datetime
+        dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()),
+                                timeout=datetime.timedelta(seconds=120))  # a mismatch fails, never hangs
     yield rank, world, f"cuda:{torch.cuda.current_device()}"
     dist.barrier()
     dist.destroy_process_group()

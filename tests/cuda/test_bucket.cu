@@ -288,6 +288,8 @@ static void graph_capture_replays_with_new_masters(mxs_wb_mode mode, int nw) {
     CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
     for (int u = 0; u < 3; u++) {
         fixture_update(F);
+        /* the uploads ran on the legacy stream, which `stream` does not wait for */
+        CUDA_OK(cudaDeviceSynchronize());
         CUDA_OK(cudaGraphLaunch(exec, stream));
         CUDA_OK(cudaStreamSynchronize(stream));
         host_writeback(F);
@@ -309,8 +311,15 @@ int main(void) {
     tap_point("bucket_prepared_once_serves_every_update_and_re_prepare_picks_up_changes");
     bucket_misuse_rejected();
     tap_point("bucket_misuse_is_rejected_with_nothing_enqueued");
-    pending_error_left_to_its_owner();
-    tap_point("an_unrelated_pending_cuda_error_is_neither_swallowed_nor_reported_as_ours");
+    if (getenv("MXS_SANITIZER")) {
+        /* compute-sanitizer reports the deliberately failed launch as an error */
+        printf("ok %d - an_unrelated_pending_cuda_error_is_neither_swallowed_nor_reported_as_ours # SKIP under "
+               "compute-sanitizer\n",
+               ++g_tap_points);
+    } else {
+        pending_error_left_to_its_owner();
+        tap_point("an_unrelated_pending_cuda_error_is_neither_swallowed_nor_reported_as_ours");
+    }
     graph_capture_replays_with_new_masters(MXS_WB_FUSED, 6);
     graph_capture_replays_with_new_masters(MXS_WB_STRICT, 3);
     tap_point("bucket_partial_and_apply_captured_in_a_cuda_graph_replay_with_new_masters");
