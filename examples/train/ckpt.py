@@ -28,7 +28,7 @@ NAMES = {v: k for k, v in DTYPES.items()}
 
 def _have_pkg():
     try:
-        import safetensors.torch  # noqa: F401
+        import safetensors.torch  # noqa: F401  (only: is it there)
         return True
     except ImportError:
         return False

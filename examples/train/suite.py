@@ -146,7 +146,6 @@ def main():
             R["errors"].append(f"plot: {e!r}")
 
     base = ["--config", P["config"], "--steps", str(P["steps"])]
-    S = P["steps"]
     k = P["save_at"]
     ck_mx = os.path.join(ck, f"mxfp8-dp1-step{k}.safetensors")
     fin_mx = os.path.join(ck, "parity-mx-final.safetensors")
@@ -285,8 +284,8 @@ def summary(R, P, k):
                  f"{sorted(set(r['collectives_per_step_comm'].get('all_reduce_max_u8', 0) for r in mxc))} "
                  "(one bucket, one uint8 MAX all-reduce)")
     L += ["", "## Checkpoint, reload, resume", "",
-          f"Checkpoints are safetensors files: full FP32 master, Adam m and v, MXFP8 primaries (F8_E4M3 data, "
-          f"U8 scales), the bf16 weights, metadata (parameter table, step, optimizer and format settings).", "",
+          "Checkpoints are safetensors files: full FP32 master, Adam m and v, MXFP8 primaries (F8_E4M3 data, "
+          "U8 scales), the bf16 weights, metadata (parameter table, step, optimizer and format settings).", "",
           "| check | result |", "| --- | --- |"]
     for name, r in runs.items():
         if "reload_check" in r:

@@ -139,6 +139,9 @@ def worker(rank, a, port):
         if backend == "auto":
             backend = "nccl" if use_cuda and ndev >= world else "gloo"
         init = "env://" if port is None else f"tcp://127.0.0.1:{port}"
+        if backend == "gloo" and port is not None:
+            # all ranks on this host: gloo over loopback (no dependence on hostname resolution)
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         kw = dict(backend=backend, init_method=init, rank=rank, world_size=world)
         if backend == "nccl":
             kw["device_id"] = device
@@ -377,7 +380,6 @@ def save_state(store, layout, comm, a, step, path, rank):
 def load_state(store, layout, tens, meta, a):
     """Masters and Adam state of this rank's range from a checkpoint of any DP
     size; the parameter table must match by name, shape, kind and offset."""
-    import torch
     if meta.get("format") != "mxshard-train-v1":
         raise SystemExit(f"not a mxshard-train checkpoint: {meta.get('format')}")
     saved = {t["name"]: t for t in json.loads(meta["table"])}

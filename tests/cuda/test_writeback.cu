@@ -90,7 +90,9 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
 
     std::vector<std::vector<mxs_wb_item>> hitems((size_t)nranks), ditems((size_t)nranks);
     std::vector<mxs_wb_batch> hb((size_t)nranks), db((size_t)nranks);
-    std::vector<mxs_wb_plan> plan((size_t)nranks);
+    /* a plan binds to its batch's pointers (local_hash): host and device
+     * batches each get their own; their cross-rank fingerprints agree */
+    std::vector<mxs_wb_plan> plan((size_t)nranks), dplan((size_t)nranks);
     std::vector<std::vector<uint8_t>> hpacked((size_t)nranks);
     std::vector<DevBuf> dpacked((size_t)nranks), dws((size_t)nranks);
     for (int q = 0; q < nranks; q++) {
@@ -120,6 +122,10 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
         db[(size_t)q] = hb[(size_t)q];
         db[(size_t)q].items = ditems[(size_t)q].data();
         CHECK(mxs_wb_make_plan(&hb[(size_t)q], &plan[(size_t)q], NULL) == MXS_OK, "%s: plan", ctx);
+        CHECK(mxs_wb_make_plan(&db[(size_t)q], &dplan[(size_t)q], NULL) == MXS_OK, "%s: device plan", ctx);
+        CHECK(dplan[(size_t)q].fingerprint == plan[(size_t)q].fingerprint &&
+                  dplan[(size_t)q].packed_bytes == plan[(size_t)q].packed_bytes,
+              "%s: host and device plans agree", ctx);
         hpacked[(size_t)q].assign((size_t)plan[(size_t)q].packed_bytes, POISON);
         dpacked[(size_t)q] = dev_alloc(plan[(size_t)q].packed_bytes, rnd() % 4 == 0 ? rnd_in(1, 3) : 0);
         int64_t wsb = -1;
@@ -172,7 +178,7 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
         /* step 2 on every rank */
         for (int q = 0; q < nranks; q++) {
             mxs_status a = mxs_host_wb_partial(&hb[(size_t)q], &plan[(size_t)q], hpacked[(size_t)q].data());
-            mxs_status b = mxs_cuda_wb_partial(&db[(size_t)q], &plan[(size_t)q], dpacked[(size_t)q].p, dws[(size_t)q].p,
+            mxs_status b = mxs_cuda_wb_partial(&db[(size_t)q], &dplan[(size_t)q], dpacked[(size_t)q].p, dws[(size_t)q].p,
                                                dws[(size_t)q].n, 0);
             CUDA_OK(cudaDeviceSynchronize());
             CHECK(a == MXS_OK && b == MXS_OK, "%s: partial status host %d gpu %d", ctx, a, b);
@@ -191,7 +197,7 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
             hpacked[(size_t)q] = reduced;
             if (!reduced.empty()) dev_upload(dpacked[(size_t)q], reduced.data(), (int64_t)reduced.size());
             mxs_status a = mxs_host_wb_apply(&hb[(size_t)q], &plan[(size_t)q], hpacked[(size_t)q].data());
-            mxs_status b = mxs_cuda_wb_apply(&db[(size_t)q], &plan[(size_t)q], dpacked[(size_t)q].p, dws[(size_t)q].p,
+            mxs_status b = mxs_cuda_wb_apply(&db[(size_t)q], &dplan[(size_t)q], dpacked[(size_t)q].p, dws[(size_t)q].p,
                                              dws[(size_t)q].n, 0);
             CUDA_OK(cudaDeviceSynchronize());
             CHECK(a == MXS_OK && b == MXS_OK, "%s: apply status host %d gpu %d", ctx, a, b);
