@@ -37,12 +37,17 @@ def _have_pkg():
 def save(tensors: dict, metadata: dict, path: str, use_package: bool | None = None):
     """tensors: name -> tensor (any device; copied to CPU); metadata: str -> str."""
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    _auto = use_package is None
     if use_package is None:
         use_package = _have_pkg()
     if use_package:
-        import safetensors.torch as st
-        st.save_file(cpu, path, metadata=metadata)
-        return "safetensors"
+        try:
+            import safetensors.torch as st
+            st.save_file(cpu, path, metadata=metadata)
+            return "safetensors"
+        except Exception:  # noqa: BLE001 - e.g. an old package without F8_E4M3: the built-in writer
+            if not _auto:
+                raise
     header = {"__metadata__": dict(metadata)}
     off = 0
     order = sorted(cpu)
@@ -68,13 +73,16 @@ def load(path: str, use_package: bool | None = None):
     if use_package is None:
         use_package = _have_pkg()
     if use_package:
-        from safetensors import safe_open
-        out = {}
-        with safe_open(path, framework="pt", device="cpu") as f:
-            meta = f.metadata() or {}
-            for k in f.keys():
-                out[k] = f.get_tensor(k)
-        return out, meta
+        try:
+            from safetensors import safe_open
+            out = {}
+            with safe_open(path, framework="pt", device="cpu") as f:
+                meta = f.metadata() or {}
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+            return out, meta
+        except Exception:  # noqa: BLE001 - fall back to the built-in reader (same format)
+            pass
     with open(path, "rb") as f:
         raw = f.read()
     (n,) = struct.unpack("<Q", raw[:8])

@@ -24,6 +24,7 @@ collective is counted by kind.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -134,7 +135,10 @@ class Comm:
         self.rank, self.world, self.backend = rank, world, backend
         self.device = device
         self.counts = Counter()
-        self.via_cpu = backend == "gloo"
+        # direct: the collectives on the tensors themselves (NCCL). MXS_TRAIN_DIRECT_COLLECTIVES=1
+        # takes that path on gloo too (CPU tensors; a recent torch): how the NCCL code is tested on a CPU.
+        self.direct = backend == "nccl" or os.environ.get("MXS_TRAIN_DIRECT_COLLECTIVES") == "1"
+        self.via_cpu = backend == "gloo" and not self.direct
 
     def _to(self, t):
         return t.cpu() if self.via_cpu and t.device.type != "cpu" else t
@@ -171,7 +175,7 @@ class Comm:
         if self.world == 1:
             out.copy_(full)
             return
-        if self.backend == "nccl":
+        if self.direct:
             self.counts["reduce_scatter_sum"] += 1
             dist.reduce_scatter_tensor(out, full, op=dist.ReduceOp.SUM)
         else:

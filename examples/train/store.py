@@ -62,7 +62,7 @@ class Store:
         self.master = torch.zeros(S, **f32)
         self.opt = AdamW(self.master, L.decay_segments(r), weight_decay=weight_decay)
         self.grad_full = torch.zeros(L.n_pad, **f32)
-        if comm.world == 1 or comm.backend != "nccl":
+        if comm.world == 1 or not comm.direct:
             self.grad_shard = self.grad_full[self.lo:self.hi]   # a view: no copy (world 1 / gloo)
         else:
             self.grad_shard = torch.zeros(S, **f32)

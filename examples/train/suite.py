@@ -3,7 +3,7 @@
 a JSON of all results and the loss plot.
 
     python examples/train/suite.py --out /tmp/train [--plot docs/train_loss.png]
-        [--parts parity,ckpt,scale] [--profile gpu|cpu-smoke] [--dp2 2]
+        [--parts parity,ckpt,scale] [--profile gpu|cpu-smoke] [--budget-s S]
 
 Parts (each a few train.py processes, each with a timeout):
   parity  MXFP8 (row-only + a few bidirectional) vs BF16, DP=1, same data/seed;
@@ -42,7 +42,8 @@ PROFILES = {
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="/tmp/mxshard-train")
-    p.add_argument("--plot", default=None, help="loss plot PNG (default: OUT/train_loss.png)")
+    p.add_argument("--plot", default=os.path.join(os.path.dirname(os.path.dirname(HERE)), "docs", "train_loss.png"),
+                   help="loss plot PNG (default: docs/train_loss.png of the repository; an SVG goes beside it)")
     p.add_argument("--parts", default="parity,ckpt,scale")
     p.add_argument("--profile", default="gpu", choices=sorted(PROFILES))
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
@@ -61,7 +62,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     ck = os.path.join(a.out, "ckpt")
     os.makedirs(ck, exist_ok=True)
-    plot_path = a.plot or os.path.join(a.out, "train_loss.png")
+    plot_path = a.plot
     parts = set(a.parts.split(","))
     extra = a.extra.split() + ["--device", a.device]
     R = {"profile": a.profile, "parts": sorted(parts), "runs": {}, "checks": {}, "errors": []}
@@ -260,6 +261,11 @@ def summary(R, P, k):
               f"Relative gap (MXFP8 - BF16) / BF16: last step **{gap_last * 100:+.3f} %**, mean of the last 10% "
               f"of steps **{gap_tail * 100:+.3f} %** (target within 2 %: "
               f"{'met' if abs(gap_tail) <= 0.02 else 'NOT met'}).", "",
+              "Loss by step: " + ", ".join(
+                  f"{st}: {dict((x[0], x[1]) for x in mx['losses']).get(st, float('nan')):.4f} / "
+                  f"{dict((x[0], x[1]) for x in bf['losses']).get(st, float('nan')):.4f}"
+                  for st in sorted({0, *range(0, mx['steps'], max(1, mx['steps'] // 6)), mx['steps'] - 1}))
+              + " (MXFP8 / BF16).", "",
               f"Plot: `{R.get('plot', {}).get('path')}` (writer: {R.get('plot', {}).get('writer')}).", ""]
     L += ["## Per-step time breakdown (median ms, phases synchronized)", "",
           "| run | fwd+bwd | grad sync | optimizer | wb partial | wb reduce | wb apply | gather | step | "

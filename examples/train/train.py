@@ -228,7 +228,7 @@ def run(rank, world, backend, device, a, counter):
            "steps": a.steps, "lr": a.lr, "seed": a.seed, "deterministic": bool(a.deterministic),
            "scale_layout": a.scale_layout, "rounding": a.rounding, "round_through": a.round_through,
            "wb_mode": a.wb_mode, "gemm": "dequantize to bf16 + torch.matmul (no FP8 GEMM)",
-           "grad_sync": ("reduce_scatter_tensor" if backend == "nccl" else
+           "grad_sync": ("reduce_scatter_tensor" if comm.direct and world > 1 else
                          "all_reduce + slice (gloo has no reduce-scatter)" if world > 1 else "none (dp=1)")}
 
     start_step = 0
