@@ -82,7 +82,7 @@ __global__ void bench_fill(uint32_t *p, int64_t n, uint32_t seed, int f32) {
 
 /* bf16 copy of an f32 master, the library's own rounding rule: the input of
  * the reference quantize (writeback with round-through bf16 == quantize of
- * the bf16 copy, SPEC section 1). */
+ * the bf16 copy, docs/contract.md section 1). */
 __global__ void bench_to_bf16(const float *m, uint16_t *o, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         o[i] = mxs_bf16_from_f32(m[i]);

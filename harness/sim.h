@@ -28,7 +28,7 @@
  *   MXS_SIM_RANDOM   contiguous bucket ranges with random cut points (some
  *                    ranks empty, very uneven).
  *
- * Per update, the CPU backend runs the SPEC section 4 protocol phase by
+ * Per update, the CPU backend runs the docs/contract.md section 4 protocol phase by
  * phase over all ranks (mxs_sim_partial, mxs_sim_reduce, mxs_sim_apply,
  * mxs_sim_gather), so a caller can time, poison and inspect between phases.
  * Every buffer the sim allocates is poisoned (0xA5) and followed by guard
@@ -600,7 +600,7 @@ static inline mxs_status mxs_sim_copyback_bf16(mxs_sim *sim) {
 }
 
 /* Whole-tensor quantize of every full master (with the round-through) into
- * sim->reference: what SPEC section 4's invariant says every rank must hold. */
+ * sim->reference: what docs/contract.md section 4's invariant says every rank must hold. */
 static inline mxs_status mxs_sim_reference(mxs_sim *sim) {
     int w;
     mxs_status s = MXS_OK;

@@ -185,8 +185,8 @@ static void rank_main(mxs_rank *r, void *user) {
     }
     bucket = mxs_round_up(bucket, nr);
     if (talk)
-        printf("mxshard-demo: %d ranks (one process per GPU, NCCL), %d layer%s, hidden %lld, kv %lld, ffn %lld\n", nr,
-               o->layers, o->layers > 1 ? "s" : "", (long long)o->hidden, (long long)kv, (long long)ffn);
+        printf("mxshard-demo: %d rank%s (one process per GPU, NCCL), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
+               nr, nr == 1 ? "" : "s", o->layers, o->layers > 1 ? "s" : "", (long long)o->hidden, (long long)kv, (long long)ffn);
 
     /* the bucket: shards, primaries, masters */
     memset(&batch, 0, sizeof batch);
@@ -246,7 +246,7 @@ static void rank_main(mxs_rank *r, void *user) {
     for (p = 0; p < 5; p++) CU(cudaEventCreate(&ev[p]));
     CU(cudaMalloc((void **)&check, 32)); /* plan-check scratch (device) */
     MX(mxs_nccl_wb_check_plan(&plan, check, r->comm, r->stream));
-    if (talk) printf("[setup]       plan agreed by all %d ranks (fingerprint %016llx)\n", nr,
+    if (talk) printf("[setup]      plan agreed by %d rank%s (fingerprint %016llx)\n", nr, nr == 1 ? "" : "s",
                      (unsigned long long)plan.fingerprint);
 
     for (u = 0; u < DEMO_UPDATES; u++) {
@@ -352,7 +352,7 @@ static void rank_main(mxs_rank *r, void *user) {
         printf("},\n  \"verified\": %s,\n  \"mismatching_bytes\": %lld\n}\n", mismatch ? "false" : "true",
                (long long)mismatch);
     } else if (talk) {
-        printf("\n== mxshard-demo summary (GPU, %d ranks over NCCL) ==\n", nr);
+        printf("\n== mxshard-demo summary (GPU, %d rank%s over NCCL) ==\n", nr, nr == 1 ? "" : "s");
         printf("bucket: %d weights (%lld row-only), %s elements, padded TE scale layout, %s rounding, bf16 round-through\n",
                n, (long long)row_only, demo_fmt_int(bucket, b1, sizeof b1),
                o->rounding == MXS_ROUND_CEIL ? "ceil" : "floor");
@@ -376,9 +376,9 @@ static void rank_main(mxs_rank *r, void *user) {
             printf("\n");
         }
         if (!mismatch)
-            printf("\nverified: bit-exact (%d updates x %d ranks x %d weights, data and scales: whole-tensor quantize "
+            printf("\nverified: bit-exact (%d updates x %d rank%s x %d weights, data and scales: whole-tensor quantize "
                    "and bf16 copy-back on GPU)\n",
-                   DEMO_UPDATES, nr, n);
+                   DEMO_UPDATES, nr, nr == 1 ? "" : "s", n);
         else
             printf("\nverified: FAILED (%lld mismatching bytes)\n", (long long)mismatch);
     }

@@ -1,4 +1,4 @@
-/* mxshard/formats.h - the scalar number formats of MXFP8 (SPEC section 1).
+/* mxshard/formats.h - the scalar number formats of MXFP8 (docs/contract.md section 1).
  *
  *   E4M3  element   s eeee mmm   bias 7, max finite +-448 (0x7E/0xFE),
  *                                NaN 0x7F/0xFF, no infinities,
@@ -27,7 +27,7 @@
 #endif
 
 /* On sm_89 and newer the device code uses the conversion instructions that
- * SPEC section 1 names as the rules (cvt.rn.satfinite.e4m3x2.f32,
+ * docs/contract.md section 1 names as the rules (cvt.rn.satfinite.e4m3x2.f32,
  * cvt.rn.bf16.f32, max.f32); everywhere else the integer code below. The
  * `cuda` test suite checks the two byte for byte, specials included. */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -39,7 +39,7 @@ MXS_EXTERN_C_BEGIN
 /* Input element types. bf16 and f16 are passed as raw uint16_t bits. */
 typedef enum { MXS_F32 = 0, MXS_BF16 = 1, MXS_F16 = 2 } mxs_dtype;
 
-/* amax -> E8M0 rounding (SPEC section 1). MXS_ROUND_CEIL is the default. */
+/* amax -> E8M0 rounding (docs/contract.md section 1). MXS_ROUND_CEIL is the default. */
 typedef enum { MXS_ROUND_CEIL = 0, MXS_ROUND_FLOOR = 1 } mxs_rounding;
 
 #define MXS_BLOCK 32           /* elements per MX block */
@@ -159,11 +159,11 @@ MXS_HD uint8_t mxs_e8m0_down(float v) {
     return (uint8_t)(e > MXS_E8M0_MAX ? MXS_E8M0_MAX : e);
 }
 
-/* amax -> block scale exponent (SPEC section 1).
+/* amax -> block scale exponent (docs/contract.md section 1).
  *   CEIL : e = e8m0_up(fl32(amax * fl32(1/448)))   (TE, hardware cvt.rp)
  *   FLOOR: e = clamp(e8m0_down(amax) - 8, 0, 254)   (OCP MX v1.0)
  * Monotonic in |amax| and maps 0 to 0x00, which is what makes the one-byte
- * MAX reduction of partial exponents exact (SPEC section 3). A NaN amax gives
+ * MAX reduction of partial exponents exact (docs/contract.md section 3). A NaN amax gives
  * 0xFF with both roundings (the library never produces one: amax ignores NaN). */
 MXS_HD uint8_t mxs_e8m0_from_amax(float amax, mxs_rounding r) {
     if (r == MXS_ROUND_FLOOR) {
@@ -203,7 +203,7 @@ MXS_HD float mxs_dequantize_elem(uint8_t q, uint8_t e) {
     return mxs_e4m3_to_f32(q) * mxs_e8m0_to_f32(e);
 }
 
-/* Block amax (SPEC section 1): IEEE maxNum of |x| - NaN ignored, like
+/* Block amax (docs/contract.md section 1): IEEE maxNum of |x| - NaN ignored, like
  * fmaxf - without libm. Start from 0; an all-NaN or empty block stays 0.
  * On the host `a > amax ? a : amax` is exactly that (a NaN compares false)
  * and is what SSE's maxps computes, so loops over it vectorise; on the
@@ -272,7 +272,7 @@ MXS_HD float mxs_load_f32(const void *src, mxs_dtype dtype, int64_t i) {
     }
 }
 
-/* Round-through (SPEC section 1): round a widened master value to the model
+/* Round-through (docs/contract.md section 1): round a widened master value to the model
  * dtype first, as Transformer Engine does. MXS_F32 means "no rounding". The
  * result is used as a value: a NaN stays a NaN, its payload unspecified. */
 MXS_HD float mxs_round_through(float x, mxs_dtype to) {

@@ -1,4 +1,4 @@
-/* mxshard/geometry.h - which blocks a shard touches (SPEC section 3).
+/* mxshard/geometry.h - which blocks a shard touches (docs/contract.md section 3).
  *
  * A rank's shard is the flat range [start, start+len) of a rows x cols
  * weight. In the picture (cols = 80, so Kr = 3 row-wise blocks per row; rows
@@ -164,7 +164,7 @@ MXS_HD mxs_range mxs_shard_row_cols(int64_t cols, int64_t r, int64_t start, int6
 /* ---- which blocks a phase casts ------------------------------------------
  *
  * Every phase that writes data bytes casts a selection of the blocks a shard
- * touches (SPEC section 4): quantize casts all of them; the FUSED partial
+ * touches (docs/contract.md section 4): quantize casts all of them; the FUSED partial
  * casts the blocks wholly inside the shard (their exponents are final
  * without the reduction) and the FUSED apply casts the others (those that
  * straddle one of the shard's two edges); STRICT casts nothing in partial

@@ -53,7 +53,7 @@ extern "C" {
  * as mxs_cuda_version()). */
 int mxs_nccl_glue_version(void);
 
-/* Steps 2-4 of SPEC section 4 for a prepared bucket (mxs_cuda_wb_prepare):
+/* Steps 2-4 of docs/contract.md section 4 for a prepared bucket (mxs_cuda_wb_prepare):
  * mxs_cuda_wb_bucket_partial, then exactly one ncclAllReduce(packed,
  * packed, packed_bytes, ncclUint8, ncclMax, comm, stream), then the group
  * status byte (1 byte to the host, `stream` synchronised): 0 ->
@@ -87,7 +87,7 @@ MXS_NODISCARD mxs_status mxs_nccl_wb_writeback(const mxs_wb_batch *b, const mxs_
 MXS_NODISCARD mxs_status mxs_nccl_wb_check_plan(const mxs_wb_plan *plan, void *scratch, ncclComm_t comm,
                                                 cudaStream_t stream);
 
-/* ---- gather (SPEC section 4, step 5) ------------------------------------
+/* ---- gather (docs/contract.md section 4, step 5) ------------------------------------
  *
  * After the writeback every rank has the complete scale planes (apply writes
  * all blocks), but only its own shard's slice of each data plane. The gather

@@ -1,5 +1,5 @@
 /* mxshard/quantize.h - whole-tensor quantize (copy-back), dequantize and
- * scale-layout conversion on the CPU (SPEC sections 2, 5, 7).
+ * scale-layout conversion on the CPU (docs/contract.md sections 2, 5, 7).
  *
  *   mxs_host_quantize(dst, src, dtype, rounding)
  *       Quantizes a whole rows x cols source (f32, bf16 or f16) into exactly
@@ -274,7 +274,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const
 }
 
 /* Quantizes the whole rows x cols `src` into exactly the planes dst->dirs
- * names (SPEC sections 5 and 7). Validates everything before writing
+ * names (docs/contract.md sections 5 and 7). Validates everything before writing
  * (mxs_quantize_check): MXS_ERR_INVALID_ARGUMENT (NULL dst/src, bad
  * dtype/rounding/dirs/layout), MXS_ERR_SHAPE, MXS_ERR_OVERFLOW,
  * MXS_ERR_ABSENT_PLANE (a named plane has a NULL data or scale pointer),

@@ -1,4 +1,4 @@
-/* mxshard/status.h - status codes (SPEC section 6).
+/* mxshard/status.h - status codes (docs/contract.md section 6).
  *
  * Every fallible call returns an mxs_status. MXS_OK is 0; every other code
  * names the fault, and mxs_status_str() explains it in one sentence. The

@@ -1,5 +1,5 @@
 /* mxshard/tensor.h - the MXFP8 tensor descriptor, its planes and scale layouts
- * (SPEC section 2).
+ * (docs/contract.md section 2).
  *
  * A logical weight is rows x cols, row-major, flat index i = r*cols + c.
  * It carries a row-wise plane (1x32 blocks), a column-wise plane (32x1
@@ -202,7 +202,7 @@ MXS_API int64_t mxs_tensor_elems(const mxs_tensor *t) {
     return t->rows * t->cols;
 }
 
-/* Bytes the plane's scales need in t's layout (SPEC section 7). Returns -1
+/* Bytes the plane's scales need in t's layout (docs/contract.md section 7). Returns -1
  * when t is invalid, `plane` is not MXS_ROWWISE or MXS_COLWISE, or t does not
  * have that plane. Pointers are not looked at: call it to size allocations. */
 MXS_API int64_t mxs_scale_bytes(const mxs_tensor *t, mxs_dirs plane) {

@@ -61,7 +61,7 @@ MXS_HD mxs_dtype mxs__effective_round_through(mxs_dtype src, mxs_dtype rt) {
     return (rt == MXS_F32 || rt == src) ? MXS_F32 : rt;
 }
 
-/* Where one item's exponents sit in the packed buffer (SPEC section 4), the
+/* Where one item's exponents sit in the packed buffer (docs/contract.md section 4), the
  * one rule for every reader and writer of the buffer: the items' COMPACT
  * row-wise planes in batch order from offset 0, then their COMPACT
  * column-wise planes in batch order from row_region_bytes. *row_at and

@@ -1,4 +1,4 @@
-/* mxshard/writeback.h - distributed writeback on the CPU (SPEC sections 3, 4).
+/* mxshard/writeback.h - distributed writeback on the CPU (docs/contract.md sections 3, 4).
  *
  * Every data-parallel rank holds an FP32 (or bf16/f16) master shard of each
  * weight: the flat range [start, start+len), unaligned, empty or replicated.
@@ -23,7 +23,7 @@
  * (plan.local_hash: MXS_ERR_PLAN_MISMATCH when it changed) and the packed
  * buffer against the batch's buffers; they do not repeat the overlap sort.
  *
- * Packed buffer (SPEC section 4): in batch order the COMPACT row-wise scales
+ * Packed buffer (docs/contract.md section 4): in batch order the COMPACT row-wise scales
  * of every item that has a row-wise plane, then the COMPACT column-wise
  * scales of every item that has a column-wise plane, then one status byte:
  *
@@ -113,7 +113,7 @@ MXS_HD uint64_t mxs__fnv_u64(uint64_t h, uint64_t v) {
     return h;
 }
 
-/* ---- validation (SPEC section 6) ---------------------------------------------
+/* ---- validation (docs/contract.md section 6) ---------------------------------------------
  *
  * The buffers of a writeback, as byte ranges of this rank's memory:
  *

@@ -1,11 +1,11 @@
 /* tests/cpu/common.h - helpers shared by the cpu suite: a seeded RNG,
  * poisoned buffers with guard bytes, test data with a wide exponent spread,
- * and a NAIVE reference quantizer written straight from SPEC sections 1-2.
+ * and a NAIVE reference quantizer written straight from docs/contract.md sections 1-2.
  *
  * The reference deliberately shares nothing with the library beyond the
  * scalar conversions of formats.h (which the oracle vectors pin down):
  * its block amax, multiplier, dequant factor and scale offsets are written
- * out per element from the SPEC formulas, so a bug in the library's tile
+ * out per element from the formulas of docs/contract.md, so a bug in the library's tile
  * engine or in tensor.h's layout code cannot hide behind itself.
  *
  * Self-contained and static inline: any test file may include it.
@@ -154,7 +154,7 @@ static inline void t_fill(t_rng *r, void *src, mxs_dtype dtype, int64_t n) {
     }
 }
 
-/* ---- naive reference (SPEC sections 1 and 2, written out directly) ------ */
+/* ---- naive reference (docs/contract.md sections 1 and 2, written out directly) ------ */
 
 static inline float ref_load(const void *src, mxs_dtype dtype, int64_t i) {
     if (dtype == MXS_BF16) return mxs_bf16_to_f32(((const uint16_t *)src)[i]);
@@ -162,7 +162,7 @@ static inline float ref_load(const void *src, mxs_dtype dtype, int64_t i) {
     return ((const float *)src)[i];
 }
 
-/* SPEC section 1: e = e8m0_up(fl32(amax * fl32(1/448))) or
+/* docs/contract.md section 1: e = e8m0_up(fl32(amax * fl32(1/448))) or
  * clamp(e8m0_down(amax) - 8, 0, 254). */
 static inline uint8_t ref_exponent(float amax, mxs_rounding r) {
     if (r == MXS_ROUND_CEIL) {
@@ -184,13 +184,13 @@ static inline float ref_scale_value(uint8_t e) { return e == 255 ? NAN : ldexpf(
 static inline int64_t ref_cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static inline int64_t ref_rup(int64_t a, int64_t b) { return ref_cdiv(a, b) * b; }
 
-/* The S[M][K] view of SPEC section 2. */
+/* The S[M][K] view of docs/contract.md section 2. */
 static inline void ref_mk(int64_t rows, int64_t cols, int plane, int64_t *M, int64_t *K) {
     *M = plane == MXS_ROWWISE ? rows : cols;
     *K = ref_cdiv(plane == MXS_ROWWISE ? cols : rows, 32);
 }
 
-/* SPEC section 2 table: bytes of a scale plane. */
+/* docs/contract.md section 2 table: bytes of a scale plane. */
 static inline int64_t ref_scale_bytes(int64_t rows, int64_t cols, int plane, int layout) {
     int64_t M, K;
     ref_mk(rows, cols, plane, &M, &K);
@@ -198,7 +198,7 @@ static inline int64_t ref_scale_bytes(int64_t rows, int64_t cols, int plane, int
     return ref_rup(M, 128) * ref_rup(K, 4);
 }
 
-/* SPEC section 2: byte of entry (m, k). Compact / padded planes are the
+/* docs/contract.md section 2: byte of entry (m, k). Compact / padded planes are the
  * table's row-major matrices (column-wise ones are ceil(rows/32) x cols, so
  * entry (m=c, k=i) sits at i*cols + c); swizzled is the literal formula. */
 static inline int64_t ref_scale_offset(int64_t rows, int64_t cols, int plane, int layout, int64_t m, int64_t k) {

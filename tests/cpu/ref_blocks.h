@@ -1,5 +1,5 @@
 /* tests/cpu/ref_blocks.h - an independent statement of "this element's block
- * lies wholly inside the shard [start, end)", written from SPEC section 2
+ * lies wholly inside the shard [start, end)", written from docs/contract.md section 2
  * without the library's geometry.h, for the writeback tests' poison checks
  * (fused partial may cast exactly those blocks). */
 #ifndef MXSHARD_TESTS_REF_BLOCKS_H

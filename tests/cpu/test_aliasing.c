@@ -1,4 +1,4 @@
-/* SPEC section 6, the buffer rules: an output that overlaps an input or
+/* docs/contract.md section 6, the buffer rules: an output that overlaps an input or
  * another output is MXS_ERR_ALIASING, found before anything is written; the
  * writeback plan validates once and later phases re-check cheaply
  * (local_hash); the group status byte makes a rank-local failure fail every

@@ -1,7 +1,7 @@
-/* SPEC section 6: every rejection rule, one test each. A rejected call
+/* docs/contract.md section 6: every rejection rule, one test each. A rejected call
  * returns the code naming the fault and writes none of its outputs: every
  * output buffer is poisoned before the call and checked after it. Plus the
- * 64-bit index math of SPEC section 2 at 2^31 elements and more, checked
+ * 64-bit index math of docs/contract.md section 2 at 2^31 elements and more, checked
  * against exact __int128 arithmetic. */
 #include <criterion/criterion.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* SPEC section 1: every oracle vector, and the NaN / inf rules. */
+/* docs/contract.md section 1: every oracle vector, and the NaN / inf rules. */
 #include <criterion/criterion.h>
 #include <float.h>
 #include <math.h>

@@ -1,4 +1,4 @@
-/* SPEC section 3: which blocks a shard [start, start+len) touches, checked
+/* docs/contract.md section 3: which blocks a shard [start, start+len) touches, checked
  * against brute force over every element of random shapes and shards
  * (unaligned, empty, single-element, whole). */
 #include <criterion/criterion.h>

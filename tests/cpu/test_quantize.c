@@ -1,4 +1,4 @@
-/* SPEC sections 1, 2, 5 and 7: whole-tensor quantize (copy-back) and
+/* docs/contract.md sections 1, 2, 5 and 7: whole-tensor quantize (copy-back) and
  * dequantize against the naive per-element reference of common.h, for every
  * input dtype, both roundings, all three scale layouts and every plane set.
  * Every output is poisoned first and followed by guard bytes, and the

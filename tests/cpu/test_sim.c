@@ -1,4 +1,4 @@
-/* Suite cpu / sim: the SPEC section 4 invariant through a simulated
+/* Suite cpu / sim: the docs/contract.md section 4 invariant through a simulated
  * data-parallel group (harness/sim.h). Every rank holds its own primaries;
  * shards come from distributed-optimizer buckets, full replicas, overlapping
  * and random cuts. After partial -> one uint8 MAX reduction -> apply ->
@@ -200,7 +200,7 @@ static void describe(char *buf, size_t n, const mxs_sim_desc *d, int iter) {
     if (used > 0 && (size_t)used < n) snprintf(buf + used, n - (size_t)used, " ]");
 }
 
-/* SPEC section 4 invariant: random shapes, DP sizes 1-8, every sharding,
+/* docs/contract.md section 4 invariant: random shapes, DP sizes 1-8, every sharding,
  * layout, rounding, master dtype, round-through, mode and output, two
  * consecutive updates with changed masters. */
 Test(sim, invariant_random_configurations, .timeout = 240) {
@@ -467,7 +467,7 @@ Test(sim, threads_through_host_writeback_callback) {
     }
 }
 
-/* A rank-local failure never hangs the group (SPEC section 6): one rank's
+/* A rank-local failure never hangs the group (docs/contract.md section 6): one rank's
  * batch goes bad after planning (a changed shard, a NULL master) while the
  * others are fine. Every rank still calls the reduction exactly once; the
  * failing rank returns its own error, every other rank MXS_ERR_REMOTE; no

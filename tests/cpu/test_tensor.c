@@ -1,4 +1,4 @@
-/* SPEC section 2: planes, scale-plane sizes and the three scale layouts. */
+/* docs/contract.md section 2: planes, scale-plane sizes and the three scale layouts. */
 #include <criterion/criterion.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -113,7 +113,7 @@ Test(tensor, scale_offset_is_the_spec_formula_in_every_layout) {
                         int64_t want = ref_scale_offset(rows, cols, planes[p], layouts[l], m, k);
                         int64_t got = mxs_scale_geom_offset(&g, m, k);
                         if (got != want)
-                            cr_assert_fail("%ldx%ld layout %d plane %d (m=%ld,k=%ld): offset %ld, SPEC says %ld",
+                            cr_assert_fail("%ldx%ld layout %d plane %d (m=%ld,k=%ld): offset %ld, the contract (docs/contract.md) says %ld",
                                      (long)rows, (long)cols, layouts[l], planes[p], (long)m, (long)k, (long)got,
                                      (long)want);
                         checked++;

@@ -1,4 +1,4 @@
-/* Suite cpu / writeback: the writeback API one rank at a time (SPEC section 4
+/* Suite cpu / writeback: the writeback API one rank at a time (docs/contract.md section 4
  * steps 1, 2 and 4, and section 6 for bad input). The whole-group invariant
  * runs in test_sim.c. Outputs are poisoned (0xA5, sometimes 0x5A) before
  * every call and followed by guard bytes; comparisons are byte for byte.
@@ -165,7 +165,7 @@ static int64_t fixture_guards(const fixture *fx) {
 /* ---- independent reference pieces ------------------------------------------------ */
 
 /* This rank's partial exponents, compact layout, computed directly from
- * SPEC section 3: e8m0 of the amax over the block's elements inside the
+ * docs/contract.md section 3: e8m0 of the amax over the block's elements inside the
  * shard, 0x00 when the shard misses the block. */
 static void expected_partial(const mxs_wb_item *it, const float *full, mxs_rounding rnd, mxs_dirs plane, uint8_t *out) {
     const int64_t rows = it->primary.rows, cols = it->primary.cols;
@@ -186,7 +186,7 @@ static void expected_partial(const mxs_wb_item *it, const float *full, mxs_round
 
 /* ---- plan ------------------------------------------------------------------------- */
 
-/* SPEC section 4 step 1: compact row-wise scales of every item with a row
+/* docs/contract.md section 4 step 1: compact row-wise scales of every item with a row
  * plane, in batch order, then the compact column-wise scales, then the one
  * status byte. */
 Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {

@@ -1,7 +1,7 @@
 /* tests/nccl/test_nccl.c - the `nccl` suite: distributed writeback, gather,
  * copy-back and swizzle across one process per GPU (launch.h), checked byte
  * for byte against single-process quantization of the full master
- * (mxs_host_quantize on a host copy). SPEC sections 3-5.
+ * (mxs_host_quantize on a host copy). docs/contract.md sections 3-5.
  *
  *   test_nccl [group]     group: writeback | gather | copyback | plan (default: all)
  *
@@ -441,7 +441,7 @@ static void test_end(mxs_rank *r, const char *name, long failed_before) {
     mxs_rank_log(r, "  %s %s", r->failed == failed_before ? "ok    " : "FAILED", name);
 }
 
-/* SPEC section 4 invariant for one sharding scheme and two consecutive
+/* docs/contract.md section 4 invariant for one sharding scheme and two consecutive
  * updates with changed masters: writeback + gather == quantize(full). */
 static void run_writeback_case(mxs_rank *r, const char *name, const wspec *specs, int n, int scheme,
                                mxs_wb_mode mode, mxs_rounding rnd, int want_empty) {
@@ -837,7 +837,7 @@ static void group_gather(mxs_rank *r) {
     test_gather_many_weights(r);
 }
 
-/* SPEC section 5: all-gather the bf16 master, then mxs_cuda_quantize into the
+/* docs/contract.md section 5: all-gather the bf16 master, then mxs_cuda_quantize into the
  * EXISTING planes == FP8 writeback with bf16 round-through + byte gather. */
 static void test_copyback_bf16(mxs_rank *r, mxs_rounding rnd, const char *name) {
     long before = test_begin(r, name);
@@ -895,7 +895,7 @@ static void test_copyback_bf16(mxs_rank *r, mxs_rounding rnd, const char *name) 
     test_end(r, name, before);
 }
 
-/* SPEC section 4 step 6: gather with COMPACT scales, then swizzle on the GPU
+/* docs/contract.md section 4 step 6: gather with COMPACT scales, then swizzle on the GPU
  * == quantizing straight into the SWIZZLED layout (GPU and host). */
 static void test_swizzle_after_gather(mxs_rank *r) {
     const char *name = "swizzle_after_gather_equals_direct_swizzled_quantize";
