@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Every C / C++ code block in README.md (and docs/*.md blocks that name an
+"""Every C / C++ / Python code block in README.md (and docs/*.md blocks that name an
 example) must be an excerpt of a program under examples/, which the test
 suite compiles and runs as C and as C++. A block opens with a comment naming
 its source,
@@ -15,8 +15,8 @@ import re
 import sys
 
 root = pathlib.Path(sys.argv[1])
-fence = re.compile(r"^```(c|cpp|c\+\+)\s*$")
-marker = re.compile(r"^\s*(?:/\*|//)\s*excerpt of (examples/[\w./-]+)\s*(?:\*/)?\s*$")
+fence = re.compile(r"^```(c|cpp|c\+\+|python)\s*$")
+marker = re.compile(r"^\s*(?:/\*|//|#)\s*excerpt of (examples/[\w./-]+)\s*(?:\*/)?\s*$")
 n = 0
 failed = False
 
@@ -79,7 +79,7 @@ for doc in [root / "README.md"]:
         source = [norm(l) for l in src.read_text().splitlines()]
         chunks, cur = [], []
         for l in block[1:]:
-            if l.strip() in ("...", "/* ... */", "// ..."):
+            if l.strip() in ("...", "/* ... */", "// ...", "# ..."):
                 chunks.append(cur)
                 cur = []
             elif l.strip():
