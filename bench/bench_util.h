@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/bench_util.h - timing, same-mix ceilings and report tables for
  * bench/cuda_bench.cu (a program, not part of the library).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* bench/cuda_bench.cu - GPU time of mxshard's kernels against same-mix
  * ceilings measured in the same run (issue 9, "Speed where users are").
  *

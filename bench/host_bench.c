@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* host_bench - CPU quantize throughput (one core), elements per second.
  *
  *   build/bench/host_bench [rows cols reps]
@@ -105,7 +106,8 @@ int main(int argc, char **argv) {
             times[rep] = now_s() - t0;
         }
         qsort(times, (size_t)reps, sizeof(double), cmp_double);
-        results[nres].name = d == MXS_ROWWISE ? "writeback f32 (fused, DP=1), row-only" : "writeback f32 (fused, DP=1), both";
+        results[nres].name =
+            d == MXS_ROWWISE ? "writeback f32 (fused, DP=1), row-only" : "writeback f32 (fused, DP=1), both";
         results[nres++].seconds = times[reps / 2];
         free(packed);
         free(t.row_data);

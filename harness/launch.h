@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* harness/launch.h - one process per GPU, like torchrun, for the nccl
  * test suite and the demo. Header-only; C11 + POSIX.
  *
@@ -57,7 +58,7 @@ typedef struct mxs_rank {
     int rank, nranks;
     ncclComm_t comm;
     cudaStream_t stream;
-    int report_fd;      /* write end of this rank's report pipe */
+    int report_fd; /* write end of this rank's report pipe */
     long passed, failed;
 } mxs_rank;
 
@@ -102,15 +103,15 @@ static void mxs_rank_log(mxs_rank *r, const char *fmt, ...) {
     if (mxs__write_all(r->report_fd, line, (size_t)n) != 0) fputs(line, stdout);
 }
 
-#define MXS_CHECK(r, cond, ...)                                                                                  \
-    do {                                                                                                           \
-        if (cond) {                                                                                                \
-            (r)->passed++;                                                                                         \
-        } else {                                                                                                   \
-            (r)->failed++;                                                                                         \
-            mxs_rank_log((r), "  FAIL %s:%d: %s", __FILE__, __LINE__, #cond);                                      \
-            mxs_rank_log((r), "       " __VA_ARGS__);                                                              \
-        }                                                                                                          \
+#define MXS_CHECK(r, cond, ...)                                                                                        \
+    do {                                                                                                               \
+        if (cond) {                                                                                                    \
+            (r)->passed++;                                                                                             \
+        } else {                                                                                                       \
+            (r)->failed++;                                                                                             \
+            mxs_rank_log((r), "  FAIL %s:%d: %s", __FILE__, __LINE__, #cond);                                          \
+            mxs_rank_log((r), "       " __VA_ARGS__);                                                                  \
+        }                                                                                                              \
     } while (0)
 
 static long mxs__env_long(const char *name, long fallback) {
@@ -246,7 +247,7 @@ static void mxs__rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs
 
 typedef struct mxs__rank_out {
     pid_t pid;
-    int fd;       /* read end of the report pipe, -1 once at EOF */
+    int fd; /* read end of the report pipe, -1 once at EOF */
     int reaped, status;
     char *text;
     size_t len, cap;
@@ -283,8 +284,7 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
     if (cap > 0 && n > cap) n = (int)cap;
     if (n > MXS_LAUNCH_MAX_RANKS) n = MXS_LAUNCH_MAX_RANKS;
     if (n < 2) {
-        printf("SKIP %s: needs at least 2 CUDA GPUs (one process per GPU), found %d (%s)\n", name, n < 0 ? 0 : n,
-               why);
+        printf("SKIP %s: needs at least 2 CUDA GPUs (one process per GPU), found %d (%s)\n", name, n < 0 ? 0 : n, why);
         return 77;
     }
     printf("%s: %d ranks, one per GPU (%s)\n", name, n, why);
@@ -336,7 +336,8 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
                 idx[np++] = q;
             }
         }
-        if (np > 0) poll(pf, (nfds_t)np, 100);
+        if (np > 0)
+            poll(pf, (nfds_t)np, 100);
         else {
             struct timespec ts = {0, 50000000};
             nanosleep(&ts, NULL);
@@ -345,7 +346,8 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
             if (pf[q].revents & (POLLIN | POLLHUP | POLLERR)) {
                 char buf[4096];
                 ssize_t k = read(pf[q].fd, buf, sizeof buf);
-                if (k > 0) mxs__append(&out[idx[q]], buf, (size_t)k);
+                if (k > 0)
+                    mxs__append(&out[idx[q]], buf, (size_t)k);
                 else if (k == 0 || errno != EINTR) {
                     close(pf[q].fd);
                     out[idx[q]].fd = -1;
@@ -391,8 +393,10 @@ static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
             printf("[rank %d] %.*s\n", q, len, p);
             p += len + (e ? 1 : 0);
         }
-        if (WIFEXITED(st)) printf("rank %d: %s (exit %d)\n", q, ok ? "PASS" : "FAIL", WEXITSTATUS(st));
-        else printf("rank %d: FAIL (killed by signal %d)\n", q, WIFSIGNALED(st) ? WTERMSIG(st) : -1);
+        if (WIFEXITED(st))
+            printf("rank %d: %s (exit %d)\n", q, ok ? "PASS" : "FAIL", WEXITSTATUS(st));
+        else
+            printf("rank %d: FAIL (killed by signal %d)\n", q, WIFSIGNALED(st) ? WTERMSIG(st) : -1);
         bad |= !ok;
         free(out[q].text);
     }

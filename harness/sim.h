@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* harness/sim.h - a simulated data-parallel group, in one process.
  *
  * N ranks, each with its OWN copy of every MXFP8 primary (as in real

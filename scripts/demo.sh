@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Build and run the mxshard demo (CPU, simulated data-parallel group):
 # installs what is missing (as root on a Debian machine), configures
 # build-demo/ without tests, CUDA or benchmarks, builds, and runs

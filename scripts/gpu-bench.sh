@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # The benchmark on the GPU machine, in one call: configure + build only what
 # bench/cuda_bench needs (sm_90 machine code, release, no tests), then run it.
 #   ${OUT:-/tmp}/bench.md   the tables (markdown, for bench/RESULTS.md)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # One command for the GPU machine: configure + build (release, all cores),
 # run the cuda and nccl suites, run the benchmark, run the demo on the GPU if
 # it can. Everything is teed to ${OUT:-/tmp}/gpu-check.log, the benchmark

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tools/demo_cuda.c - `mxshard-demo --device cuda`: the demo's job on real
  * GPUs, one process per GPU over NCCL, as torchrun would run it.
  *
@@ -51,8 +52,8 @@ typedef struct cw {
 /* Deterministic master value of element i of weight w at update u: the same
  * on every rank, magnitudes spread over ~16 binades around 2^-6. */
 static float master_value(uint64_t seed, int w, int u, int64_t i) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + (uint64_t)w * 0xBF58476D1CE4E5B9ull + (uint64_t)u * 0x94D049BB133111EBull +
-                 (uint64_t)i * 0x2545F4914F6CDD1Dull;
+    uint64_t z = seed * 0x9E3779B97F4A7C15ull + (uint64_t)w * 0xBF58476D1CE4E5B9ull +
+                 (uint64_t)u * 0x94D049BB133111EBull + (uint64_t)i * 0x2545F4914F6CDD1Dull;
     uint32_t bits;
     z ^= z >> 31;
     z *= 0x7FB5D329728EA185ull;
@@ -126,32 +127,32 @@ static void free_tensor(mxs_tensor *t, int device) {
     }
 }
 
-#define CU(call)                                                                                                  \
-    do {                                                                                                           \
-        cudaError_t e_ = (call);                                                                                   \
-        if (e_ != cudaSuccess) {                                                                                   \
-            mxs_rank_log(r, "  FAIL %s: %s", #call, cudaGetErrorString(e_));                                       \
-            r->failed++;                                                                                           \
-            return;                                                                                                \
-        }                                                                                                          \
+#define CU(call)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (call);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                       \
+            mxs_rank_log(r, "  FAIL %s: %s", #call, cudaGetErrorString(e_));                                           \
+            r->failed++;                                                                                               \
+            return;                                                                                                    \
+        }                                                                                                              \
     } while (0)
-#define MX(call)                                                                                                  \
-    do {                                                                                                           \
-        mxs_status s_ = (call);                                                                                    \
-        if (s_ != MXS_OK) {                                                                                        \
-            mxs_rank_log(r, "  FAIL %s: %s", #call, mxs_status_str(s_));                                           \
-            r->failed++;                                                                                           \
-            return;                                                                                                \
-        }                                                                                                          \
+#define MX(call)                                                                                                       \
+    do {                                                                                                               \
+        mxs_status s_ = (call);                                                                                        \
+        if (s_ != MXS_OK) {                                                                                            \
+            mxs_rank_log(r, "  FAIL %s: %s", #call, mxs_status_str(s_));                                               \
+            r->failed++;                                                                                               \
+            return;                                                                                                    \
+        }                                                                                                              \
     } while (0)
-#define NC(call)                                                                                                  \
-    do {                                                                                                           \
-        ncclResult_t n_ = (call);                                                                                  \
-        if (n_ != ncclSuccess) {                                                                                   \
-            mxs_rank_log(r, "  FAIL %s: %s", #call, ncclGetErrorString(n_));                                       \
-            r->failed++;                                                                                           \
-            return;                                                                                                \
-        }                                                                                                          \
+#define NC(call)                                                                                                       \
+    do {                                                                                                               \
+        ncclResult_t n_ = (call);                                                                                      \
+        if (n_ != ncclSuccess) {                                                                                       \
+            mxs_rank_log(r, "  FAIL %s: %s", #call, ncclGetErrorString(n_));                                           \
+            r->failed++;                                                                                               \
+            return;                                                                                                    \
+        }                                                                                                              \
     } while (0)
 
 static void rank_main(mxs_rank *r, void *user) {
@@ -185,8 +186,9 @@ static void rank_main(mxs_rank *r, void *user) {
     }
     bucket = mxs_round_up(bucket, nr);
     if (talk)
-        printf("mxshard-demo: %d rank%s (one process per GPU, NCCL), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
-               nr, nr == 1 ? "" : "s", o->layers, o->layers > 1 ? "s" : "", (long long)o->hidden, (long long)kv, (long long)ffn);
+        printf("mxshard-demo: %d rank%s (one process per GPU, NCCL), %d layer%s, hidden %lld, kv %lld, ffn %lld\n", nr,
+               nr == 1 ? "" : "s", o->layers, o->layers > 1 ? "s" : "", (long long)o->hidden, (long long)kv,
+               (long long)ffn);
 
     /* the bucket: shards, primaries, masters */
     memset(&batch, 0, sizeof batch);
@@ -246,8 +248,9 @@ static void rank_main(mxs_rank *r, void *user) {
     for (p = 0; p < 5; p++) CU(cudaEventCreate(&ev[p]));
     CU(cudaMalloc((void **)&check, 32)); /* plan-check scratch (device) */
     MX(mxs_nccl_wb_check_plan(&plan, check, r->comm, r->stream));
-    if (talk) printf("[setup]      plan agreed by %d rank%s (fingerprint %016llx)\n", nr, nr == 1 ? "" : "s",
-                     (unsigned long long)plan.fingerprint);
+    if (talk)
+        printf("[setup]      plan agreed by %d rank%s (fingerprint %016llx)\n", nr, nr == 1 ? "" : "s",
+               (unsigned long long)plan.fingerprint);
 
     for (u = 0; u < DEMO_UPDATES; u++) {
         double t0 = demo_now_ms();
@@ -265,8 +268,9 @@ static void rank_main(mxs_rank *r, void *user) {
         }
         CU(cudaStreamSynchronize(r->stream));
         ms[u][CP_STEP] = demo_now_ms() - t0;
-        if (talk) printf("[update %d/%d] step      new masters, shards uploaded  %8.1f ms\n", u + 1, DEMO_UPDATES,
-                         ms[u][CP_STEP]);
+        if (talk)
+            printf("[update %d/%d] step      new masters, shards uploaded  %8.1f ms\n", u + 1, DEMO_UPDATES,
+                   ms[u][CP_STEP]);
 
         /* line the ranks up first (a 1-byte all-reduce, not part of the
          * writeback) so that the reduce phase does not time another rank's
@@ -291,8 +295,10 @@ static void rank_main(mxs_rank *r, void *user) {
             ms[u][CP_PARTIAL + p] = span[p];
             if (talk)
                 printf("[update %d/%d] %-8s  %-27s  %8.3f ms (GPU)\n", u + 1, DEMO_UPDATES, cp_names[CP_PARTIAL + p],
-                       p == 0 ? "partial exponents + cast" : p == 1 ? "ncclAllReduce uint8 MAX" :
-                       p == 2 ? "scales + shard edges" : "ncclBroadcast uint8 planes",
+                       p == 0   ? "partial exponents + cast"
+                       : p == 1 ? "ncclAllReduce uint8 MAX"
+                       : p == 2 ? "scales + shard edges"
+                                : "ncclBroadcast uint8 planes",
                        ms[u][CP_PARTIAL + p]);
         }
 
@@ -310,8 +316,8 @@ static void rank_main(mxs_rank *r, void *user) {
             if (items[w].len > 0)
                 CU(cudaMemcpyAsync(c->d_bf16 + items[w].start, c->bf16 + items[w].start,
                                    (size_t)items[w].len * sizeof(uint16_t), cudaMemcpyHostToDevice, r->stream));
-            MX(mxs_nccl_gather_bytes(c->d_bf16, c->elems, 2, starts + (int64_t)w * nr, lens + (int64_t)w * nr,
-                                     r->comm, r->stream));
+            MX(mxs_nccl_gather_bytes(c->d_bf16, c->elems, 2, starts + (int64_t)w * nr, lens + (int64_t)w * nr, r->comm,
+                                     r->stream));
             MX(mxs_cuda_quantize(&c->copyback, c->d_bf16, MXS_BF16, o->rounding, r->stream));
             CU(cudaStreamSynchronize(r->stream));
             bad = compare_planes(&c->copyback, &c->ref, scratch);
@@ -320,8 +326,9 @@ static void rank_main(mxs_rank *r, void *user) {
             mismatch += bad < 0 ? 1 : bad;
         }
         ms[u][CP_VERIFY] = demo_now_ms() - t0;
-        if (talk) printf("[update %d/%d] verify    host quantize + GPU copy-back  %8.1f ms\n", u + 1, DEMO_UPDATES,
-                         ms[u][CP_VERIFY]);
+        if (talk)
+            printf("[update %d/%d] verify    host quantize + GPU copy-back  %8.1f ms\n", u + 1, DEMO_UPDATES,
+                   ms[u][CP_VERIFY]);
     }
 
     /* Bookkeeping outside the writeback: the slowest rank's times and the
@@ -341,8 +348,8 @@ static void rank_main(mxs_rank *r, void *user) {
                "  \"reduction_bytes_per_update\": %lld,\n  \"te_bf16_amax_bytes_per_update\": %lld,\n"
                "  \"gather_uint8_bytes_per_update\": %lld,\n  \"bf16_gather_bytes_per_update\": %lld,\n"
                "  \"phases_ms_max_over_ranks\": {",
-               nr, o->layers, (long long)o->hidden, o->rounding == MXS_ROUND_CEIL ? "ceil" : "floor", DEMO_UPDATES,
-               n, (long long)row_only, (long long)primary, (long long)bidir, (long long)plan.packed_bytes,
+               nr, o->layers, (long long)o->hidden, o->rounding == MXS_ROUND_CEIL ? "ceil" : "floor", DEMO_UPDATES, n,
+               (long long)row_only, (long long)primary, (long long)bidir, (long long)plan.packed_bytes,
                (long long)te_bytes, (long long)gather_u8, (long long)gather_bf16);
         for (p = 0; p < CP_COUNT; p++) {
             printf("%s\"%s\": [", p ? ", " : "", cp_names[p]);
@@ -353,7 +360,8 @@ static void rank_main(mxs_rank *r, void *user) {
                (long long)mismatch);
     } else if (talk) {
         printf("\n== mxshard-demo summary (GPU, %d rank%s over NCCL) ==\n", nr, nr == 1 ? "" : "s");
-        printf("bucket: %d weights (%lld row-only), %s elements, padded TE scale layout, %s rounding, bf16 round-through\n",
+        printf("bucket: %d weights (%lld row-only), %s elements, padded TE scale layout, %s rounding, bf16 "
+               "round-through\n",
                n, (long long)row_only, demo_fmt_int(bucket, b1, sizeof b1),
                o->rounding == MXS_ROUND_CEIL ? "ceil" : "floor");
         printf("memory per rank: %s instead of %s bidirectional, saved %s (%.1f%%)\n",

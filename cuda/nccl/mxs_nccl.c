@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/nccl/mxs_nccl.c - NCCL glue of mxshard (see include/mxshard/nccl.h).
  *
  * Host code only: it validates, then enqueues the CUDA kernels of

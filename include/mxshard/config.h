@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/config.h - portability macros shared by every mxshard header.
  *
  * MXS_HOST_DEVICE marks the scalar rules (conversions, index math) that the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/cuda.h - C ABI of the compiled CUDA kernels (libmxshard_cuda).
  *
  * Link with libmxshard_cuda (meson: mxshard_cuda_dep) and the CUDA runtime.

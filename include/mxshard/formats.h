@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/formats.h - the scalar number formats of MXFP8 (docs/contract.md section 1).
  *
  *   E4M3  element   s eeee mmm   bias 7, max finite +-448 (0x7E/0xFE),
@@ -42,13 +43,13 @@ typedef enum { MXS_F32 = 0, MXS_BF16 = 1, MXS_F16 = 2 } mxs_dtype;
 /* amax -> E8M0 rounding (docs/contract.md section 1). MXS_ROUND_CEIL is the default. */
 typedef enum { MXS_ROUND_CEIL = 0, MXS_ROUND_FLOOR = 1 } mxs_rounding;
 
-#define MXS_BLOCK 32           /* elements per MX block */
-#define MXS_E4M3_MAX 448.0f    /* largest finite E4M3 */
+#define MXS_BLOCK 32        /* elements per MX block */
+#define MXS_E4M3_MAX 448.0f /* largest finite E4M3 */
 #define MXS_E4M3_MAX_CODE 0x7Eu
 #define MXS_E4M3_NAN 0x7Fu
 #define MXS_E8M0_NAN 0xFFu
 #define MXS_E8M0_MAX 0xFEu
-#define MXS_E4M3_EMAX 8        /* exponent of E4M3's largest binade (448 = 1.75 * 2^8) */
+#define MXS_E4M3_EMAX 8 /* exponent of E4M3's largest binade (448 = 1.75 * 2^8) */
 
 /* ---- bit casts ---------------------------------------------------------- */
 
@@ -188,9 +189,7 @@ MXS_HD float mxs_e8m0_to_f32(uint8_t e) {
 }
 
 /* One element: E4M3(fl32(x * s)). */
-MXS_HD uint8_t mxs_quantize_elem(float x, float quant_mult) {
-    return mxs_e4m3_from_f32(x * quant_mult);
-}
+MXS_HD uint8_t mxs_quantize_elem(float x, float quant_mult) { return mxs_e4m3_from_f32(x * quant_mult); }
 
 /* x' = e4m3_to_f32(q) * 2^(e-127), in f32. */
 MXS_HD float mxs_dequantize_elem(uint8_t q, uint8_t e) {

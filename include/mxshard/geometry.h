@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/geometry.h - which blocks a shard touches (docs/contract.md section 3).
  *
  * A rank's shard is the flat range [start, start+len) of a rows x cols

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/mxshard.h - MXFP8 primary weights under sharded optimizers.
  *
  * Header-only host library (C99 and C++). Include this one header:

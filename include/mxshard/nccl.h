@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/nccl.h - NCCL glue (libmxshard_nccl): writeback with exactly one
  * uint8 MAX all-reduce, the quantized-byte gather, and a plan check.
  *

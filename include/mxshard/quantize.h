@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/quantize.h - whole-tensor quantize (copy-back), dequantize and
  * scale-layout conversion on the CPU (docs/contract.md sections 2, 5, 7).
  *
@@ -84,7 +85,7 @@ MXS_PRIVATE void mxs__host_cast_span(uint8_t *MXS_RESTRICT out, const float *MXS
 
 /* Column-wise cast of one tile row: each element has its column's multiplier. */
 MXS_PRIVATE void mxs__host_cast_cols(uint8_t *MXS_RESTRICT out, const float *MXS_RESTRICT x,
-                                 const float *MXS_RESTRICT mult, int64_t a, int64_t b) {
+                                     const float *MXS_RESTRICT mult, int64_t a, int64_t b) {
     int64_t k;
     if (a == 0 && b == MXS_BLOCK) {
         for (k = 0; k < MXS_BLOCK; k++) out[k] = mxs_quantize_elem(x[k], mult[k]);
@@ -133,8 +134,12 @@ MXS_PRIVATE void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) 
         int64_t l = rc.first - c0, h = rc.first + rc.count - c0;
         l = l < 0 ? 0 : l;
         h = h > nc ? nc : h;
-        if (h <= l) { l = 0; h = 0; all_rows = 0; }
-        else any = 1;
+        if (h <= l) {
+            l = 0;
+            h = 0;
+            all_rows = 0;
+        } else
+            any = 1;
         lo[i] = l;
         hi[i] = h;
         full_row[i] = l == 0 && h == nc;
@@ -156,8 +161,9 @@ MXS_PRIVATE void mxs__host_tile(const mxs__host_job *job, int64_t g, int64_t t) 
     for (i = 0; i < nr; i++) {
         int64_t f = (r0 + i) * job->cols + c0;
         for (j = 0; j < lo[i]; j++) x[i][j] = 0.0f;
-        if (hi[i] > lo[i]) mxs__host_load(&x[i][lo[i]], job->src, job->src_dtype, f + lo[i] - job->src_base,
-                                          hi[i] - lo[i], job->round_through);
+        if (hi[i] > lo[i])
+            mxs__host_load(&x[i][lo[i]], job->src, job->src_dtype, f + lo[i] - job->src_base, hi[i] - lo[i],
+                           job->round_through);
         for (j = hi[i]; j < MXS_BLOCK; j++) x[i][j] = 0.0f; /* the column amax runs over 32 */
     }
 
@@ -233,8 +239,7 @@ MXS_PRIVATE void mxs__host_run(const mxs__host_job *job) {
     mxs_range groups = mxs_shard_groups(job->cols, job->lo, job->hi - job->lo);
     int64_t kr = mxs_row_blocks_per_row(job->cols), g, t;
     for (g = groups.first; g < groups.first + groups.count; g++) {
-        if (job->cast == MXS__CAST_OUTSIDE && g != groups.first && g != groups.first + groups.count - 1)
-            continue;
+        if (job->cast == MXS__CAST_OUTSIDE && g != groups.first && g != groups.first + groups.count - 1) continue;
         for (t = 0; t < kr; t++) mxs__host_tile(job, g, t);
     }
 }
@@ -306,8 +311,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_dequantize_check(const mxs_tensor *t, mxs_d
                                                       mxs_scale_geom *g) {
     int64_t elems;
     mxs_status s;
-    if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane))
-        return MXS_ERR_INVALID_ARGUMENT;
+    if (!t || !dst || !mxs_dtype_valid((int)dst_dtype) || !mxs_plane_valid((int)plane)) return MXS_ERR_INVALID_ARGUMENT;
     if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
     if (!(t->dirs & (unsigned)plane)) return MXS_ERR_ABSENT_PLANE;
     *data = plane == MXS_ROWWISE ? t->row_data : t->col_data;
@@ -337,9 +341,12 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_di
         for (c = 0; c < t->cols; c++) {
             uint8_t e = scale[mxs_scale_geom_offset(&g, mxs_scale_m(&g, r, c), mxs_scale_k(&g, r, c))];
             float v = mxs_dequantize_elem(data[f + c], e);
-            if (dst_dtype == MXS_F32) ((float *)dst)[f + c] = v;
-            else if (dst_dtype == MXS_BF16) ((uint16_t *)dst)[f + c] = mxs_bf16_from_f32(v);
-            else ((uint16_t *)dst)[f + c] = mxs_f16_from_f32(v);
+            if (dst_dtype == MXS_F32)
+                ((float *)dst)[f + c] = v;
+            else if (dst_dtype == MXS_BF16)
+                ((uint16_t *)dst)[f + c] = mxs_bf16_from_f32(v);
+            else
+                ((uint16_t *)dst)[f + c] = mxs_f16_from_f32(v);
         }
     }
     return MXS_OK;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/status.h - status codes (docs/contract.md section 6).
  *
  * Every fallible call returns an mxs_status. MXS_OK is 0; every other code
@@ -40,7 +41,8 @@ MXS_API const char *mxs_status_str(mxs_status s) {
     case MXS_ERR_ABSENT_PLANE:
         return "MXS_ERR_ABSENT_PLANE: the call needs a plane the tensor does not have (its flag is unset or its "
                "data/scale pointer is NULL); mxshard never allocates one";
-    case MXS_ERR_RANGE: return "MXS_ERR_RANGE: a shard or range lies outside the tensor (need 0 <= start, start + len <= rows*cols)";
+    case MXS_ERR_RANGE:
+        return "MXS_ERR_RANGE: a shard or range lies outside the tensor (need 0 <= start, start + len <= rows*cols)";
     case MXS_ERR_BUFFER_SIZE: return "MXS_ERR_BUFFER_SIZE: a caller-given buffer is smaller than the call needs";
     case MXS_ERR_CUDA: return "MXS_ERR_CUDA: a CUDA runtime call or kernel launch failed";
     case MXS_ERR_NCCL: return "MXS_ERR_NCCL: an NCCL call failed";

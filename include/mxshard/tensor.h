@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/tensor.h - the MXFP8 tensor descriptor, its planes and scale layouts
  * (docs/contract.md section 2).
  *
@@ -47,11 +48,11 @@ typedef enum { MXS_SCALES_COMPACT = 0, MXS_SCALES_PADDED = 1, MXS_SCALES_SWIZZLE
 
 typedef struct mxs_tensor {
     int64_t rows, cols;
-    unsigned dirs;                  /* MXS_ROWWISE | MXS_COLWISE */
-    mxs_scale_layout scale_layout;  /* applies to both scale planes */
-    uint8_t *row_data, *row_scale;  /* NULL when the row-wise plane is absent */
-    uint8_t *col_data, *col_scale;  /* NULL when the column-wise plane is absent */
-} mxs_tensor;                       /* more fields may follow; zero means default */
+    unsigned dirs;                 /* MXS_ROWWISE | MXS_COLWISE */
+    mxs_scale_layout scale_layout; /* applies to both scale planes */
+    uint8_t *row_data, *row_scale; /* NULL when the row-wise plane is absent */
+    uint8_t *col_data, *col_scale; /* NULL when the column-wise plane is absent */
+} mxs_tensor;                      /* more fields may follow; zero means default */
 
 /* ---- checked 64-bit arithmetic ------------------------------------------ */
 
@@ -100,8 +101,7 @@ typedef struct mxs_scale_geom {
 
 /* Builds the geometry; returns 0 when a size overflows int64 (only possible
  * for rows or cols near INT64_MAX). rows, cols >= 1. */
-MXS_HD int mxs_scale_geom_make(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout layout,
-                               mxs_scale_geom *g) {
+MXS_HD int mxs_scale_geom_make(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout layout, mxs_scale_geom *g) {
     int64_t Mp_bytes;
     g->colwise = plane == MXS_COLWISE;
     g->layout = (int)layout;
@@ -123,8 +123,7 @@ MXS_HD int64_t mxs_scale_geom_offset(const mxs_scale_geom *g, int64_t m, int64_t
     switch (g->layout) {
     case MXS_SCALES_COMPACT: return g->colwise ? k * g->M + m : m * g->K + k;
     case MXS_SCALES_PADDED: return g->colwise ? k * g->Mp + m : m * g->Kp + k;
-    default:
-        return ((m / 128) * (g->Kp / 4) + (k / 4)) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+    default: return ((m / 128) * (g->Kp / 4) + (k / 4)) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
     }
 }
 
@@ -134,12 +133,22 @@ MXS_HD int64_t mxs_scale_geom_offset(const mxs_scale_geom *g, int64_t m, int64_t
 MXS_HD void mxs_scale_geom_coords(const mxs_scale_geom *g, int64_t off, int64_t *m, int64_t *k) {
     switch (g->layout) {
     case MXS_SCALES_COMPACT:
-        if (g->colwise) { *k = off / g->M; *m = off % g->M; }
-        else { *m = off / g->K; *k = off % g->K; }
+        if (g->colwise) {
+            *k = off / g->M;
+            *m = off % g->M;
+        } else {
+            *m = off / g->K;
+            *k = off % g->K;
+        }
         return;
     case MXS_SCALES_PADDED:
-        if (g->colwise) { *k = off / g->Mp; *m = off % g->Mp; }
-        else { *m = off / g->Kp; *k = off % g->Kp; }
+        if (g->colwise) {
+            *k = off / g->Mp;
+            *m = off % g->Mp;
+        } else {
+            *m = off / g->Kp;
+            *k = off % g->Kp;
+        }
         return;
     default: {
         int64_t tile = off / 512, in = off % 512;
@@ -152,9 +161,7 @@ MXS_HD void mxs_scale_geom_coords(const mxs_scale_geom *g, int64_t off, int64_t 
 }
 
 /* Whether (m, k) is a logical entry (not padding). */
-MXS_HD int mxs_scale_geom_is_logical(const mxs_scale_geom *g, int64_t m, int64_t k) {
-    return m < g->M && k < g->K;
-}
+MXS_HD int mxs_scale_geom_is_logical(const mxs_scale_geom *g, int64_t m, int64_t k) { return m < g->M && k < g->K; }
 
 /* Block-coordinate helpers: the (m, k) of the block holding element (r, c). */
 MXS_HD int64_t mxs_scale_m(const mxs_scale_geom *g, int64_t r, int64_t c) { return g->colwise ? c : r; }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/wbjob.h - PRIVATE: the shard job that the host engine and the CUDA
  * kernels both run. Not part of the API (names mxs__*; fields may change in
  * any release); included by quantize.h and by the kernels in cuda/.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* mxshard/writeback.h - distributed writeback on the CPU (docs/contract.md sections 3, 4).
  *
  * Every data-parallel rank holds an FP32 (or bf16/f16) master shard of each
@@ -80,11 +81,11 @@ typedef struct mxs_wb_item {
 typedef struct mxs_wb_batch {
     const mxs_wb_item *items;
     int64_t n_items;
-    mxs_rounding rounding;  /* MXS_ROUND_CEIL (default) or MXS_ROUND_FLOOR */
-    mxs_dtype round_through;/* MXS_F32 (default): none; MXS_BF16: round each master element to bf16
-                               first (Transformer Engine's behaviour; makes writeback equal BF16
-                               copy-back); MXS_F16: to f16 */
-    mxs_wb_mode mode;       /* MXS_WB_FUSED (default) or MXS_WB_STRICT */
+    mxs_rounding rounding;   /* MXS_ROUND_CEIL (default) or MXS_ROUND_FLOOR */
+    mxs_dtype round_through; /* MXS_F32 (default): none; MXS_BF16: round each master element to bf16
+                                first (Transformer Engine's behaviour; makes writeback equal BF16
+                                copy-back); MXS_F16: to f16 */
+    mxs_wb_mode mode;        /* MXS_WB_FUSED (default) or MXS_WB_STRICT */
 } mxs_wb_batch;
 
 /* The plan of a batch (mxs_wb_make_plan). Every field but local_hash is the

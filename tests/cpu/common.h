@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tests/cpu/common.h - helpers shared by the cpu suite: a seeded RNG,
  * poisoned buffers with guard bytes, test data with a wide exponent spread,
  * and a NAIVE reference quantizer written straight from docs/contract.md sections 1-2.
@@ -108,11 +109,13 @@ static inline float t_rand_f32(t_rng *r, int center) {
     int64_t kind = t_below(r, 100);
     int64_t e;
     if (kind == 0) return mxs_f32_from_bits(sign | 0x7FC00000u | (mant & 0x3FFFFFu)); /* NaN */
-    if (kind == 1) return mxs_f32_from_bits(sign | 0x7F800000u);                       /* inf */
-    if (kind < 4) return mxs_f32_from_bits(sign);                                      /* +-0 */
-    if (kind < 6) return mxs_f32_from_bits(sign | (mant ? mant : 1u));                 /* subnormal */
-    if (kind < 8) e = t_between(r, 1, 254);                                            /* anywhere */
-    else e = 127 + center + t_between(r, -24, 24);
+    if (kind == 1) return mxs_f32_from_bits(sign | 0x7F800000u);                      /* inf */
+    if (kind < 4) return mxs_f32_from_bits(sign);                                     /* +-0 */
+    if (kind < 6) return mxs_f32_from_bits(sign | (mant ? mant : 1u));                /* subnormal */
+    if (kind < 8)
+        e = t_between(r, 1, 254); /* anywhere */
+    else
+        e = 127 + center + t_between(r, -24, 24);
     if (e < 1) e = 1;
     if (e > 254) e = 254;
     return mxs_f32_from_bits(sign | ((uint32_t)e << 23) | mant);
@@ -133,9 +136,12 @@ static inline void t_fill(t_rng *r, void *src, mxs_dtype dtype, int64_t n) {
             int64_t k;
             for (k = 0; k < 32 && i < n; k++, i++) {
                 uint32_t z = (uint32_t)(t_next(r) & 1u) << 31;
-                if (dtype == MXS_F32) ((float *)src)[i] = mxs_f32_from_bits(special ? z : 0x7FC00001u);
-                else if (dtype == MXS_BF16) ((uint16_t *)src)[i] = (uint16_t)(special ? z >> 16 : 0xFFC1u);
-                else ((uint16_t *)src)[i] = (uint16_t)(special ? z >> 16 : 0x7E01u);
+                if (dtype == MXS_F32)
+                    ((float *)src)[i] = mxs_f32_from_bits(special ? z : 0x7FC00001u);
+                else if (dtype == MXS_BF16)
+                    ((uint16_t *)src)[i] = (uint16_t)(special ? z >> 16 : 0xFFC1u);
+                else
+                    ((uint16_t *)src)[i] = (uint16_t)(special ? z >> 16 : 0x7E01u);
             }
             i--;
             continue;
@@ -149,8 +155,10 @@ static inline void t_fill(t_rng *r, void *src, mxs_dtype dtype, int64_t n) {
             continue;
         }
         v = t_rand_f32(r, center);
-        if (dtype == MXS_F32) ((float *)src)[i] = v;
-        else ((uint16_t *)src)[i] = (uint16_t)(mxs_f32_bits(v) >> 16);
+        if (dtype == MXS_F32)
+            ((float *)src)[i] = v;
+        else
+            ((uint16_t *)src)[i] = (uint16_t)(mxs_f32_bits(v) >> 16);
     }
 }
 
@@ -215,8 +223,7 @@ static inline int64_t ref_scale_offset(int64_t rows, int64_t cols, int plane, in
  * element: data gets rows*cols bytes, scale gets ref_scale_bytes bytes
  * (padding 0x00). */
 static inline void ref_quantize_plane(int64_t rows, int64_t cols, const void *src, mxs_dtype dtype,
-                                      mxs_rounding rounding, int plane, int layout, uint8_t *data,
-                                      uint8_t *scale) {
+                                      mxs_rounding rounding, int plane, int layout, uint8_t *data, uint8_t *scale) {
     int64_t M, K, m, k, t;
     ref_mk(rows, cols, plane, &M, &K);
     memset(scale, 0, (size_t)ref_scale_bytes(rows, cols, plane, layout));
@@ -254,9 +261,12 @@ static inline void ref_dequantize_plane(int64_t rows, int64_t cols, int plane, i
             uint8_t e = scale[ref_scale_offset(rows, cols, plane, layout, m, k)];
             float v = mxs_e4m3_to_f32(data[r * cols + c]) * ref_scale_value(e);
             int64_t i = r * cols + c;
-            if (dtype == MXS_F32) ((float *)dst)[i] = v;
-            else if (dtype == MXS_BF16) ((uint16_t *)dst)[i] = mxs_bf16_from_f32(v);
-            else ((uint16_t *)dst)[i] = mxs_f16_from_f32(v);
+            if (dtype == MXS_F32)
+                ((float *)dst)[i] = v;
+            else if (dtype == MXS_BF16)
+                ((uint16_t *)dst)[i] = mxs_bf16_from_f32(v);
+            else
+                ((uint16_t *)dst)[i] = mxs_f16_from_f32(v);
         }
     }
 }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tests/cpu/ref_blocks.h - an independent statement of "this element's block
  * lies wholly inside the shard [start, end)", written from docs/contract.md section 2
  * without the library's geometry.h, for the writeback tests' poison checks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* docs/contract.md section 6, the buffer rules: an output that overlaps an input or
  * another output is MXS_ERR_ALIASING, found before anything is written; the
  * writeback plan validates once and later phases re-check cheaply

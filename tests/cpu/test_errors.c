@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* docs/contract.md section 6: every rejection rule, one test each. A rejected call
  * returns the code naming the fault and writes none of its outputs: every
  * output buffer is poisoned before the call and checked after it. Plus the
@@ -46,7 +47,8 @@ static fixture *fx_make(mxs_scale_layout layout) {
 static void fx_untouched(const fixture *f, const char *what) {
     size_t k;
     int b;
-    for (b = 0; b < 4; b++) cr_assert(t_all_poisoned(f->buf[b], f->bytes[b]), "%s: output buffer %d was written", what, b);
+    for (b = 0; b < 4; b++)
+        cr_assert(t_all_poisoned(f->buf[b], f->bytes[b]), "%s: output buffer %d was written", what, b);
     for (k = 0; k < sizeof f->out; k++) cr_assert_eq(f->out[k], T_POISON, "%s: dst byte %zu was written", what, k);
 }
 
@@ -126,8 +128,9 @@ Test(errors, quantize_rejects_rows_or_cols_below_1) {
 
 Test(errors, quantize_rejects_rows_times_cols_overflow) {
     fixture *f = fx_make(MXS_SCALES_COMPACT);
-    const int64_t bad[][2] = {{INT64_MAX / 2, 3}, {3, INT64_MAX / 2}, {INT64_MAX, INT64_MAX}, {(int64_t)1 << 32, (int64_t)1 << 31},
-                              {INT64_MAX, 1}, {1, INT64_MAX}}; /* the last two: the padded scale M overflows */
+    const int64_t bad[][2] = {{INT64_MAX / 2, 3},     {3, INT64_MAX / 2},
+                              {INT64_MAX, INT64_MAX}, {(int64_t)1 << 32, (int64_t)1 << 31},
+                              {INT64_MAX, 1},         {1, INT64_MAX}}; /* the last two: the padded scale M overflows */
     size_t k;
     int l;
     for (l = 0; l < 3; l++) {
@@ -151,7 +154,8 @@ Test(errors, quantize_rejects_a_flagged_plane_with_null_data_or_scale) {
         if (k == 1) t.row_scale = NULL;
         if (k == 2) t.col_data = NULL;
         if (k == 3) t.col_scale = NULL;
-        expect_quantize(f, &t, f->src, MXS_F32, MXS_ROUND_CEIL, MXS_ERR_ABSENT_PLANE, "NULL pointer of a flagged plane");
+        expect_quantize(f, &t, f->src, MXS_F32, MXS_ROUND_CEIL, MXS_ERR_ABSENT_PLANE,
+                        "NULL pointer of a flagged plane");
         t.dirs = k < 2 ? MXS_ROWWISE : MXS_COLWISE;
         expect_quantize(f, &t, f->src, MXS_BF16, MXS_ROUND_FLOOR, MXS_ERR_ABSENT_PLANE, "single plane, NULL pointer");
     }
@@ -227,8 +231,8 @@ Test(errors, dequantize_rejects_dst_overlapping_the_data) {
 
 static void expect_convert(fixture *f, int64_t rows, int64_t cols, int plane, int from, const uint8_t *src, int to,
                            uint8_t *dst, mxs_status want, const char *what) {
-    mxs_status got = mxs_host_convert_scales(rows, cols, (mxs_dirs)plane, (mxs_scale_layout)from, src,
-                                             (mxs_scale_layout)to, dst);
+    mxs_status got =
+        mxs_host_convert_scales(rows, cols, (mxs_dirs)plane, (mxs_scale_layout)from, src, (mxs_scale_layout)to, dst);
     cr_assert_eq(got, want, "%s: got %d (%s), want %d", what, got, mxs_status_str(got), want);
     fx_untouched(f, what);
 }
@@ -322,8 +326,9 @@ Test(errors, status_str_names_every_code_distinctly) {
 
 /* ---- 64-bit index math --------------------------------------------------- */
 
-static const int64_t big_shapes[][2] = {{262144, 8192},     {65568, 32768},  {8192, 262144}, {(int64_t)1 << 26, 65536},
-                                        {3000000017LL, 77}, {77, 3000000017LL}, {(int64_t)1 << 31, 1}};
+static const int64_t big_shapes[][2] = {
+    {262144, 8192},     {65568, 32768},     {8192, 262144},       {(int64_t)1 << 26, 65536},
+    {3000000017LL, 77}, {77, 3000000017LL}, {(int64_t)1 << 31, 1}};
 
 static int64_t exact(i128 v) {
     cr_assert(v >= 0 && v <= (i128)INT64_MAX, "reference value exceeds int64");
@@ -359,9 +364,13 @@ Test(errors, scale_sizes_and_offsets_are_64_bit_beyond_2_pow_31_elements) {
                     i128 kk = k == 0 ? (l ? Kp : K) - 1 : t_below(&rng, (int64_t)(l ? Kp : K));
                     i128 want;
                     int64_t mm, kk2;
-                    if (l == 0) want = p == 0 ? m * K + kk : kk * M + m;
-                    else if (l == 1) want = p == 0 ? m * Kp + kk : kk * Mp + m;
-                    else want = ((m / 128) * (Kp / 4) + (kk / 4)) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (kk % 4);
+                    if (l == 0)
+                        want = p == 0 ? m * K + kk : kk * M + m;
+                    else if (l == 1)
+                        want = p == 0 ? m * Kp + kk : kk * Mp + m;
+                    else
+                        want =
+                            ((m / 128) * (Kp / 4) + (kk / 4)) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (kk % 4);
                     cr_assert_eq(mxs_scale_geom_offset(&g, (int64_t)m, (int64_t)kk), exact(want));
                     mxs_scale_geom_coords(&g, exact(want), &mm, &kk2);
                     cr_assert(mm == (int64_t)m && kk2 == (int64_t)kk, "coords(offset) at a 64-bit offset");
@@ -385,7 +394,8 @@ Test(errors, shard_geometry_is_64_bit_beyond_2_pow_31_elements) {
         for (k = 0; k < 300; k++) {
             /* a shard somewhere past 2^31, of up to ~2 rows */
             int64_t start = (int64_t)(elems - 1 - t_below(&rng, (int64_t)(elems - ((i128)1 << 31)) + 1));
-            int64_t len = t_between(&rng, 0, (int64_t)(elems - start < 2 * (i128)cols ? elems - start : 2 * (i128)cols));
+            int64_t len =
+                t_between(&rng, 0, (int64_t)(elems - start < 2 * (i128)cols ? elems - start : 2 * (i128)cols));
             i128 first = (i128)(start / cols) * kr + (start % cols) / 32;
             mxs_range rb = mxs_shard_row_blocks(cols, start, len), rc, grp, span;
             cr_assert_eq(mxs_shard_check(exact(elems), start, len), MXS_OK);
@@ -422,7 +432,8 @@ Test(errors, shard_geometry_is_64_bit_beyond_2_pow_31_elements) {
                 for (c = 0; c < cols; c += 1 + cols / 64) {
                     mxs_range gr = mxs_group_rows(rows, g);
                     i128 a = (i128)gr.first * cols + c, b = (i128)(gr.first + gr.count - 1) * cols + c;
-                    cr_assert_eq(mxs_col_block_inside(rows, cols, g, c, start, len), a >= start && b < (i128)start + len);
+                    cr_assert_eq(mxs_col_block_inside(rows, cols, g, c, start, len),
+                                 a >= start && b < (i128)start + len);
                 }
                 free(touched), free(got);
             }
@@ -441,7 +452,8 @@ Test(errors, shard_geometry_is_64_bit_beyond_2_pow_31_elements) {
             if (hi > lo) {
                 cr_assert_eq(sh.first, exact(lo - offset));
                 cr_assert_eq(sh.count, exact(hi - lo));
-            } else cr_assert_eq(sh.count, 0);
+            } else
+                cr_assert_eq(sh.count, 0);
             covered += sh.count;
         }
         cr_assert_eq(covered, elems, "bucket shards of all ranks cover the weight once");

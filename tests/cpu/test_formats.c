@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* docs/contract.md section 1: every oracle vector, and the NaN / inf rules. */
 #include <criterion/criterion.h>
 #include <float.h>
@@ -105,8 +106,10 @@ Test(formats, e4m3_encode_of_decode_is_identity_for_every_non_nan_code) {
     unsigned q;
     for (q = 0; q < 256; q++) {
         uint8_t back = mxs_e4m3_from_f32(mxs_e4m3_to_f32((uint8_t)q));
-        if ((q & 0x7F) == 0x7F) cr_assert_eq(back, MXS_E4M3_NAN, "NaN code 0x%02x re-encodes to 0x%02x", q, back);
-        else cr_assert_eq(back, q, "code 0x%02x re-encodes to 0x%02x", q, back);
+        if ((q & 0x7F) == 0x7F)
+            cr_assert_eq(back, MXS_E4M3_NAN, "NaN code 0x%02x re-encodes to 0x%02x", q, back);
+        else
+            cr_assert_eq(back, q, "code 0x%02x re-encodes to 0x%02x", q, back);
     }
 }
 
@@ -123,8 +126,8 @@ Test(formats, e4m3_infinities_saturate_to_plus_minus_448) {
 }
 
 Test(formats, e4m3_any_nan_becomes_0x7f) {
-    const uint32_t nans[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u, 0x7FFFFFFFu, 0xFFFFFFFFu,
-                             0x7FA00000u, 0xFFBFFFFFu};
+    const uint32_t nans[] = {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFF800001u,
+                             0x7FFFFFFFu, 0xFFFFFFFFu, 0x7FA00000u, 0xFFBFFFFFu};
     size_t k;
     for (k = 0; k < sizeof nans / sizeof nans[0]; k++)
         cr_assert_eq(mxs_e4m3_from_f32(mxs_f32_from_bits(nans[k])), MXS_E4M3_NAN, "NaN 0x%08x", nans[k]);
@@ -214,9 +217,12 @@ Test(formats, quant_multiplier_bits_for_every_exponent) {
     int e;
     for (e = 0; e < 256; e++) {
         uint32_t got = mxs_f32_bits(mxs_e8m0_quant_mult((uint8_t)e));
-        if (e <= 253) cr_assert_eq(got, (uint32_t)(254 - e) << 23, "e=%d", e);
-        else if (e == 254) cr_assert_eq(got, 0x00400000u, "e=254 is 2^-127");
-        else cr_assert(isnan(mxs_e8m0_quant_mult(255)), "e=255 is NaN");
+        if (e <= 253)
+            cr_assert_eq(got, (uint32_t)(254 - e) << 23, "e=%d", e);
+        else if (e == 254)
+            cr_assert_eq(got, 0x00400000u, "e=254 is 2^-127");
+        else
+            cr_assert(isnan(mxs_e8m0_quant_mult(255)), "e=255 is NaN");
     }
     cr_assert_eq(mxs_e8m0_quant_mult(127), 1.0f);
     cr_assert_eq(mxs_e8m0_quant_mult(0), ldexpf(1.0f, 127));
@@ -235,8 +241,10 @@ Test(formats, dequant_factor_is_two_to_the_e_minus_127) {
         for (q = 0; q < 256; q++) {
             float got = mxs_dequantize_elem((uint8_t)q, (uint8_t)e);
             float want = mxs_e4m3_to_f32((uint8_t)q) * (e == 255 ? NAN : ldexpf(1.0f, e - 127));
-            if (isnan(want)) cr_assert(isnan(got), "q=0x%02x e=%d", q, e);
-            else cr_assert_eq(mxs_f32_bits(got), mxs_f32_bits(want), "q=0x%02x e=%d", q, e);
+            if (isnan(want))
+                cr_assert(isnan(got), "q=0x%02x e=%d", q, e);
+            else
+                cr_assert_eq(mxs_f32_bits(got), mxs_f32_bits(want), "q=0x%02x e=%d", q, e);
         }
     }
 }
@@ -248,8 +256,8 @@ Test(formats, quantize_elem_is_e4m3_of_fl32_product) {
         float x = t_rand_f32(&rng, (int)t_between(&rng, -130, 130));
         uint8_t e = (uint8_t)t_below(&rng, 255);
         float s = mxs_e8m0_quant_mult(e);
-        cr_assert_eq(mxs_quantize_elem(x, s), mxs_e4m3_from_f32(x * ldexpf(1.0f, 127 - e)),
-                     "x=0x%08x e=%d", mxs_f32_bits(x), e);
+        cr_assert_eq(mxs_quantize_elem(x, s), mxs_e4m3_from_f32(x * ldexpf(1.0f, 127 - e)), "x=0x%08x e=%d",
+                     mxs_f32_bits(x), e);
     }
 }
 
@@ -284,9 +292,12 @@ Test(formats, bf16_rounds_to_nearest_even_at_every_midpoint) {
 static float f16_value(uint16_t h) {
     int e = (h >> 10) & 31, m = h & 1023;
     float v;
-    if (e == 31) v = m ? NAN : INFINITY;
-    else if (e == 0) v = ldexpf((float)m, -24);
-    else v = ldexpf((float)(m | 1024), e - 25);
+    if (e == 31)
+        v = m ? NAN : INFINITY;
+    else if (e == 0)
+        v = ldexpf((float)m, -24);
+    else
+        v = ldexpf((float)(m | 1024), e - 25);
     return (h & 0x8000u) ? -v : v;
 }
 

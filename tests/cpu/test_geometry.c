@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* docs/contract.md section 3: which blocks a shard [start, start+len) touches, checked
  * against brute force over every element of random shapes and shards
  * (unaligned, empty, single-element, whole). */
@@ -25,10 +26,10 @@ static shard_case make_case(t_rng *rng, int idx) {
     sc.cols = t_rand_dim(rng, 150);
     elems = sc.rows * sc.cols;
     switch (idx % 8) {
-    case 0: sc.start = t_between(rng, 0, elems), sc.len = 0; break;         /* empty, anywhere */
-    case 1: sc.start = 0, sc.len = elems; break;                             /* whole */
-    case 2: sc.start = t_below(rng, elems), sc.len = 1; break;               /* one element */
-    case 3:                                                                  /* row-aligned */
+    case 0: sc.start = t_between(rng, 0, elems), sc.len = 0; break; /* empty, anywhere */
+    case 1: sc.start = 0, sc.len = elems; break;                    /* whole */
+    case 2: sc.start = t_below(rng, elems), sc.len = 1; break;      /* one element */
+    case 3:                                                         /* row-aligned */
         sc.start = t_between(rng, 0, sc.rows) * sc.cols;
         sc.len = t_between(rng, 0, sc.rows - sc.start / sc.cols) * sc.cols;
         break;
@@ -73,8 +74,10 @@ Test(geometry, shard_row_blocks_are_exactly_the_row_blocks_holding_shard_element
         for (i = 0; i < sc.rows * sc.cols; i++) {
             int64_t blk = (i / sc.cols) * kr + (i % sc.cols) / 32;
             cr_assert_eq(mxs_row_block_of(sc.cols, i), blk);
-            if (in_shard(&sc, i)) touched[blk] = 1;
-            else outside[blk] = 1;
+            if (in_shard(&sc, i))
+                touched[blk] = 1;
+            else
+                outside[blk] = 1;
         }
         for (b = 0; b < nblocks; b++) {
             mxs_range span = mxs_row_block_span(sc.cols, b);
@@ -86,8 +89,8 @@ Test(geometry, shard_row_blocks_are_exactly_the_row_blocks_holding_shard_element
                          (long)sc.cols, (long)sc.start, (long)sc.len, (long)b, touched[b], (long)rb.first,
                          (long)rb.count);
             cr_assert_eq(mxs_row_block_inside(sc.cols, b, sc.start, sc.len), touched[b] && !outside[b],
-                         "%ldx%ld shard [%ld,+%ld): block %ld inside?", (long)sc.rows, (long)sc.cols,
-                         (long)sc.start, (long)sc.len, (long)b);
+                         "%ldx%ld shard [%ld,+%ld): block %ld inside?", (long)sc.rows, (long)sc.cols, (long)sc.start,
+                         (long)sc.len, (long)b);
         }
         if (sc.len == 0) cr_assert_eq(rb.count, 0);
         free(touched), free(outside);
@@ -115,8 +118,10 @@ Test(geometry, shard_col_intervals_are_exactly_the_columns_with_a_shard_element_
             memset(got, 0, (size_t)sc.cols);
             for (r = 32 * g; r < sc.rows && r < 32 * g + 32; r++)
                 for (c = 0; c < sc.cols; c++) {
-                    if (in_shard(&sc, r * sc.cols + c)) touched[c] = 1, any = 1;
-                    else outside[c] = 1;
+                    if (in_shard(&sc, r * sc.cols + c))
+                        touched[c] = 1, any = 1;
+                    else
+                        outside[c] = 1;
                 }
             if (any) {
                 if (gmin < 0) gmin = g;
@@ -135,12 +140,13 @@ Test(geometry, shard_col_intervals_are_exactly_the_columns_with_a_shard_element_
             for (c = 0; c < sc.cols; c++) {
                 cr_assert_eq(got[c], touched[c], "%ldx%ld shard [%ld,+%ld) group %ld col %ld: interval says %d",
                              (long)sc.rows, (long)sc.cols, (long)sc.start, (long)sc.len, (long)g, (long)c, got[c]);
-                cr_assert_eq(mxs_col_block_inside(sc.rows, sc.cols, g, c, sc.start, sc.len),
-                             touched[c] && !outside[c], "%ldx%ld shard [%ld,+%ld) col block (%ld,%ld) inside?",
-                             (long)sc.rows, (long)sc.cols, (long)sc.start, (long)sc.len, (long)g, (long)c);
+                cr_assert_eq(mxs_col_block_inside(sc.rows, sc.cols, g, c, sc.start, sc.len), touched[c] && !outside[c],
+                             "%ldx%ld shard [%ld,+%ld) col block (%ld,%ld) inside?", (long)sc.rows, (long)sc.cols,
+                             (long)sc.start, (long)sc.len, (long)g, (long)c);
             }
         }
-        if (gmin < 0) cr_assert_eq(groups.count, 0, "an empty shard touches no group");
+        if (gmin < 0)
+            cr_assert_eq(groups.count, 0, "an empty shard touches no group");
         else {
             cr_assert_eq(groups.first, gmin);
             cr_assert_eq(groups.count, gmax - gmin + 1);
@@ -163,10 +169,11 @@ Test(geometry, shard_row_cols_are_the_shard_columns_of_each_row) {
                     if (lo < 0) lo = c;
                     hi = c + 1;
                 }
-            if (lo < 0) cr_assert_eq(rc.count, 0, "row %ld has no shard element", (long)r);
+            if (lo < 0)
+                cr_assert_eq(rc.count, 0, "row %ld has no shard element", (long)r);
             else {
-                cr_assert_eq(rc.first, lo, "row %ld of %ldx%ld shard [%ld,+%ld)", (long)r, (long)sc.rows,
-                             (long)sc.cols, (long)sc.start, (long)sc.len);
+                cr_assert_eq(rc.first, lo, "row %ld of %ldx%ld shard [%ld,+%ld)", (long)r, (long)sc.rows, (long)sc.cols,
+                             (long)sc.start, (long)sc.len);
                 cr_assert_eq(rc.count, hi - lo);
             }
         }
@@ -195,7 +202,8 @@ Test(geometry, bucket_shards_of_all_ranks_tile_every_weight_exactly) {
                 int64_t lo = q * chunk > offset[w] ? q * chunk - offset[w] : 0;
                 int64_t hi = (q + 1) * chunk - offset[w] < elems[w] ? (q + 1) * chunk - offset[w] : elems[w];
                 cr_assert_eq(mxs_shard_check(elems[w], s.first, s.count), MXS_OK);
-                if (hi <= lo) cr_assert_eq(s.count, 0, "rank %ld owns nothing of weight %ld", (long)q, (long)w);
+                if (hi <= lo)
+                    cr_assert_eq(s.count, 0, "rank %ld owns nothing of weight %ld", (long)q, (long)w);
                 else {
                     cr_assert_eq(s.first, lo, "rank %ld weight %ld", (long)q, (long)w);
                     cr_assert_eq(s.count, hi - lo);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* docs/contract.md sections 1, 2, 5 and 7: whole-tensor quantize (copy-back) and
  * dequantize against the naive per-element reference of common.h, for every
  * input dtype, both roundings, all three scale layouts and every plane set.
@@ -18,9 +19,9 @@ static const char *dtype_name[3] = {"f32", "bf16", "f16"};
 
 /* The awkward shapes, then random ones. */
 static void shape_at(t_rng *rng, int idx, int64_t *rows, int64_t *cols) {
-    static const int64_t fixed[][2] = {{1, 1},   {1, 2},    {2, 1},    {1, 31},   {1, 32},  {1, 33},  {1, 1000},
-                                       {1000, 1}, {31, 1},  {32, 1},   {33, 1},   {33, 65}, {65, 33}, {1000, 3},
-                                       {3, 1000}, {32, 32}, {31, 33},  {64, 96},  {96, 64}, {128, 4}, {129, 129},
+    static const int64_t fixed[][2] = {{1, 1},    {1, 2},    {2, 1},     {1, 31},   {1, 32},   {1, 33},     {1, 1000},
+                                       {1000, 1}, {31, 1},   {32, 1},    {33, 1},   {33, 65},  {65, 33},    {1000, 3},
+                                       {3, 1000}, {32, 32},  {31, 33},   {64, 96},  {96, 64},  {128, 4},    {129, 129},
                                        {256, 96}, {97, 200}, {300, 257}, {5, 4099}, {4099, 5}, {513, 1025}, {1025, 67}};
     const int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
     if (idx < nfixed) {
@@ -102,8 +103,7 @@ static long check_shape(t_rng *rng, int64_t rows, int64_t cols, int with_dequant
                      * they must never be touched */
                     t.row_data = data[0], t.row_scale = scale[0];
                     t.col_data = data[1], t.col_scale = scale[1];
-                    cr_assert_eq(mxs_host_quantize(&t, src, (mxs_dtype)dt, (mxs_rounding)rounding), MXS_OK, "%s",
-                                 what);
+                    cr_assert_eq(mxs_host_quantize(&t, src, (mxs_dtype)dt, (mxs_rounding)rounding), MXS_OK, "%s", what);
                     for (p = 0; p < 2; p++) {
                         if (dirs & (unsigned)(p + 1)) {
                             expect_plane(what, plane_name[p], data[p], scale[p], ref_data[p], ref_scale[p], n, sb[p],
@@ -111,8 +111,8 @@ static long check_shape(t_rng *rng, int64_t rows, int64_t cols, int with_dequant
                         } else {
                             cr_assert(t_all_poisoned(data[p], (size_t)n), "%s: absent %s data touched", what,
                                       plane_name[p]);
-                            cr_assert(t_all_poisoned(scale[p], (size_t)sb[p]), "%s: absent %s scales touched",
-                                      what, plane_name[p]);
+                            cr_assert(t_all_poisoned(scale[p], (size_t)sb[p]), "%s: absent %s scales touched", what,
+                                      plane_name[p]);
                         }
                     }
                     cases++;
@@ -125,8 +125,7 @@ static long check_shape(t_rng *rng, int64_t rows, int64_t cols, int with_dequant
                                 int64_t bad;
                                 cr_assert(out && want);
                                 cr_assert_eq(mxs_host_dequantize(&t, (mxs_dirs)(p + 1), out, (mxs_dtype)dd), MXS_OK);
-                                ref_dequantize_plane(rows, cols, p + 1, layout, data[p], scale[p], want,
-                                                     (mxs_dtype)dd);
+                                ref_dequantize_plane(rows, cols, p + 1, layout, data[p], scale[p], want, (mxs_dtype)dd);
                                 bad = t_first_value_diff(out, want, (mxs_dtype)dd, n);
                                 cr_assert_eq(bad, -1, "%s: dequantize %s -> %s differs at %ld", what, plane_name[p],
                                              dtype_name[dd], (long)bad);
@@ -182,7 +181,7 @@ Test(quantize, dequantize_decodes_every_code_and_every_scale_in_every_layout) {
                 data[p] = malloc((size_t)n);
                 scale[p] = malloc((size_t)sb);
                 cr_assert(data[p] && scale[p]);
-                for (k = 0; k < n; k++) data[p][k] = (uint8_t)t_next(&rng); /* NaN codes included */
+                for (k = 0; k < n; k++) data[p][k] = (uint8_t)t_next(&rng);   /* NaN codes included */
                 for (k = 0; k < sb; k++) scale[p][k] = (uint8_t)t_next(&rng); /* 0x00 .. 0xFF */
             }
             t.row_data = data[0], t.row_scale = scale[0], t.col_data = data[1], t.col_scale = scale[1];
@@ -212,9 +211,11 @@ Test(quantize, a_row_only_tensor_s_column_pointers_are_never_touched) {
     for (idx = 0; idx < 50; idx++) {
         int64_t rows = t_rand_dim(&rng, 200), cols = t_rand_dim(&rng, 200), n = rows * cols;
         int layout = (int)t_below(&rng, 3);
-        int64_t rsb = ref_scale_bytes(rows, cols, MXS_ROWWISE, layout), csb = ref_scale_bytes(rows, cols, MXS_COLWISE, layout);
+        int64_t rsb = ref_scale_bytes(rows, cols, MXS_ROWWISE, layout),
+                csb = ref_scale_bytes(rows, cols, MXS_COLWISE, layout);
         float *src = fill_source(&rng, MXS_F32, n);
-        uint8_t *rd = t_alloc((size_t)n), *rs = t_alloc((size_t)rsb), *cd = t_alloc((size_t)n), *cs = t_alloc((size_t)csb);
+        uint8_t *rd = t_alloc((size_t)n), *rs = t_alloc((size_t)rsb), *cd = t_alloc((size_t)n),
+                *cs = t_alloc((size_t)csb);
         uint8_t *out = t_alloc((size_t)n * 4);
         mxs_tensor t;
         memset(&t, 0, sizeof t);
@@ -323,8 +324,8 @@ Test(quantize, repeated_quantize_into_the_same_storage_equals_a_fresh_one) {
                 }
                 ref_quantize_plane(rows, cols, src, dt, rnd, p + 1, layout, ref_data, ref_scale[p]);
                 cr_assert_eq(t_first_diff(data[p], ref_data, (size_t)n), -1, "update %d plane %d data", rep, p + 1);
-                cr_assert_eq(t_first_diff(scale[p], ref_scale[p], (size_t)sb[p]), -1, "update %d plane %d scales",
-                             rep, p + 1);
+                cr_assert_eq(t_first_diff(scale[p], ref_scale[p], (size_t)sb[p]), -1, "update %d plane %d scales", rep,
+                             p + 1);
             }
             free(src);
         }

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cpu / sim: the docs/contract.md section 4 invariant through a simulated
  * data-parallel group (harness/sim.h). Every rank holds its own primaries;
  * shards come from distributed-optimizer buckets, full replicas, overlapping

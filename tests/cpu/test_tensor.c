@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* docs/contract.md section 2: planes, scale-plane sizes and the three scale layouts. */
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -13,8 +14,8 @@ static const int planes[2] = {MXS_ROWWISE, MXS_COLWISE};
 
 /* Shapes: the fixed awkward ones, then random ones. */
 static void shape_at(t_rng *rng, int idx, int64_t *rows, int64_t *cols) {
-    static const int64_t fixed[][2] = {{1, 1},    {1, 31},    {1, 32},  {1, 33},  {31, 1},   {32, 1},
-                                       {33, 1},   {33, 65},   {128, 4}, {129, 5}, {1000, 3}, {3, 1000},
+    static const int64_t fixed[][2] = {{1, 1},    {1, 31},    {1, 32},   {1, 33},  {31, 1},   {32, 1},
+                                       {33, 1},   {33, 65},   {128, 4},  {129, 5}, {1000, 3}, {3, 1000},
                                        {256, 96}, {127, 127}, {1, 4097}, {4097, 1}};
     const int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
     if (idx < nfixed) {
@@ -113,9 +114,10 @@ Test(tensor, scale_offset_is_the_spec_formula_in_every_layout) {
                         int64_t want = ref_scale_offset(rows, cols, planes[p], layouts[l], m, k);
                         int64_t got = mxs_scale_geom_offset(&g, m, k);
                         if (got != want)
-                            cr_assert_fail("%ldx%ld layout %d plane %d (m=%ld,k=%ld): offset %ld, the contract (docs/contract.md) says %ld",
-                                     (long)rows, (long)cols, layouts[l], planes[p], (long)m, (long)k, (long)got,
-                                     (long)want);
+                            cr_assert_fail("%ldx%ld layout %d plane %d (m=%ld,k=%ld): offset %ld, the contract "
+                                           "(docs/contract.md) says %ld",
+                                           (long)rows, (long)cols, layouts[l], planes[p], (long)m, (long)k, (long)got,
+                                           (long)want);
                         checked++;
                     }
                 }
@@ -163,8 +165,8 @@ Test(tensor, scale_coords_invert_offset_over_whole_planes) {
                     int64_t m = -1, k = -1;
                     mxs_scale_geom_coords(&g, off, &m, &k);
                     if (m < 0 || m >= mend || k < 0 || k >= kend || mxs_scale_geom_offset(&g, m, k) != off)
-                        cr_assert_fail("%ldx%ld layout %d plane %d: byte %ld -> (%ld,%ld) is not its entry",
-                                 (long)rows, (long)cols, layouts[l], planes[p], (long)off, (long)m, (long)k);
+                        cr_assert_fail("%ldx%ld layout %d plane %d: byte %ld -> (%ld,%ld) is not its entry", (long)rows,
+                                       (long)cols, layouts[l], planes[p], (long)off, (long)m, (long)k);
                     if (seen[m * kend + k]++) cr_assert_fail("entry (%ld,%ld) at two offsets", (long)m, (long)k);
                 }
                 free(seen); /* bytes offsets, each to a distinct entry of mend*kend == bytes: a bijection */
@@ -175,8 +177,8 @@ Test(tensor, scale_coords_invert_offset_over_whole_planes) {
 
 /* Writes a plane in layout `layout` from the logical matrix `logical`
  * (COMPACT bytes), with `pad` in every padding entry. */
-static void layout_from_logical(int64_t rows, int64_t cols, int plane, int layout, const uint8_t *logical,
-                                uint8_t pad, uint8_t *out) {
+static void layout_from_logical(int64_t rows, int64_t cols, int plane, int layout, const uint8_t *logical, uint8_t pad,
+                                uint8_t *out) {
     int64_t M, K, m, k;
     ref_mk(rows, cols, plane, &M, &K);
     memset(out, pad, (size_t)ref_scale_bytes(rows, cols, plane, layout));
@@ -206,8 +208,8 @@ Test(tensor, convert_scales_between_every_pair_of_layouts_writes_padding_as_zero
                     int64_t nb = ref_scale_bytes(rows, cols, planes[p], to), d;
                     layout_from_logical(rows, cols, planes[p], to, logical, 0x00, want);
                     t_poison(dst, (size_t)nb);
-                    cr_assert_eq(mxs_host_convert_scales(rows, cols, (mxs_dirs)planes[p], (mxs_scale_layout)from,
-                                                         src, (mxs_scale_layout)to, dst),
+                    cr_assert_eq(mxs_host_convert_scales(rows, cols, (mxs_dirs)planes[p], (mxs_scale_layout)from, src,
+                                                         (mxs_scale_layout)to, dst),
                                  MXS_OK);
                     d = t_first_diff(dst, want, (size_t)nb);
                     cr_assert_eq(d, -1, "%ldx%ld plane %d %d->%d: byte %ld is 0x%02x, want 0x%02x", (long)rows,
@@ -234,14 +236,15 @@ Test(tensor, convert_scales_round_trips_compact_padded_swizzled_compact) {
             mxs_dirs pl = (mxs_dirs)planes[p];
             cr_assert(compact && padded && swz && back && padded2);
             for (k = 0; k < cb; k++) compact[k] = (uint8_t)t_next(&rng);
-            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_COMPACT, compact, MXS_SCALES_PADDED,
-                                                 padded), MXS_OK);
-            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_PADDED, padded, MXS_SCALES_SWIZZLED,
-                                                 swz), MXS_OK);
-            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_SWIZZLED, swz, MXS_SCALES_COMPACT,
-                                                 back), MXS_OK);
-            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_SWIZZLED, swz, MXS_SCALES_PADDED,
-                                                 padded2), MXS_OK);
+            cr_assert_eq(
+                mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_COMPACT, compact, MXS_SCALES_PADDED, padded),
+                MXS_OK);
+            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_PADDED, padded, MXS_SCALES_SWIZZLED, swz),
+                         MXS_OK);
+            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_SWIZZLED, swz, MXS_SCALES_COMPACT, back),
+                         MXS_OK);
+            cr_assert_eq(mxs_host_convert_scales(rows, cols, pl, MXS_SCALES_SWIZZLED, swz, MXS_SCALES_PADDED, padded2),
+                         MXS_OK);
             cr_assert_eq(t_first_diff(back, compact, (size_t)cb), -1, "compact -> padded -> swizzled -> compact");
             cr_assert_eq(t_first_diff(padded2, padded, (size_t)pb), -1, "padded -> swizzled -> padded");
             cr_assert(t_guard_ok(padded, (size_t)pb) && t_guard_ok(swz, (size_t)pb) && t_guard_ok(back, (size_t)cb) &&

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cpu / writeback: the writeback API one rank at a time (docs/contract.md section 4
  * steps 1, 2 and 4, and section 6 for bad input). The whole-group invariant
  * runs in test_sim.c. Outputs are poisoned (0xA5, sometimes 0x5A) before
@@ -309,8 +310,8 @@ static int64_t partial_data_violations(const fixture *fx, int k, int p, const it
         if ((sp->fragment || f < sp->start || f >= end) && prim[f] != fx->poison) bad++;
     for (f = sp->start; f < end; f++) {
         uint8_t got = sp->fragment ? fx->frag[k][p].p[f - sp->start] : prim[f];
-        int written = fx->batch.mode == MXS_WB_FUSED &&
-                      (p ? ref_col_block_inside(rows, cols, f, sp->start, end) : ref_row_block_inside(cols, f, sp->start, end));
+        int written = fx->batch.mode == MXS_WB_FUSED && (p ? ref_col_block_inside(rows, cols, f, sp->start, end)
+                                                           : ref_row_block_inside(cols, f, sp->start, end));
         if (written ? got != ref[f] : got != fx->poison) bad++;
     }
     return bad;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tests/nccl/test_nccl.c - the `nccl` suite: distributed writeback, gather,
  * copy-back and swizzle across one process per GPU (launch.h), checked byte
  * for byte against single-process quantization of the full master
@@ -23,16 +24,16 @@ static int wire_quiet(void) { return g_wire.all_reduce + g_wire.broadcast + g_wi
 
 /* ---- small helpers -------------------------------------------------------------- */
 
-#define CU(r, call)                                                                                              \
-    do {                                                                                                           \
-        cudaError_t ce_ = (call);                                                                                  \
-        MXS_CHECK(r, ce_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(ce_));                               \
+#define CU(r, call)                                                                                                    \
+    do {                                                                                                               \
+        cudaError_t ce_ = (call);                                                                                      \
+        MXS_CHECK(r, ce_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(ce_));                                    \
     } while (0)
 
-#define ST(r, call, want)                                                                                          \
-    do {                                                                                                           \
-        mxs_status st_ = (call);                                                                                   \
-        MXS_CHECK(r, st_ == (want), "%s -> %s (want %s)", #call, mxs_status_str(st_), mxs_status_str(want));       \
+#define ST(r, call, want)                                                                                              \
+    do {                                                                                                               \
+        mxs_status st_ = (call);                                                                                       \
+        MXS_CHECK(r, st_ == (want), "%s -> %s (want %s)", #call, mxs_status_str(st_), mxs_status_str(want));           \
     } while (0)
 
 static uint64_t mix64(uint64_t x) {
@@ -104,8 +105,8 @@ static int same_bytes(mxs_rank *r, const char *what, const uint8_t *got, const u
         }
     }
     if (bad)
-        mxs_rank_log(r, "  %s: %lld of %lld bytes differ, first at %lld (got 0x%02x want 0x%02x)", what,
-                     (long long)bad, (long long)n, (long long)first, got[first], want[first]);
+        mxs_rank_log(r, "  %s: %lld of %lld bytes differ, first at %lld (got 0x%02x want 0x%02x)", what, (long long)bad,
+                     (long long)n, (long long)first, got[first], want[first]);
     return bad == 0;
 }
 
@@ -121,12 +122,12 @@ typedef struct wspec {
 typedef struct weight {
     wspec spec;
     int64_t elems;
-    int64_t *starts, *lens;  /* every rank's shard (nranks entries) */
-    int64_t start, len;      /* this rank's */
-    float *full;             /* host: the full master of the current update (same on every rank) */
-    float *shard_dev;        /* device: this rank's master shard */
-    mxs_tensor dev;          /* device primary */
-    mxs_tensor saved;        /* dev as allocated: storage pointers must never change */
+    int64_t *starts, *lens; /* every rank's shard (nranks entries) */
+    int64_t start, len;     /* this rank's */
+    float *full;            /* host: the full master of the current update (same on every rank) */
+    float *shard_dev;       /* device: this rank's master shard */
+    mxs_tensor dev;         /* device primary */
+    mxs_tensor saved;       /* dev as allocated: storage pointers must never change */
     uint8_t *ref_data[2], *ref_scale[2];
     int64_t scale_bytes[2];
 } weight;
@@ -170,7 +171,8 @@ static void make_shards(weight *w, int n, int scheme, int nranks, uint64_t seed,
             int a, b;
             cuts[0] = 0;
             cuts[nranks] = e;
-            for (q = 1; q < nranks; q++) cuts[q] = (int64_t)(mix64(seed + 977u * (uint64_t)i + (uint64_t)q) % (uint64_t)(e + 1));
+            for (q = 1; q < nranks; q++)
+                cuts[q] = (int64_t)(mix64(seed + 977u * (uint64_t)i + (uint64_t)q) % (uint64_t)(e + 1));
             for (a = 1; a < nranks; a++) /* insertion sort of the cut points */
                 for (b = a; b > 1 && cuts[b - 1] > cuts[b]; b--) {
                     int64_t t = cuts[b];
@@ -179,8 +181,10 @@ static void make_shards(weight *w, int n, int scheme, int nranks, uint64_t seed,
                 }
             if (i % 3 == 1) { /* rank i % nranks owns nothing of this weight */
                 q = (int)(i % nranks);
-                if (q + 1 < nranks) cuts[q + 1] = cuts[q];
-                else cuts[q] = cuts[q + 1];
+                if (q + 1 < nranks)
+                    cuts[q + 1] = cuts[q];
+                else
+                    cuts[q] = cuts[q + 1];
             }
             for (q = 0; q < nranks; q++) {
                 w[i].starts[q] = cuts[q];
@@ -226,8 +230,13 @@ static weight *weights_new(mxs_rank *r, const wspec *specs, int n, int scheme, u
             uint8_t *bucket = p ? (col_bucket ? *col_bucket : NULL) : (row_bucket ? *row_bucket : NULL);
             data = bucket ? bucket + offsets[i] : (uint8_t *)dev_alloc(r, x->elems);
             scale = (uint8_t *)dev_alloc(r, x->scale_bytes[p]);
-            if (p) { x->dev.col_data = data; x->dev.col_scale = scale; }
-            else { x->dev.row_data = data; x->dev.row_scale = scale; }
+            if (p) {
+                x->dev.col_data = data;
+                x->dev.col_scale = scale;
+            } else {
+                x->dev.row_data = data;
+                x->dev.row_scale = scale;
+            }
             x->ref_data[p] = (uint8_t *)xmalloc((size_t)x->elems);
             x->ref_scale[p] = (uint8_t *)xmalloc((size_t)x->scale_bytes[p]);
         }
@@ -268,8 +277,7 @@ static void weights_update(mxs_rank *r, weight *w, int n, uint64_t seed, mxs_dty
             x->full[k] = master_value(seed + 7919u * (uint64_t)i, k, x->spec.special);
             src[k] = mxs_round_through(x->full[k], rt);
         }
-        if (x->len > 0)
-            upload(r, x->shard_dev, x->full + x->start, 4 * x->len);
+        if (x->len > 0) upload(r, x->shard_dev, x->full + x->start, 4 * x->len);
         ref.row_data = x->ref_data[0];
         ref.row_scale = x->ref_scale[0];
         ref.col_data = x->ref_data[1];
@@ -326,8 +334,9 @@ static void writeback(mxs_rank *r, weight *w, int n, mxs_rounding rnd, mxs_dtype
     MXS_CHECK(r, g_wire.reduce_elems == plan.packed_bytes, "all-reduce of %lld bytes, plan says %lld",
               g_wire.reduce_elems, (long long)plan.packed_bytes);
     for (i = 0; i < n; i++)
-        MXS_CHECK(r, memcmp(&items[i].primary, &w[i].saved, sizeof(mxs_tensor)) == 0 &&
-                         memcmp(&w[i].dev, &w[i].saved, sizeof(mxs_tensor)) == 0,
+        MXS_CHECK(r,
+                  memcmp(&items[i].primary, &w[i].saved, sizeof(mxs_tensor)) == 0 &&
+                      memcmp(&w[i].dev, &w[i].saved, sizeof(mxs_tensor)) == 0,
                   "weight %d: descriptor or storage pointers changed", i);
     cudaFree(ws);
     cudaFree(packed);
@@ -359,8 +368,9 @@ static void check_local(mxs_rank *r, weight *w, int n) {
             free(data);
             free(scale);
         }
-        MXS_CHECK(r, (has_plane(x, 0) || (!x->dev.row_data && !x->dev.row_scale)) &&
-                         (has_plane(x, 1) || (!x->dev.col_data && !x->dev.col_scale)),
+        MXS_CHECK(r,
+                  (has_plane(x, 0) || (!x->dev.row_data && !x->dev.row_scale)) &&
+                      (has_plane(x, 1) || (!x->dev.col_data && !x->dev.col_scale)),
                   "weight %d: an absent plane appeared", i);
     }
 }
@@ -411,8 +421,8 @@ static void gather_planes(mxs_rank *r, weight *w, int n) {
     MXS_CHECK(r, st == MXS_OK, "mxs_nccl_gather_planes: %s", mxs_status_str(st));
     CU(r, cudaStreamSynchronize(r->stream));
     MXS_CHECK(r, g_wire.all_reduce == 0 && g_wire.all_gather == 0 && g_wire.non_u8 == 0,
-              "gather: %d all-reduces, %d all-gathers, %d non-uint8 collectives", g_wire.all_reduce,
-              g_wire.all_gather, g_wire.non_u8);
+              "gather: %d all-reduces, %d all-gathers, %d non-uint8 collectives", g_wire.all_reduce, g_wire.all_gather,
+              g_wire.non_u8);
     MXS_CHECK(r, g_wire.bcast_bytes == want_bytes, "gather broadcast %lld bytes, the present planes hold %lld",
               g_wire.bcast_bytes, want_bytes);
     free(starts);
@@ -443,8 +453,8 @@ static void test_end(mxs_rank *r, const char *name, long failed_before) {
 
 /* docs/contract.md section 4 invariant for one sharding scheme and two consecutive
  * updates with changed masters: writeback + gather == quantize(full). */
-static void run_writeback_case(mxs_rank *r, const char *name, const wspec *specs, int n, int scheme,
-                               mxs_wb_mode mode, mxs_rounding rnd, int want_empty) {
+static void run_writeback_case(mxs_rank *r, const char *name, const wspec *specs, int n, int scheme, mxs_wb_mode mode,
+                               mxs_rounding rnd, int want_empty) {
     long before = test_begin(r, name);
     weight *w = weights_new(r, specs, n, scheme, 1234u + (uint64_t)n, NULL, NULL, NULL);
     int u, unaligned, empty = count_empty_unaligned(w, n, r->nranks, &unaligned);
@@ -465,9 +475,9 @@ static void run_writeback_case(mxs_rank *r, const char *name, const wspec *specs
 }
 
 static const wspec dirs_shapes[] = {
-    {70, 130, 0, MXS_SCALES_COMPACT, 0},  {33, 47, 0, MXS_SCALES_PADDED, 0},   {1, 1, 0, MXS_SCALES_SWIZZLED, 0},
-    {5, 3, 0, MXS_SCALES_COMPACT, 0},     {128, 64, 0, MXS_SCALES_SWIZZLED, 0}, {257, 1031, 0, MXS_SCALES_COMPACT, 1},
-    {31, 33, 0, MXS_SCALES_PADDED, 0},    {1, 200, 0, MXS_SCALES_SWIZZLED, 0}, {200, 1, 0, MXS_SCALES_COMPACT, 0},
+    {70, 130, 0, MXS_SCALES_COMPACT, 0}, {33, 47, 0, MXS_SCALES_PADDED, 0},    {1, 1, 0, MXS_SCALES_SWIZZLED, 0},
+    {5, 3, 0, MXS_SCALES_COMPACT, 0},    {128, 64, 0, MXS_SCALES_SWIZZLED, 0}, {257, 1031, 0, MXS_SCALES_COMPACT, 1},
+    {31, 33, 0, MXS_SCALES_PADDED, 0},   {1, 200, 0, MXS_SCALES_SWIZZLED, 0},  {200, 1, 0, MXS_SCALES_COMPACT, 0},
     {64, 96, 0, MXS_SCALES_PADDED, 0},
 };
 #define N_DIRS_SHAPES ((int)(sizeof dirs_shapes / sizeof dirs_shapes[0]))
@@ -500,14 +510,13 @@ static void group_writeback(mxs_rank *r) {
     test_writeback_dirs(r, MXS_COLWISE, "writeback_colwise_only_distopt_bucket");
     test_writeback_dirs(r, MXS_BOTH, "writeback_bidirectional_distopt_bucket");
     mixed_specs(s, N_DIRS_SHAPES);
-    run_writeback_case(r, "writeback_mixed_uneven_empty_shards_strict", s, N_DIRS_SHAPES, SHARD_UNEVEN,
-                       MXS_WB_STRICT, MXS_ROUND_CEIL, 1);
+    run_writeback_case(r, "writeback_mixed_uneven_empty_shards_strict", s, N_DIRS_SHAPES, SHARD_UNEVEN, MXS_WB_STRICT,
+                       MXS_ROUND_CEIL, 1);
     run_writeback_case(r, "writeback_mixed_uneven_empty_shards_fused_floor", s, N_DIRS_SHAPES, SHARD_UNEVEN,
                        MXS_WB_FUSED, MXS_ROUND_FLOOR, 1);
-    run_writeback_case(r, "writeback_full_replicas", s, N_DIRS_SHAPES, SHARD_REPLICA, MXS_WB_FUSED,
-                       MXS_ROUND_CEIL, 0);
-    run_writeback_case(r, "writeback_overlapping_shards", s, N_DIRS_SHAPES, SHARD_OVERLAP, MXS_WB_FUSED,
-                       MXS_ROUND_CEIL, 0);
+    run_writeback_case(r, "writeback_full_replicas", s, N_DIRS_SHAPES, SHARD_REPLICA, MXS_WB_FUSED, MXS_ROUND_CEIL, 0);
+    run_writeback_case(r, "writeback_overlapping_shards", s, N_DIRS_SHAPES, SHARD_OVERLAP, MXS_WB_FUSED, MXS_ROUND_CEIL,
+                       0);
     test_bucket_writeback_updates(r);
     test_group_never_hangs(r);
 }
@@ -560,8 +569,9 @@ static void test_bucket_writeback_updates(mxs_rank *r) {
         wire_stop();
         MXS_CHECK(r, st == MXS_OK, "mxs_nccl_wb_bucket_writeback: %s", mxs_status_str(st));
         CU(r, cudaStreamSynchronize(r->stream));
-        MXS_CHECK(r, g_wire.all_reduce == 1 && g_wire.broadcast + g_wire.all_gather == 0 && g_wire.non_u8 == 0 &&
-                         g_wire.reduce_not_max == 0 && g_wire.reduce_elems == plan.packed_bytes,
+        MXS_CHECK(r,
+                  g_wire.all_reduce == 1 && g_wire.broadcast + g_wire.all_gather == 0 && g_wire.non_u8 == 0 &&
+                      g_wire.reduce_not_max == 0 && g_wire.reduce_elems == plan.packed_bytes,
                   "bucket writeback: %d all-reduces of %lld bytes (want 1 of %lld, uint8 MAX)", g_wire.all_reduce,
                   g_wire.reduce_elems, (long long)plan.packed_bytes);
         check_local(r, w, N_DIRS_SHAPES);
@@ -616,8 +626,8 @@ static void test_group_never_hangs(mxs_rank *r) {
             if (!has_plane(&w[i], p)) continue;
             got = download(r, dev_scale(&w[i], p), w[i].scale_bytes[p]);
             for (k = 0; k < w[i].scale_bytes[p]; k++) touched += got[k] != 0xCD;
-            MXS_CHECK(r, touched == 0, "weight %d plane %d: %lld scale bytes written although apply was skipped", i,
-                      p, (long long)touched);
+            MXS_CHECK(r, touched == 0, "weight %d plane %d: %lld scale bytes written although apply was skipped", i, p,
+                      (long long)touched);
             free(got);
         }
     /* the communicator is still in step */
@@ -865,14 +875,16 @@ static void test_copyback_bf16(mxs_rank *r, mxs_rounding rnd, const char *name) 
             fill(r, dev_scale(x, p), 0x5A, x->scale_bytes[p]);
         }
         /* only this rank's slice of the bf16 weight is valid before the gather */
-        for (k = 0; k < x->elems; k++) bf[k] = (k >= x->start && k < x->start + x->len) ? mxs_bf16_from_f32(x->full[k]) : 0xFFFFu;
+        for (k = 0; k < x->elems; k++)
+            bf[k] = (k >= x->start && k < x->start + x->len) ? mxs_bf16_from_f32(x->full[k]) : 0xFFFFu;
         upload(r, bf_dev, bf, 2 * x->elems);
         st = mxs_nccl_gather_bytes(bf_dev, x->elems, 2, x->starts, x->lens, r->comm, r->stream);
         MXS_CHECK(r, st == MXS_OK, "mxs_nccl_gather_bytes (bf16): %s", mxs_status_str(st));
         st = mxs_cuda_quantize(&x->dev, bf_dev, MXS_BF16, rnd, r->stream);
         MXS_CHECK(r, st == MXS_OK, "mxs_cuda_quantize: %s", mxs_status_str(st));
         CU(r, cudaStreamSynchronize(r->stream));
-        MXS_CHECK(r, memcmp(&x->dev, &x->saved, sizeof(mxs_tensor)) == 0, "weight %d: copy-back changed the storage", i);
+        MXS_CHECK(r, memcmp(&x->dev, &x->saved, sizeof(mxs_tensor)) == 0, "weight %d: copy-back changed the storage",
+                  i);
         for (p = 0; p < 2; p++) {
             uint8_t *cb_data, *cb_scale;
             char what[128];
@@ -1081,8 +1093,7 @@ static void test_rejects_before_enqueue(mxs_rank *r) {
      * status byte 1) and returns its own error - here on every rank. */
     wire_reset();
     ST(r, mxs_nccl_wb_writeback(&b, &plan, NULL, ws, ws_bytes, r->comm, r->stream), MXS_ERR_INVALID_ARGUMENT);
-    ST(r, mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes, NULL, r->stream),
-       MXS_ERR_INVALID_ARGUMENT);
+    ST(r, mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes, NULL, r->stream), MXS_ERR_INVALID_ARGUMENT);
     ST(r, mxs_nccl_wb_writeback(&b, NULL, (uint8_t *)packed, ws, ws_bytes, r->comm, r->stream),
        MXS_ERR_INVALID_ARGUMENT);
     ST(r, mxs_nccl_wb_bucket_writeback(NULL, r->comm, r->stream), MXS_ERR_INVALID_ARGUMENT);
@@ -1095,8 +1106,9 @@ static void test_rejects_before_enqueue(mxs_rank *r) {
        MXS_ERR_PLAN_MISMATCH);
     wire_stop();
     CU(r, cudaStreamSynchronize(r->stream));
-    MXS_CHECK(r, g_wire.all_reduce == 2 && g_wire.broadcast + g_wire.all_gather == 0 && g_wire.non_u8 == 0 &&
-                     g_wire.reduce_not_max == 0 && g_wire.reduce_elems == plan.packed_bytes + other_plan.packed_bytes,
+    MXS_CHECK(r,
+              g_wire.all_reduce == 2 && g_wire.broadcast + g_wire.all_gather == 0 && g_wire.non_u8 == 0 &&
+                  g_wire.reduce_not_max == 0 && g_wire.reduce_elems == plan.packed_bytes + other_plan.packed_bytes,
               "failing writebacks issued %d all-reduces of %lld bytes (want 2 of %lld)", g_wire.all_reduce,
               g_wire.reduce_elems, (long long)(plan.packed_bytes + other_plan.packed_bytes));
     /* Gather: every argument is validated before anything is enqueued */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tests/nccl/wire.c - counts the collectives of the process (see wire.h). */
 #include "wire.h"
 

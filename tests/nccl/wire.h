@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tests/nccl/wire.h - what libmxshard_nccl puts on the wire, seen from the
  * outside.
  *
