@@ -7,8 +7,9 @@
  * tiles (whole 32 x 128 tiles on the vector path, not in the last group
  * when padding entries must be written) go to the lean interior kernel,
  * the rest to the general one: each tile is read once; 1 launch for shapes
- * that are multiples of 32 x 128 on the vector path with COMPACT scales,
- * else 2.
+ * that are multiples of 32 x 128 on the vector path with COMPACT scales (in
+ * PADDED / SWIZZLED: multiples of 128 x 128, no padding entries; see
+ * kInteriorLastGroup), else 2.
  */
 #include <cuda_runtime.h>
 
@@ -23,6 +24,21 @@
 using namespace mxs__cu;
 
 namespace {
+
+/* The last group's whole tiles go to the interior kernel too when the
+ * PADDED / SWIZZLED planes have no padding entries (M a multiple of 128 and
+ * K of 4 in every present plane: rows and cols multiples of 128), so there
+ * is nothing for the general kernel's last-group tiles to zero: such shapes
+ * take one launch in every layout, as with COMPACT. false: the last group
+ * always goes to the general kernel when J.pad. */
+constexpr bool kInteriorLastGroup = true;
+
+bool has_padding_entries(const mxs__job &J) {
+    for (int p = 0; p < 2; p++)
+        if ((J.planes & (unsigned)(p + 1)) && (J.geom[p].Mp != J.geom[p].M || J.geom[p].Kp != J.geom[p].K))
+            return true;
+    return false;
+}
 
 /* ---- kernels ------------------------------------------------------------------ */
 
@@ -107,7 +123,7 @@ mxs_status mxs_cuda_quantize(const mxs_tensor *dst, const void *src, mxs_dtype s
      * kernel; the rest, if any, to the general one. */
     const int64_t T = mxs_ceil_div(dst->cols, kTileCols), G = mxs_col_groups(dst->rows), units = G * T;
     int64_t T_int = vec ? dst->cols / kTileCols : 0, G_int = vec ? dst->rows / MXS_BLOCK : 0;
-    if (J.pad && G_int == G) G_int--;
+    if (J.pad && G_int == G && (!kInteriorLastGroup || has_padding_entries(J))) G_int--;
     if (G_int * T_int > (int64_t)UINT32_MAX) G_int = T_int = 0;
     if (G_int <= 0 || T_int <= 0) G_int = T_int = 0;
     const int64_t interior = G_int * T_int, rest = units - interior;

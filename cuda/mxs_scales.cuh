@@ -75,6 +75,74 @@ __device__ __forceinline__ uint8_t scale_byte(const mxs_scale_geom &gd, const ui
     return mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : (uint8_t)0;
 }
 
+/* Fast scatter (kFastScatter): a whole 16-byte vector at plane offset `off`
+ * (off % 16 == 0) of a PADDED or SWIZZLED destination gd, from a COMPACT
+ * source gs of the same plane (the packed buffer of the writeback apply).
+ * The same bytes as scale_byte for each of the 16 offsets - entry (m, k) of
+ * mxs_scale_geom_coords, src[mxs_scale_geom_offset(&gs, m, k)] when logical,
+ * else 0 - with one division per vector instead of one per word, and the
+ * COMPACT source offsets written out (k * M + m column-wise, m * K + k
+ * row-wise):
+ *   SWIZZLED  off = (mt * Kp/4 + kt) * 512 + i * 16 + q * 4 + j
+ *             -> m = 128 mt + 32 q + i, k = 4 kt + j   (bytes 4q + j)
+ *   PADDED    row-wise off = m * Kp + k: Kp % 4 == 0, so each 4-byte word
+ *             is (m, k..k+3) and the next word is k + 4 (or row m + 1);
+ *             column-wise off = k * Mp + m: Mp % 128 == 0, so the vector is
+ *             (m0..m0+15, k). */
+constexpr bool kFastScatter = true;
+/* COMPACT -> COMPACT scatter (a copy): a thread's kVecPerThread vector loads
+ * are issued before its stores (false: one load-store pair at a time). */
+constexpr bool kCopyInFlight = true;
+
+/* Offset in the COMPACT plane gs of entry (m, k); -1 for a padding entry. */
+__device__ __forceinline__ int64_t compact_at(const mxs_scale_geom &gs, int64_t m, int64_t k) {
+    return (m < gs.M && k < gs.K) ? (gs.colwise ? k * gs.M + m : m * gs.K + k) : (int64_t)-1;
+}
+
+__device__ __forceinline__ uint4 scatter_fast_vec(const mxs_scale_geom &gd, const uint8_t *src,
+                                                  const mxs_scale_geom &gs, int64_t off) {
+    /* 1. the 16 source offsets (-1: padding), 2. 16 unconditional loads (a
+     * padding entry loads src[0] and is then replaced by 0), so all 16 are
+     * in flight together, 3. the 4 words. */
+    int64_t at[16];
+    if (gd.layout == MXS_SCALES_SWIZZLED) {
+        const int64_t tile = off / 512, i = (off % 512) / 16, ktiles = gd.Kp / 4;
+        const int64_t mt = tile / ktiles, k0 = (tile - mt * ktiles) * 4;
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) at[4 * q + j] = compact_at(gs, mt * 128 + q * 32 + i, k0 + j);
+    } else if (!gd.colwise) {
+        int64_t m = off / gd.Kp, k = off - m * gd.Kp;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) at[4 * q + j] = compact_at(gs, m, k + j);
+            k += 4;
+            if (k >= gd.Kp) {
+                k = 0;
+                m++;
+            }
+        }
+    } else {
+        const int64_t k = off / gd.Mp, m0 = off - k * gd.Mp;
+#pragma unroll
+        for (int b = 0; b < 16; b++) at[b] = compact_at(gs, m0 + b, k);
+    }
+    uint32_t v[16];
+#pragma unroll
+    for (int b = 0; b < 16; b++) v[b] = src[at[b] >= 0 ? at[b] : 0];
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) word |= (at[4 * q + j] >= 0 ? v[4 * q + j] : 0u) << (8 * j);
+        w[q] = word;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* Unit `unit` of the scatter of a whole scale plane (bytes = its size in
  * layout gd) into dst. COMPACT -> COMPACT is a copy; PADDED / SWIZZLED
  * destinations assemble each 16-byte vector from 4 groups of 4 aligned bytes,
@@ -87,6 +155,29 @@ __device__ __forceinline__ void scatter_vec_unit(uint8_t *dst, const mxs_scale_g
     const bool copy = gd.layout == MXS_SCALES_COMPACT && gs.layout == MXS_SCALES_COMPACT;
     const bool grouped = gd.layout != MXS_SCALES_COMPACT && (mis & 3) == 0;
     const bool step_m = gd.layout == MXS_SCALES_PADDED && gd.colwise;
+    const bool fast = kFastScatter && mis == 0 && gd.layout != MXS_SCALES_COMPACT &&
+                      gs.layout == MXS_SCALES_COMPACT && gd.colwise == gs.colwise && gd.M == gs.M && gd.K == gs.K;
+    if (kCopyInFlight && copy) {
+        /* COMPACT -> COMPACT: the thread's kVecPerThread loads first (all in
+         * flight together), then the stores; the same bytes as the loop below */
+        uint4 v[kVecPerThread];
+#pragma unroll
+        for (int s = 0; s < kVecPerThread; s++) {
+            const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+            v[s] = off >= 0 && off + 16 <= bytes ? ld16_any(src + off) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int s = 0; s < kVecPerThread; s++) {
+            const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+            if (off >= 0 && off + 16 <= bytes) {
+                *reinterpret_cast<uint4 *>(dst + off) = v[s];
+            } else {
+                for (int j = 0; j < 16; j++)
+                    if (off + j >= 0 && off + j < bytes) dst[off + j] = src[off + j];
+            }
+        }
+        return;
+    }
 #pragma unroll 1
     for (int s = 0; s < kVecPerThread; s++) {
         const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
@@ -94,6 +185,8 @@ __device__ __forceinline__ void scatter_vec_unit(uint8_t *dst, const mxs_scale_g
             uint4 v;
             if (copy) {
                 v = ld16_any(src + off);
+            } else if (fast) {
+                v = scatter_fast_vec(gd, src, gs, off);
             } else {
                 uint32_t w[4];
 #pragma unroll

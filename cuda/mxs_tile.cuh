@@ -131,6 +131,90 @@ template <bool MIS> __device__ __forceinline__ void ld_vec8(const void *src, int
     }
 }
 
+/* ---- element-aligned loads shared by a half-warp (interior tiles) ----------
+ * kShuffleMisLoads: in an interior tile, the 16 lanes of a half-warp load
+ * one contiguous row segment (lane tx: bytes [p, p + 16 * 8 / (16 / eb)) -
+ * 16 bytes, 32 for f32). When p is only element-aligned (b = p % 16 != 0),
+ * each lane loads the ALIGNED 16-byte vectors that start inside its window
+ * ([p + 16 - b, +16), and for f32 also [p + 32 - b, +16)); the last one
+ * reaches b bytes into the next lane's window (never past the segment: the
+ * last lane does not load it). A lane's 16-byte chunk [p, p + 16) is then
+ * the bytes b .. b + 15 of (previous aligned vector ++ next aligned vector),
+ * the previous one coming from lane tx - 1 by __shfl_up_sync. The first and
+ * the last lane of the segment read the chunks they cannot assemble with
+ * ld16_elems. Every byte comes from the same address as with ld16_elems, so
+ * the values are identical; only the number of load instructions changes
+ * (2 or 1 aligned vectors per lane instead of 4 or 5 narrow loads per 16
+ * bytes). false: ld16_elems for every lane. */
+constexpr bool kShuffleMisLoads = true;
+
+/* Bytes b .. b + 15 of lo ++ hi (b even, 0 < b < 16). */
+__device__ __forceinline__ uint4 extract16(const uint4 &lo, const uint4 &hi, int b) {
+    const uint32_t c[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const unsigned sh = (unsigned)(b & 3) * 8u;
+    uint32_t r[4];
+    switch (b >> 2) {
+    case 0:
+#pragma unroll
+        for (int k = 0; k < 4; k++) r[k] = __funnelshift_r(c[k], c[k + 1], sh);
+        break;
+    case 1:
+#pragma unroll
+        for (int k = 0; k < 4; k++) r[k] = __funnelshift_r(c[k + 1], c[k + 2], sh);
+        break;
+    case 2:
+#pragma unroll
+        for (int k = 0; k < 4; k++) r[k] = __funnelshift_r(c[k + 2], c[k + 3], sh);
+        break;
+    default:
+#pragma unroll
+        for (int k = 0; k < 4; k++) r[k] = __funnelshift_r(c[k + 3], c[k + 4], sh);
+        break;
+    }
+    return make_uint4(r[0], r[1], r[2], r[3]);
+}
+
+/* ld_vec8<true> of the 8 elements e .. e+7 for lane tx of a half-warp whose
+ * 16 lanes load consecutive 8-element groups of one row segment (see
+ * kShuffleMisLoads). Must be called by every lane of the warp (it
+ * shuffles); ok = false: this lane's row is absent (raw = 0). */
+template <int DTYPE>
+__device__ __forceinline__ void ld_vec8_coop(const void *src, int64_t e, bool ok, int tx, uint4 *raw) {
+    constexpr int64_t eb = DTYPE == MXS_F32 ? 4 : 2;
+    const uint8_t *p = static_cast<const uint8_t *>(src) + e * eb;
+    const int b = (int)(reinterpret_cast<uintptr_t>(p) & 15u);
+    uint4 a0 = make_uint4(0u, 0u, 0u, 0u), a1 = a0;
+    if (ok && b != 0) {
+        const uint4 *q = reinterpret_cast<const uint4 *>(p + (16 - b)); /* the first aligned vector after p */
+        if (DTYPE == MXS_F32) {
+            a0 = __ldg(q);
+            if (tx < kTX - 1) a1 = __ldg(q + 1);
+        } else if (tx < kTX - 1) {
+            a0 = __ldg(q);
+        }
+    }
+    const uint4 last = DTYPE == MXS_F32 ? a1 : a0;
+    uint4 prev;
+    prev.x = __shfl_up_sync(0xFFFFFFFFu, last.x, 1, kTX);
+    prev.y = __shfl_up_sync(0xFFFFFFFFu, last.y, 1, kTX);
+    prev.z = __shfl_up_sync(0xFFFFFFFFu, last.z, 1, kTX);
+    prev.w = __shfl_up_sync(0xFFFFFFFFu, last.w, 1, kTX);
+    if (!ok) {
+        raw[0] = raw[1] = make_uint4(0u, 0u, 0u, 0u);
+        return;
+    }
+    if (b == 0) { /* an aligned item in a MIS launch */
+        ld_vec8<false>(src, DTYPE, e, raw);
+        return;
+    }
+    if (DTYPE == MXS_F32) {
+        raw[0] = tx > 0 ? extract16(prev, a0, b) : ld16_elems(p);
+        raw[1] = tx < kTX - 1 ? extract16(a0, a1, b) : ld16_elems(p + 16);
+    } else {
+        raw[0] = (tx > 0 && tx < kTX - 1) ? extract16(prev, a0, b) : ld16_elems(p);
+    }
+}
+
 /* Round-through of 8 widened master values (mxs_round_through), with the
  * dtype test outside the element loop. */
 __device__ __forceinline__ void round_through8(float *x, int rt) {
@@ -360,7 +444,9 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
     for (int i = 0; i < kRPT; i++) {
         rok[i] = !CLIP || r0 + i * kTY < J.rows;
         const int64_t e = (r0 + i * kTY) * cols + c - J.src_base;
-        if (CLIP && !rok[i]) {
+        if (MIS && kShuffleMisLoads) {
+            ld_vec8_coop<DTYPE>(J.src, e, rok[i], tx, raw[i]); /* every lane: it shuffles */
+        } else if (CLIP && !rok[i]) {
             raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
         } else {
             ld_vec8<MIS>(J.src, DTYPE, e, raw[i]);
@@ -420,6 +506,92 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
             *reinterpret_cast<uint2 *>(J.out[0] + (f - J.out_base[0])) = quantize8(x[i], m8);
         }
         if (do_col) *reinterpret_cast<uint2 *>(J.out[1] + (f - J.out_base[1])) = quantize8(x[i], mult_col);
+    }
+}
+
+/* A short interior group: the last group of a weight with at most kTY rows
+ * (rows % 32 in 1..8), wholly inside the shard, on the vector path. One CTA
+ * takes its rows x 512 columns - tile columns 4 t4 .. 4 t4 + 3 below T_int
+ * - thread (tx, ty) row 32 g + ty and 8 elements of each of the 4 tile
+ * columns: four 16-byte loads in flight per thread (as in a whole tile)
+ * instead of one, and a quarter of the CTAs. The bytes are those of
+ * interior_tile<CLIP = true> on each of the 4 tiles: rows past the last read
+ * as 0 and are neither stored nor scaled; a column amax is the max over the
+ * same values (max is order-free: fmaxf of |x|, NaN ignored, from 0). */
+template <int DTYPE, unsigned PLANES, bool MIS = false>
+__device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g, int64_t t4, int64_t T_int,
+                                                   TileSmem &sm) {
+    const unsigned planes = PLANES ? PLANES : J.planes;
+    const bool do_row = (planes & MXS_ROWWISE) != 0, do_col = (planes & MXS_COLWISE) != 0;
+    const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
+    const int64_t cols = J.cols, r = g * MXS_BLOCK + ty;
+    const bool rok = r < J.rows;
+    constexpr int kW = 4; /* tile columns per CTA */
+    uint4 raw[kW][2];
+    bool cok[kW]; /* the same in the whole CTA */
+#pragma unroll
+    for (int i = 0; i < kW; i++) {
+        const int64_t tc = t4 * kW + i;
+        cok[i] = tc < T_int;
+        const int64_t e = r * cols + tc * kTileCols + tx * 8 - J.src_base;
+        if (MIS && kShuffleMisLoads) {
+            ld_vec8_coop<DTYPE>(J.src, e, rok && cok[i], tx, raw[i]); /* every lane: it shuffles */
+        } else if (!(rok && cok[i])) {
+            raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
+        } else {
+            ld_vec8<MIS>(J.src, DTYPE, e, raw[i]);
+        }
+    }
+    float x[kW][8];
+#pragma unroll
+    for (int i = 0; i < kW; i++) {
+        unpack8(x[i], raw[i], DTYPE);
+        round_through8(x[i], J.round_through);
+    }
+    if (do_col) {
+#pragma unroll
+        for (int i = 0; i < kW; i++) {
+            if (!cok[i]) break; /* CTA-uniform: the syncs below are reached by all or none */
+            const int64_t tc = t4 * kW + i;
+#pragma unroll
+            for (int k = 0; k < 8; k++) sm.amax[ty][tx * 8 + k] = mxs_amax_step(0.0f, x[i][k]);
+            __syncthreads();
+            {
+                float a = 0.0f;
+#pragma unroll
+                for (int y = 0; y < kTY; y++) a = fmaxf(a, sm.amax[y][tid]);
+                const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
+                J.scale[1][mxs_scale_geom_offset(&J.geom[1], tc * kTileCols + tid, g)] = e;
+                sm.mult[tid] = mxs_e8m0_quant_mult(e);
+            }
+            __syncthreads();
+            float mult_col[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) mult_col[k] = sm.mult[tx * 8 + k];
+            __syncthreads();
+            if (rok) {
+                const int64_t f = r * cols + tc * kTileCols + tx * 8;
+                *reinterpret_cast<uint2 *>(J.out[1] + (f - J.out_base[1])) = quantize8(x[i], mult_col);
+            }
+        }
+    }
+    if (do_row) {
+#pragma unroll
+        for (int i = 0; i < kW; i++) {
+            const int64_t tc = t4 * kW + i, c = tc * kTileCols + tx * 8;
+            float a = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; k++) a = mxs_amax_step(a, x[i][k]);
+            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+            const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
+            if (!(rok && cok[i])) continue;
+            if ((tx & 3) == 0) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, c / MXS_BLOCK)] = e;
+            float m8[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) m8[k] = mxs_e8m0_quant_mult(e);
+            *reinterpret_cast<uint2 *>(J.out[0] + (r * cols + c - J.out_base[0])) = quantize8(x[i], m8);
+        }
     }
 }
 

@@ -57,6 +57,10 @@ struct WbItem {
      * kernel takes groups [g_first, ga), [gb, g_last] and the tile columns
      * >= T_int of [ga, gb). Without interior tiles ga = gb = g_last + 1. */
     int64_t ga, gb, T_int, int_units, int_begin;
+    /* Interior units >= wide_from (local numbering) are the short last
+     * group gb - 1 (at most kTY rows) in units of 4 tile columns
+     * (interior_wide_tile, kWideShortGroups); wide_from = int_units: none. */
+    int64_t wide_from;
     /* TILES_EDGE_TILES: (g, t) of the (1 or 2) tiles to visit;
      * TILES_EDGE_GROUPS: tile_a[0], tile_b[0]: the (1 or 2) groups to visit */
     int64_t tile_a[2], tile_b[2];
@@ -143,6 +147,15 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
 /* Interior tile `local` of item `it`. */
 template <unsigned PLANES, bool MIS>
 __device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local, TileSmem &sm) {
+    if (local >= it.wide_from) {
+        const int64_t g = it.gb - 1, t4 = local - it.wide_from;
+        switch (it.job.src_dtype) {
+        case MXS_F32: interior_wide_tile<MXS_F32, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
+        case MXS_BF16: interior_wide_tile<MXS_BF16, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
+        default: interior_wide_tile<MXS_F16, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
+        }
+        return;
+    }
     const int64_t g = it.ga + local / it.T_int, t = local % it.T_int;
     switch (it.job.src_dtype) {
     case MXS_F32: interior_tile<MXS_F32, PLANES, true, MIS>(it.job, g, t, sm); break;

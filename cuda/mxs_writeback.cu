@@ -31,6 +31,12 @@ enum { WANT_PARTIAL = 1u << PHASE_PARTIAL, WANT_APPLY = 1u << PHASE_APPLY, WANT_
 
 /* ---- the work-list record of one item ------------------------------------ */
 
+/* The short last group of a weight (rows % 32 in 1..8: a bucket of 40-row
+ * weights) goes to the interior kernel in units of 32 x 512
+ * (interior_wide_tile: four loads in flight per thread instead of one);
+ * false: one clipped 32 x 128 tile per unit, as before. */
+constexpr bool kWideShortGroups = true;
+
 /* Vector loads that are only element-aligned (see wb_item_make) are
  * allowed; false sends such items to scalar loads, as before. */
 constexpr bool kMisalignedLoads = true;
@@ -98,6 +104,13 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
             w->int_units = (gb - ga) * w->T_int;
         }
         w->tile_units = (g_last - g_first + 1) * w->T - w->int_units;
+        w->wide_from = w->int_units;
+        /* a short last group (at most kTY rows, so gb - 1 is the last
+         * group) in units of 4 tile columns: interior_wide_tile */
+        if (kWideShortGroups && gb > ga && w->T_int > 0 && t->rows - (gb - 1) * MXS_BLOCK <= kTY) {
+            w->wide_from = (gb - 1 - ga) * w->T_int;
+            w->int_units = w->wide_from + mxs_ceil_div(w->T_int, 4);
+        }
     } else if (t->dirs == MXS_ROWWISE) {
         /* fused apply, row-only: only the row blocks of start and end-1 can
          * straddle; visit the (at most two) tiles holding them. */

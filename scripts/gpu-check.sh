@@ -1,62 +1,62 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# One command for the GPU machine: configure + build (release, all cores),
-# run the cuda and nccl suites, run the benchmark, run the demo on the GPU if
-# it can. Everything is teed to ${OUT:-/tmp}/gpu-check.log, the benchmark
-# table to ${OUT:-/tmp}/bench.md. Exit status nonzero on any failure.
+# Everything that needs a GPU, in parts (each part builds what it needs into
+# its own build dir and writes its log under ${OUT:-/tmp}):
+#
+#   kernels  scripts/gpu-kernels.sh  cuda + nccl suites, compute-sanitizer
+#                                    memcheck + racecheck of the cuda suite
+#   bench    scripts/gpu-bench.sh    bench/cuda_bench -> $OUT/bench.md (+ .csv)
+#   python   scripts/gpu-python.sh   pytest on the GPU, torchrun tests (2 GPUs),
+#                                    examples/torch_writeback.py
+#   train    scripts/gpu-train.sh    examples/train: parity, checkpoint/reshard,
+#                                    ~1B scale run, loss plot -> $OUT
+#   demo     mxshard-demo --device cuda (one process per GPU over NCCL)
+#
+#   scripts/gpu-check.sh                         all parts (about 12 min on one H200)
+#   MXS_GPU_PARTS=kernels,bench scripts/gpu-check.sh
+#
+# The device tool limits one command to 10 minutes: run kernels,bench,python
+# in one call and train (about 3-5 min) in another. Exit status nonzero if
+# any part failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# meson, ninja and python3 come from PATH, or from the virtual environment
-# MXS_VENV names (e.g. MXS_VENV=/opt/torch/.venv), or the active $VIRTUAL_ENV.
-venv=${MXS_VENV:-${VIRTUAL_ENV:-}}
-if [ -n "$venv" ]; then export PATH="$venv/bin:$PATH"; fi
-export PATH=$PATH:/usr/local/cuda/bin NCCL_NVLS_ENABLE=0
-if ! command -v meson >/dev/null; then
-  echo "gpu-check: no meson on PATH; set MXS_VENV to a virtual environment that has meson and ninja" >&2
-  exit 1
-fi
+export PATH=${MXS_VENV:-${VIRTUAL_ENV:-/opt/torch/.venv}}/bin:/usr/local/cuda/bin:$PATH
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 out=${OUT:-/tmp}
 mkdir -p "$out"
-log=$out/gpu-check.log
-: > "$log"
-builddir=${MXS_GPU_BUILDDIR:-build-gpu}
+parts=${MXS_GPU_PARTS:-kernels,bench,python,train,demo}
+declare -a summary=()
 status=0
 
-step() { # step NAME CMD...: run, tee, remember failure
+part() { # part NAME CMD...: run one part, record its verdict
   local name=$1; shift
-  echo "=== $name: $*" | tee -a "$log"
+  case ",$parts," in *",$name,"*) ;; *) return 0 ;; esac
+  echo "##### gpu-check: $name: $*"
   local t0=$SECONDS
-  "$@" 2>&1 | tee -a "$log"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$log"
-  [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || status=1  # 77: skipped
-  return "$rc"
+  "$@"
+  local rc=$?
+  local verdict=PASS
+  [ "$rc" -eq 0 ] || { verdict="FAIL (rc=$rc)"; status=1; }
+  summary+=("$(printf '%-8s %s (%d s)' "$name" "$verdict" $((SECONDS - t0)))")
 }
 
-{ date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1; } | tee -a "$log"
+demo() {
+  local b=${MXS_GPU_BUILDDIR:-build-kernels}
+  [ -x "$b/tools/mxshard-demo" ] || { meson setup "$b" -Dcuda=enabled -Dtests=auto -Dsm_archs=90 >/dev/null &&
+    ninja -C "$b" tools/mxshard-demo >/dev/null; } || return 1
+  "$b/tools/mxshard-demo" --device cuda --hidden 4096 2>&1 | tee "$out/demo.log"
+}
 
-if [ -f "$builddir/build.ninja" ]; then
-  step configure meson setup --reconfigure "$builddir" -Dcuda=enabled -Dnccl=auto -Dtests=auto --buildtype=release || exit 1
-else
-  step configure meson setup "$builddir" -Dcuda=enabled -Dnccl=auto -Dtests=auto --buildtype=release || exit 1
-fi
-if ! step build meson compile -C "$builddir" -j "$(nproc)"; then
-  # keep going with whatever builds, so one broken target does not hide the rest
-  step build-keep-going ninja -C "$builddir" -k 0 -j "$(nproc)"
-fi
+{ date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1; } | tee "$out/gpu-check.log"
+part kernels bash scripts/gpu-kernels.sh
+part bench bash scripts/gpu-bench.sh
+part python bash scripts/gpu-python.sh
+part train bash scripts/gpu-train.sh
+part demo demo
 
-suites=(--suite cuda)
-if meson test -C "$builddir" --list 2>/dev/null | grep -q 'nccl'; then suites+=(--suite nccl); fi
-step tests meson test -C "$builddir" "${suites[@]}" --print-errorlogs --num-processes 1 --no-rebuild
-
-if [ -x "$builddir/bench/cuda_bench" ]; then
-  MXS_BENCH_MD="$out/bench.md" step bench "$builddir/bench/cuda_bench"
-fi
-
-demo=$builddir/tools/mxshard-demo
-if [ -x "$demo" ] && "$demo" --help 2>&1 | grep -q -- '--device'; then
-  step demo "$demo" --device cuda --hidden 4096
-fi
-
-echo "=== gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)" | tee -a "$log"
+{
+  echo "##### gpu-check summary"
+  printf '%s\n' "${summary[@]}"
+  echo "##### gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+} | tee -a "$out/gpu-check.log"
 exit $status

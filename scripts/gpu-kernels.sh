@@ -35,9 +35,9 @@ step() { # step NAME CMD...: run, tee, record the verdict
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1; git log --oneline -1 2>&1; } | tee -a "$log"
 
 if [ -f "$builddir/build.ninja" ]; then
-  step configure meson setup --reconfigure "$builddir" -Dcuda=enabled -Dnccl=auto -Dtests=enabled -Dsm_archs=90 --buildtype=release
+  step configure meson setup --reconfigure "$builddir" -Dcuda=enabled -Dnccl=auto -Dtests=auto -Dsm_archs=90 --buildtype=release
 else
-  step configure meson setup "$builddir" -Dcuda=enabled -Dnccl=auto -Dtests=enabled -Dsm_archs=90 --buildtype=release
+  step configure meson setup "$builddir" -Dcuda=enabled -Dnccl=auto -Dtests=auto -Dsm_archs=90 --buildtype=release
 fi || { echo "configure failed" | tee -a "$log"; exit 1; }
 # keep going past a broken target so that one failure does not hide the rest
 step build ninja -C "$builddir" -k 0 -j "$(nproc)"

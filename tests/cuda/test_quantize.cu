@@ -96,6 +96,14 @@ int main(void) {
     for (int dt = 0; dt < 3; dt++)
         test_quantize_case(1000, 1536, MXS_BOTH, MXS_SCALES_SWIZZLED, (mxs_dtype)dt, MXS_ROUND_CEIL, false);
     test_quantize_case(777, 1000, MXS_BOTH, MXS_SCALES_PADDED, MXS_BF16, MXS_ROUND_FLOOR, false);
+    printf("# quantize: PADDED / SWIZZLED without padding entries (last group on the interior kernel)\n");
+    for (int layout = 1; layout <= 2; layout++)
+        for (unsigned dirs = 1; dirs <= 3; dirs++) {
+            test_quantize_case(256, 384, dirs, (mxs_scale_layout)layout, (mxs_dtype)(rnd() % 3),
+                               (mxs_rounding)(rnd() % 2), false);
+            test_quantize_case(128, 228, dirs, (mxs_scale_layout)layout, (mxs_dtype)(rnd() % 3),
+                               (mxs_rounding)(rnd() % 2), false);
+        }
 
     printf("# convert_scales\n");
     for (int it = 0; it < 60; it++) {

@@ -47,6 +47,9 @@ static void rnd_shards(int64_t n, int nranks, std::vector<int64_t> &start, std::
 }
 
 static int g_case = 0;
+/* test_case(..., big_shapes) with g_short_last: rows = 32 k + 1..8 (a short
+ * last group: the interior kernel's 32 x 512 units) */
+static bool g_short_last = false;
 
 static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding rounding, mxs_dtype rt, bool big_shapes) {
     char ctx[200];
@@ -56,6 +59,7 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
     for (auto &w : W) {
         rnd_shape(&w.rows, &w.cols);
         if (big_shapes) { w.rows = rnd_in(100, 400); w.cols = 8 * rnd_in(16, 80); }
+        if (big_shapes && g_short_last) w.rows = 32 * rnd_in(0, 6) + rnd_in(1, 8);
         w.dirs = (unsigned)rnd_in(1, 3);
         w.layout = (mxs_scale_layout)(rnd() % 3);
         w.dtype = (mxs_dtype)(rnd() % 3);
@@ -231,6 +235,12 @@ int main(void) {
     for (int it = 0; it < 12; it++)
         test_case((int)rnd_in(1, 3), (int)rnd_in(1, 8), (mxs_wb_mode)(it % 2), (mxs_rounding)(rnd() % 2),
                   (mxs_dtype)(rnd() % 3), true);
+    printf("# writeback: short last groups (rows %% 32 in 1..8)\n");
+    g_short_last = true;
+    for (int it = 0; it < 12; it++)
+        test_case((int)rnd_in(1, 3), (int)rnd_in(1, 4), it % 3 == 2 ? MXS_WB_STRICT : MXS_WB_FUSED,
+                  (mxs_rounding)(rnd() % 2), (mxs_dtype)(rnd() % 3), true);
+    g_short_last = false;
     printf("# writeback: a 75-item batch (work list stored in two parameter blocks)\n");
     test_case(75, 3, MXS_WB_FUSED, MXS_ROUND_CEIL, MXS_BF16, false);
     test_case(75, 2, MXS_WB_STRICT, MXS_ROUND_FLOOR, MXS_F32, false);
