@@ -48,7 +48,8 @@ if [ "$ngpu" -ge 2 ]; then
   step pytest-torchrun torchrun --standalone --nproc_per_node=2 -m pytest python/tests/test_torchrun.py -q -rs -p no:cacheprovider
   step example-2gpu torchrun --standalone --nproc_per_node=2 examples/torch_writeback.py --steps 30
 else
-  echo "=== torchrun tests: skipped (1 GPU; they need 2)" | tee -a "$log"
+  # one GPU: both ranks share it over gloo (test_torchrun.py switches by itself)
+  step pytest-torchrun-shared-gpu torchrun --standalone --nproc_per_node=2 -m pytest python/tests/test_torchrun.py -q -rs -p no:cacheprovider
 fi
 step example-1gpu torchrun --standalone --nproc_per_node=1 examples/torch_writeback.py --steps 30
 step example-gloo-cpu torchrun --standalone --nproc_per_node=2 examples/torch_writeback.py --device cpu --hidden 128 --layers 8 --steps 5
