@@ -277,8 +277,10 @@ mxs_status prepare(mxs_cuda_wb_bucket *bucket, const mxs_wb_batch *b, const mxs_
     if (mxs__overlap(packed, plan->packed_bytes, workspace, need)) return MXS_ERR_ALIASING;
     if ((s = mxs_wb_check_buffer(b, packed, plan->packed_bytes)) != MXS_OK) return s;
     if ((s = mxs_wb_check_buffer(b, workspace, need)) != MXS_OK) return s;
-    if ((s = device_sms(&bk.device, &sms)) != MXS_OK) return s;
+    /* peek first: a runtime call may return (and device_sms would then
+     * clear) an unrelated pending error that belongs to someone else */
     if ((s = launch_begin()) != MXS_OK) return s;
+    if ((s = device_sms(&bk.device, &sms)) != MXS_OK) return s;
 
     bk.n_items = b->n_items;
     bk.packed = packed;
@@ -306,12 +308,14 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
     int device;
     if (!bk || bk->magic != MXS_CUDA_WB_BUCKET_MAGIC || bk->check != bucket_hash(bk)) return MXS_ERR_INVALID_ARGUMENT;
     if (bk->n_items > 0 && !bk->table[phase]) return MXS_ERR_INVALID_ARGUMENT;
+    /* peek before any other runtime call (see mxs_launch.cuh) */
+    if (launch_begin() != MXS_OK) return MXS_ERR_CUDA;
     if (cudaGetDevice(&device) != cudaSuccess) {
         (void)cudaGetLastError();
         return MXS_ERR_CUDA;
     }
     if (device != bk->device) return MXS_ERR_INVALID_ARGUMENT;
-    return launch_begin();
+    return MXS_OK;
 }
 
 /* One phase's launches (see mxs_wb_kernels.cuh). status: the group status
