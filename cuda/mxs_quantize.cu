@@ -35,8 +35,7 @@ constexpr bool kInteriorLastGroup = true;
 
 bool has_padding_entries(const mxs__job &J) {
     for (int p = 0; p < 2; p++)
-        if ((J.planes & (unsigned)(p + 1)) && (J.geom[p].Mp != J.geom[p].M || J.geom[p].Kp != J.geom[p].K))
-            return true;
+        if ((J.planes & (unsigned)(p + 1)) && (J.geom[p].Mp != J.geom[p].M || J.geom[p].Kp != J.geom[p].K)) return true;
     return false;
 }
 

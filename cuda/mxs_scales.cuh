@@ -22,7 +22,10 @@
 
 namespace mxs__cu {
 
-constexpr int kVecPerThread = 4;
+/* 2 (was 4): twice the CTAs for the same bytes, half the serial chain per
+ * thread - the apply's scatter of a few MB fills one wave either way and is
+ * latency-bound. Any value >= 1 gives the same bytes. */
+constexpr int kVecPerThread = 2;
 constexpr int64_t kVecChunk = (int64_t)kThreads * 16 * kVecPerThread; /* bytes per unit */
 
 /* Units of the range [p, p + len). */
@@ -155,8 +158,8 @@ __device__ __forceinline__ void scatter_vec_unit(uint8_t *dst, const mxs_scale_g
     const bool copy = gd.layout == MXS_SCALES_COMPACT && gs.layout == MXS_SCALES_COMPACT;
     const bool grouped = gd.layout != MXS_SCALES_COMPACT && (mis & 3) == 0;
     const bool step_m = gd.layout == MXS_SCALES_PADDED && gd.colwise;
-    const bool fast = kFastScatter && mis == 0 && gd.layout != MXS_SCALES_COMPACT &&
-                      gs.layout == MXS_SCALES_COMPACT && gd.colwise == gs.colwise && gd.M == gs.M && gd.K == gs.K;
+    const bool fast = kFastScatter && mis == 0 && gd.layout != MXS_SCALES_COMPACT && gs.layout == MXS_SCALES_COMPACT &&
+                      gd.colwise == gs.colwise && gd.M == gs.M && gd.K == gs.K;
     if (kCopyInFlight && copy) {
         /* COMPACT -> COMPACT: the thread's kVecPerThread loads first (all in
          * flight together), then the stores; the same bytes as the loop below */

@@ -247,6 +247,10 @@ __device__ __forceinline__ void st_bytes(uint8_t *out, uint2 q, unsigned mask, b
 
 /* ---- the tile --------------------------------------------------------------- */
 
+/* interior_tile: row-wise scale offsets of a thread's 4 rows as o0 + i * step
+ * (see there); false: mxs_scale_geom_offset per row. */
+constexpr bool kLinearRowOffsets = true;
+
 struct TileSmem {
     float amax[kTY][kTileCols];
     float mult[kTileCols];
@@ -460,6 +464,13 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
     }
     float mult_row[kRPT];
     if (do_row) {
+        /* Within one 32-row group the row-wise offset is linear in the row in
+         * every layout (m * K + k, m * Kp + k; SWIZZLED: the group lies in one
+         * 128-row block, where m % 32 steps by 16 bytes), so rows r0 + 8 i
+         * are at o0 + i * step: two evaluations of mxs_scale_geom_offset
+         * instead of four (kLinearRowOffsets; false: one per row). */
+        const int64_t o0 = mxs_scale_geom_offset(&J.geom[0], r0, kb);
+        const int64_t step = kLinearRowOffsets ? mxs_scale_geom_offset(&J.geom[0], r0 + kTY, kb) - o0 : 0;
 #pragma unroll
         for (int i = 0; i < kRPT; i++) {
             float a = 0.0f;
@@ -468,7 +479,8 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
             const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
-            if ((tx & 3) == 0 && rok[i]) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r0 + i * kTY, kb)] = e;
+            if ((tx & 3) == 0 && rok[i])
+                J.scale[0][kLinearRowOffsets ? o0 + i * step : mxs_scale_geom_offset(&J.geom[0], r0 + i * kTY, kb)] = e;
             mult_row[i] = mxs_e8m0_quant_mult(e);
         }
     }

@@ -37,6 +37,13 @@ enum { WANT_PARTIAL = 1u << PHASE_PARTIAL, WANT_APPLY = 1u << PHASE_APPLY, WANT_
  * false: one clipped 32 x 128 tile per unit, as before. */
 constexpr bool kWideShortGroups = true;
 
+/* A partial with both interior tiles and general-kernel units (shard edges
+ * inside a 32-row group, e.g. a DP rank whose start is not a multiple of
+ * 32 rows) runs as ONE launch of wb_fused_partial_kernel (the interior
+ * tiles then run at the general kernel's register budget); false: the
+ * interior kernel, then the general kernel. */
+constexpr bool kFusedPartial = true;
+
 /* Vector loads that are only element-aligned (see wb_item_make) are
  * allowed; false sends such items to scalar loads, as before. */
 constexpr bool kMisalignedLoads = true;
@@ -323,6 +330,13 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
 template <int MODE, unsigned PLANES, bool MIS>
 void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units,
                uint8_t *status, cudaStream_t stream) {
+    if (kFusedPartial && MODE == MXS__JOB_PARTIAL && int_units > 0 && tile_units > 0) {
+        /* interior tiles and general-kernel units (a shard edge inside a
+         * group, cols % 128 != 0): one launch instead of two */
+        wb_fused_partial_kernel<PLANES, MIS>
+            <<<grid_for(int_units + units), kThreads, 0, stream>>>(dev, n_items, int_units, units, status);
+        return;
+    }
     if (int_units > 0) {
         /* no general-kernel tiles (partial of group-aligned shards): the
          * zero-fill units ride along in the interior launch */
