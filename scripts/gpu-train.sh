@@ -61,13 +61,16 @@ say "libraries: $MXSHARD_HOST_LIB $MXSHARD_CUDA_LIB (build $((SECONDS - t0)) s)"
 python3 -c 'import mxshard; print("mxshard", mxshard.__version__, mxshard.library_info(cuda=True))' 2>&1 | tee -a "$log"
 
 # ---- the suite -----------------------------------------------------------------
-parts=${MXS_TRAIN_PARTS:-parity,ckpt,scale}
+ngpu=$(python3 -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+# with 2+ GPUs: the parity pair again under DP=2 over NCCL, and the scale runs at DP=2
+if [ "$ngpu" -ge 2 ]; then def_parts=parity,parity2,ckpt,scale; scale_dp=2; else def_parts=parity,ckpt,scale; scale_dp=1; fi
+parts=${MXS_TRAIN_PARTS:-$def_parts}
 # stay inside a 10-minute command: whatever the build took comes off the suite's budget
 budget=$((${MXS_TRAIN_BUDGET_S:-570} - (SECONDS - t0)))
 [ "$budget" -lt 120 ] && budget=120
 say "suite: $parts (budget ${budget} s)"
 timeout -k 10 "$budget" python3 examples/train/suite.py --profile gpu --parts "$parts" --out "$out/train" \
-  --plot "$out/train_loss.png" --budget-s $((budget - 20)) 2>&1 | tee -a "$log"
+  --plot "$out/train_loss.png" --budget-s $((budget - 20)) --scale-dp "${MXS_TRAIN_SCALE_DP:-$scale_dp}" 2>&1 | tee -a "$log"
 rc=${PIPESTATUS[0]}
 [ -f "$out/train/train_summary.md" ] && cp "$out/train/train_summary.md" "$out/train_summary.md"
 [ -f "$out/train/train_results.json" ] && cp "$out/train/train_results.json" "$out/train_results.json"

@@ -49,6 +49,7 @@ def main():
     p.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     p.add_argument("--steps", type=int, default=None, help="override the parity steps")
     p.add_argument("--scale-steps", type=int, default=None)
+    p.add_argument("--scale-dp", type=int, default=1, help="data-parallel size of the scale runs")
     p.add_argument("--extra", default="", help="extra train.py arguments for every run (space separated)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-clock budget: later runs get what is left, or are skipped")
@@ -186,9 +187,12 @@ def main():
             if run("resume_dp2_to_dp1", b2 + ["--dp", "1", "--resume", ck2], P["t_run"]):
                 R["checks"]["other_dp_resume_2to1_losses"] = compare_losses(
                     os.path.join(a.out, "dp2_run.json"), os.path.join(a.out, "resume_dp2_to_dp1.json"), k2)
+    if "parity2" in parts:  # the parity pair again with sharded masters (DP=2)
+        run("parity_mxfp8_dp2", base + ["--variant", "mxfp8", "--dp", "2"], P["t_run"])
+        run("parity_bf16_dp2", base + ["--variant", "bf16", "--dp", "2"], P["t_run"])
     if "scale" in parts:
         sb = ["--config", P["scale_config"], "--steps", str(P["scale_steps"]), "--warmup", "5",
-              "--log-every", "10", "--verify", "0", "--warm-steps", "5"] + P["scale_args"]
+              "--log-every", "10", "--verify", "0", "--warm-steps", "5", "--dp", str(a.scale_dp)] + P["scale_args"]
         run("scale_mx_rowonly", sb + ["--variant", "mxfp8", "--bidir", ""], P["t_scale"])
         run("scale_mx_bidir", sb + ["--variant", "mxfp8", "--bidir", "*"], P["t_scale"])
         run("scale_bf16", sb + ["--variant", "bf16"], P["t_scale"])
@@ -267,6 +271,15 @@ def summary(R, P, k):
                   for st in sorted({0, *range(0, mx['steps'], max(1, mx['steps'] // 6)), mx['steps'] - 1}))
               + " (MXFP8 / BF16).", "",
               f"Plot: `{R.get('plot', {}).get('path')}` (writer: {R.get('plot', {}).get('writer')}).", ""]
+    mx2, bf2 = runs.get("parity_mxfp8_dp2"), runs.get("parity_bf16_dp2")
+    if mx2 and bf2:
+        gap2 = (mx2["final_loss_tail_mean"] - bf2["final_loss_tail_mean"]) / bf2["final_loss_tail_mean"]
+        L += ["### The same pair with sharded masters (DP=2)", "",
+              "| run | final loss (last step) | mean of last 10% steps |", "| --- | --- | --- |",
+              f"| MXFP8, dp=2 | {mx2['final_loss']:.4f} | {mx2['final_loss_tail_mean']:.4f} |",
+              f"| BF16, dp=2 | {bf2['final_loss']:.4f} | {bf2['final_loss_tail_mean']:.4f} |", "",
+              f"Relative gap of the last 10% of steps: **{gap2 * 100:+.3f} %** (target within 2 %: "
+              f"{'met' if abs(gap2) <= 0.02 else 'NOT met'}).", ""]
     L += ["## Per-step time breakdown (median ms, phases synchronized)", "",
           "| run | fwd+bwd | grad sync | optimizer | wb partial | wb reduce | wb apply | gather | step | "
           "writeback+gather share |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
