@@ -32,25 +32,25 @@
 
 static int g_failures = 0, g_checks = 0;
 
-#define CUDA_OK(x)                                                                                     \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            printf("not ok - %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));        \
-            exit(1);                                                                                   \
-        }                                                                                              \
+#define CUDA_OK(x)                                                                                                     \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            printf("not ok - %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                         \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
-#define CHECK(cond, ...)                                                                               \
-    do {                                                                                               \
-        g_checks++;                                                                                    \
-        if (!(cond)) {                                                                                 \
-            g_failures++;                                                                              \
-            printf("# FAIL %s:%d: ", __FILE__, __LINE__);                                              \
-            printf(__VA_ARGS__);                                                                       \
-            printf("\n");                                                                              \
-            if (g_failures > 20) exit(1);                                                              \
-        }                                                                                              \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        g_checks++;                                                                                                    \
+        if (!(cond)) {                                                                                                 \
+            g_failures++;                                                                                              \
+            printf("# FAIL %s:%d: ", __FILE__, __LINE__);                                                              \
+            printf(__VA_ARGS__);                                                                                       \
+            printf("\n");                                                                                              \
+            if (g_failures > 20) exit(1);                                                                              \
+        }                                                                                                              \
     } while (0)
 
 static inline void require_gpu(void) {
@@ -115,7 +115,8 @@ static inline std::vector<uint8_t> rnd_source(int64_t n, mxs_dtype dtype) {
         if (i % 29 == 0) e = (int)rnd_in(-30, 30);
         if (rnd() % 500 == 0) e = (int)rnd_in(-140, 127);
         float x = rnd_value(e);
-        if (dtype == MXS_F32) memcpy(&v[(size_t)i * 4], &x, 4);
+        if (dtype == MXS_F32)
+            memcpy(&v[(size_t)i * 4], &x, 4);
         else {
             uint16_t h = dtype == MXS_BF16 ? mxs_bf16_from_f32(x) : mxs_f16_from_f32(x);
             memcpy(&v[(size_t)i * 2], &h, 2);
@@ -143,7 +144,9 @@ static inline void dev_free(DevBuf &b) {
     if (b.base) cudaFree(b.base);
     b.base = b.p = nullptr;
 }
-static inline void dev_upload(DevBuf &b, const void *h, int64_t n) { CUDA_OK(cudaMemcpy(b.p, h, (size_t)n, cudaMemcpyHostToDevice)); }
+static inline void dev_upload(DevBuf &b, const void *h, int64_t n) {
+    CUDA_OK(cudaMemcpy(b.p, h, (size_t)n, cudaMemcpyHostToDevice));
+}
 
 /* Compares the payload with `expect` (n bytes) and checks the guards. */
 static inline int dev_compare(const DevBuf &b, const uint8_t *expect, const char *what) {
@@ -191,7 +194,8 @@ struct Planes {
     DevBuf dbuf[4];
 };
 
-static inline void planes_make(Planes &P, int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout, bool misalign) {
+static inline void planes_make(Planes &P, int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout,
+                               bool misalign) {
     memset(&P.h, 0, sizeof P.h);
     P.h.rows = rows;
     P.h.cols = cols;

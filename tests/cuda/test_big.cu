@@ -111,7 +111,8 @@ int main(void) {
         CUDA_OK(cudaMemcpy(g2.data(), data + wr0 * cols, (size_t)wsub_n, cudaMemcpyDeviceToHost));
         CUDA_OK(cudaMemcpy(s2.data(), scale + wr0 * K, (size_t)(wsub_rows * K), cudaMemcpyDeviceToHost));
         CHECK(memcmp(g2.data(), wdata.data(), (size_t)wsub_n) == 0, "writeback (mode %d) data past 2^31 differs", mode);
-        CHECK(memcmp(s2.data(), wscale.data(), (size_t)(wsub_rows * K)) == 0, "writeback (mode %d) scales differ", mode);
+        CHECK(memcmp(s2.data(), wscale.data(), (size_t)(wsub_rows * K)) == 0, "writeback (mode %d) scales differ",
+              mode);
         /* and the rows before the shard got zero exponents from this single rank */
         std::vector<uint8_t> s0((size_t)K);
         CUDA_OK(cudaMemcpy(s0.data(), scale, (size_t)K, cudaMemcpyDeviceToHost));

@@ -47,15 +47,16 @@ int main(void) {
     t.dirs = MXS_ROWWISE;
     expect(mxs_cuda_dequantize(&t, MXS_COLWISE, out.p, MXS_F32, 0), MXS_ERR_ABSENT_PLANE, "dequantize absent plane");
     expect(mxs_cuda_dequantize(&P.d, MXS_BOTH, out.p, MXS_F32, 0), MXS_ERR_INVALID_ARGUMENT, "dequantize plane BOTH");
-    expect(mxs_cuda_dequantize(&P.d, MXS_ROWWISE, out.p, (mxs_dtype)3, 0), MXS_ERR_INVALID_ARGUMENT, "dequantize dtype");
+    expect(mxs_cuda_dequantize(&P.d, MXS_ROWWISE, out.p, (mxs_dtype)3, 0), MXS_ERR_INVALID_ARGUMENT,
+           "dequantize dtype");
     expect(mxs_cuda_dequantize(&P.d, MXS_ROWWISE, NULL, MXS_F32, 0), MXS_ERR_INVALID_ARGUMENT, "dequantize NULL");
     expect(mxs_cuda_dequantize(&P.d, MXS_ROWWISE, P.d.row_data + 5, MXS_BF16, 0), MXS_ERR_ALIASING, "dequantize alias");
     expect(mxs_cuda_convert_scales(rows, cols, MXS_ROWWISE, MXS_SCALES_COMPACT, P.d.row_scale, MXS_SCALES_PADDED,
                                    P.d.row_scale + 3, 0),
            MXS_ERR_ALIASING, "convert alias");
-    expect(mxs_cuda_convert_scales(rows, 0, MXS_ROWWISE, MXS_SCALES_COMPACT, P.d.row_scale, MXS_SCALES_PADDED,
-                                   out.p, 0),
-           MXS_ERR_SHAPE, "convert shape");
+    expect(
+        mxs_cuda_convert_scales(rows, 0, MXS_ROWWISE, MXS_SCALES_COMPACT, P.d.row_scale, MXS_SCALES_PADDED, out.p, 0),
+        MXS_ERR_SHAPE, "convert shape");
     expect(mxs_cuda_convert_scales(rows, cols, MXS_ROWWISE, (mxs_scale_layout)3, P.d.row_scale, MXS_SCALES_PADDED,
                                    out.p, 0),
            MXS_ERR_INVALID_ARGUMENT, "convert layout");

@@ -79,7 +79,7 @@ static void test_convert_case(int64_t rows, int64_t cols, mxs_dirs plane) {
 int main(void) {
     require_gpu();
     printf("# quantize: fixed shapes\n");
-    static const int64_t shapes[][2] = {{1, 1},   {1, 33},  {33, 1},   {32, 32},  {64, 128}, {65, 129},
+    static const int64_t shapes[][2] = {{1, 1},   {1, 33},  {33, 1},    {32, 32},   {64, 128}, {65, 129},
                                         {7, 264}, {200, 8}, {129, 136}, {256, 512}, {1, 1000}, {300, 40}};
     for (auto &s : shapes)
         for (unsigned dirs = 1; dirs <= 3; dirs++)

@@ -8,8 +8,8 @@
 #include "common.h"
 
 struct RankItem {
-    Planes P;                        /* this rank's primary */
-    std::vector<uint8_t> hfrag[2];   /* host fragments */
+    Planes P;                      /* this rank's primary */
+    std::vector<uint8_t> hfrag[2]; /* host fragments */
     DevBuf dfrag[2];
     bool frag[2] = {false, false}, null_data[2] = {false, false};
     DevBuf dmaster;
@@ -36,9 +36,14 @@ static void rnd_shards(int64_t n, int nranks, std::vector<int64_t> &start, std::
     for (int q = 0; q < nranks; q++) {
         int64_t a = cut[(size_t)q], b = cut[(size_t)q + 1];
         switch (rnd() % 8) {
-        case 0: a = a > 0 ? rnd_in(0, a) : a; break;  /* overlap the previous rank */
-        case 1: b = b < n ? rnd_in(b, n) : b; break;  /* overlap the next rank */
-        case 2: if (rnd() % 4 == 0) { a = 0; b = n; } break; /* replicated */
+        case 0: a = a > 0 ? rnd_in(0, a) : a; break; /* overlap the previous rank */
+        case 1: b = b < n ? rnd_in(b, n) : b; break; /* overlap the next rank */
+        case 2:
+            if (rnd() % 4 == 0) {
+                a = 0;
+                b = n;
+            }
+            break; /* replicated */
         default: break;
         }
         start[(size_t)q] = a;
@@ -58,7 +63,10 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
     std::vector<Weight> W((size_t)nw);
     for (auto &w : W) {
         rnd_shape(&w.rows, &w.cols);
-        if (big_shapes) { w.rows = rnd_in(100, 400); w.cols = 8 * rnd_in(16, 80); }
+        if (big_shapes) {
+            w.rows = rnd_in(100, 400);
+            w.cols = 8 * rnd_in(16, 80);
+        }
         if (big_shapes && g_short_last) w.rows = 32 * rnd_in(0, 6) + rnd_in(1, 8);
         w.dirs = (unsigned)rnd_in(1, 3);
         w.layout = (mxs_scale_layout)(rnd() % 3);
@@ -85,8 +93,10 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
                 ri.dfrag[p] = dev_alloc(ri.len, rnd() % 4 == 0 ? rnd_in(1, 7) : 0);
                 if (rnd() % 2) {
                     ri.null_data[p] = true;
-                    if (p == 0) ri.P.h.row_data = ri.P.d.row_data = nullptr;
-                    else ri.P.h.col_data = ri.P.d.col_data = nullptr;
+                    if (p == 0)
+                        ri.P.h.row_data = ri.P.d.row_data = nullptr;
+                    else
+                        ri.P.h.col_data = ri.P.d.col_data = nullptr;
                 }
             }
         }
@@ -112,8 +122,14 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
             d = h;
             d.primary = ri.P.d;
             d.master = ri.dmaster.p;
-            if (ri.frag[0]) { h.row_fragment = ri.hfrag[0].data(); d.row_fragment = ri.dfrag[0].p; }
-            if (ri.frag[1]) { h.col_fragment = ri.hfrag[1].data(); d.col_fragment = ri.dfrag[1].p; }
+            if (ri.frag[0]) {
+                h.row_fragment = ri.hfrag[0].data();
+                d.row_fragment = ri.dfrag[0].p;
+            }
+            if (ri.frag[1]) {
+                h.col_fragment = ri.hfrag[1].data();
+                d.col_fragment = ri.dfrag[1].p;
+            }
             hitems[(size_t)q].push_back(h);
             ditems[(size_t)q].push_back(d);
         }
@@ -167,23 +183,23 @@ static void test_case(int nw, int nranks, mxs_wb_mode mode, mxs_rounding roundin
      * second one has new master values (the one-shot calls re-prepare every
      * time; tests/cuda/test_bucket.cu keeps one prepared bucket). */
     for (int upd = 0; upd < 2; upd++) {
-    if (upd > 0) {
-        for (int i = 0; i < nw; i++) {
-            Weight &w = W[(size_t)i];
-            std::vector<uint8_t> fresh = rnd_source(w.rows * w.cols, w.dtype);
-            memcpy(w.master.data(), fresh.data(), fresh.size()); /* same host buffer */
-            int64_t eb = mxs_dtype_bytes(w.dtype);
-            for (int q = 0; q < nranks; q++) {
-                RankItem &ri = R[(size_t)q][(size_t)i];
-                if (ri.len > 0) dev_upload(ri.dmaster, w.master.data() + ri.start * eb, ri.len * eb);
+        if (upd > 0) {
+            for (int i = 0; i < nw; i++) {
+                Weight &w = W[(size_t)i];
+                std::vector<uint8_t> fresh = rnd_source(w.rows * w.cols, w.dtype);
+                memcpy(w.master.data(), fresh.data(), fresh.size()); /* same host buffer */
+                int64_t eb = mxs_dtype_bytes(w.dtype);
+                for (int q = 0; q < nranks; q++) {
+                    RankItem &ri = R[(size_t)q][(size_t)i];
+                    if (ri.len > 0) dev_upload(ri.dmaster, w.master.data() + ri.start * eb, ri.len * eb);
+                }
             }
         }
-    }
         /* step 2 on every rank */
         for (int q = 0; q < nranks; q++) {
             mxs_status a = mxs_host_wb_partial(&hb[(size_t)q], &plan[(size_t)q], hpacked[(size_t)q].data());
-            mxs_status b = mxs_cuda_wb_partial(&db[(size_t)q], &dplan[(size_t)q], dpacked[(size_t)q].p, dws[(size_t)q].p,
-                                               dws[(size_t)q].n, 0);
+            mxs_status b = mxs_cuda_wb_partial(&db[(size_t)q], &dplan[(size_t)q], dpacked[(size_t)q].p,
+                                               dws[(size_t)q].p, dws[(size_t)q].n, 0);
             CUDA_OK(cudaDeviceSynchronize());
             CHECK(a == MXS_OK && b == MXS_OK, "%s: partial status host %d gpu %d", ctx, a, b);
             char what[260];
