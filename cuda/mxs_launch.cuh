@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/mxs_launch.cuh - host-side launch utilities of libmxshard_cuda: the
  * named limits, grid sizes, alignment tests and the error protocol every
  * C-ABI launcher follows.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/mxs_quantize.cu - whole-tensor kernels of libmxshard_cuda and their
  * C-ABI launchers (<mxshard/cuda.h>): quantize (the BF16 copy-back),
  * dequantize and scale-layout conversion.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/mxs_scales.cuh - byte ranges in 16-byte vectors: the zero-fill of
  * the packed buffer (writeback partial) and the one scale scatterer (every
  * byte of a scale plane in any layout from a plane in any layout, padding

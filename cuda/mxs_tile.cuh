@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/mxs_tile.cuh - tile math: the 32-row x 128-column tile that every
  * kernel of libmxshard_cuda works (quantize, writeback partial and apply).
  *

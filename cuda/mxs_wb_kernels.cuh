@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/mxs_wb_kernels.cuh - the writeback work list and its kernels
  * (partial / apply), shared by mxs_writeback.cu (which builds the list and
  * launches them).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* cuda/mxs_writeback.cu - the writeback on the GPU: the prepared bucket
  * (mxs_cuda_wb_prepare, _bucket_partial, _bucket_apply, _release) and the
  * one-shot wrappers mxs_cuda_wb_partial / _apply (<mxshard/cuda.h>).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # End-to-end training checks (issue 12) on the GPU machine, in one command:
 #   build libmxshard_cuda + libmxshard_host (sm_90 only) into a build dir, or
 #   reuse one; point the Python package at them (MXSHARD_LIBDIR); then

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* tests/cuda/common.h - helpers of the `cuda` suite: TAP-ish output, skip
  * without a GPU (exit 77), random data, poisoned + guarded device buffers.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cuda: overlapping buffers are rejected with MXS_ERR_ALIASING before
  * anything is enqueued - one test per overlap case, mirroring the host
  * ones (tests/cpu/test_errors.c). Every buffer is carved from one poisoned

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cuda: a weight of more than 2^31 elements (65568 x 32768 bf16,
  * row-only). The bytes past element 2^31 - the rows where 32-bit indexing
  * would wrap - must equal the host path: quantize, then a writeback whose

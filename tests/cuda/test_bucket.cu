@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cuda: the prepared bucket (mxs_cuda_wb_prepare, _bucket_partial,
  * _bucket_apply, _release).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cuda: bad arguments are rejected on the host before anything is
  * enqueued - the call returns the error and every output stays poisoned. */
 #include "common.h"

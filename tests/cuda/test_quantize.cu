@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cuda: mxs_cuda_quantize, mxs_cuda_dequantize and
  * mxs_cuda_convert_scales equal the host path byte for byte (random shapes,
  * planes, dtypes, roundings, layouts, misaligned pointers). */

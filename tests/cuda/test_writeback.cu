@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /* Suite cuda: mxs_cuda_wb_partial / mxs_cuda_wb_apply equal
  * mxs_host_wb_partial / mxs_host_wb_apply byte for byte - the packed buffer
  * after partial, the primaries' data and scales, the fragments - for random
