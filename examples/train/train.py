@@ -145,6 +145,10 @@ def worker(rank, a, port):
         kw = dict(backend=backend, init_method=init, rank=rank, world_size=world)
         if backend == "nccl":
             kw["device_id"] = device
+        if os.environ.get("MXS_TRAIN_PG_TIMEOUT_S"):
+            # a hung collective then fails with torch's watchdog report (op, sequence number, sizes)
+            from datetime import timedelta
+            kw["timeout"] = timedelta(seconds=float(os.environ["MXS_TRAIN_PG_TIMEOUT_S"]))
         dist.init_process_group(**kw)
     if a.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -153,13 +157,39 @@ def worker(rank, a, port):
             torch.backends.cudnn.allow_tf32 = False
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     counter = install_collective_counter(dist) if world > 1 else None
-    res = run(rank, world, backend, device, a, counter)   # an exception ends the process (and mp.spawn
-    if world > 1:                                         # terminates the other ranks): no barrier then
+    try:
+        res = run(rank, world, backend, device, a, counter)
+    except BaseException:
+        if world == 1:
+            raise
+        # Say it now. mp.spawn prints a rank's traceback only after that process has EXITED, and
+        # its peers stay blocked in their next collective; over NCCL the exit of a rank that leaves
+        # the group this way can take minutes (the teardown of a clean DP=2 NCCL run took ~130 s on
+        # 2 H200s), so the run looked like a silent stall. Over NCCL skip that teardown: exit now
+        # (mp.spawn / torchrun then end the other ranks). gloo: unchanged (re-raise).
+        import traceback
+        sys.stdout.flush()
+        sys.stderr.write(f"[rank {rank}] failed:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        if backend == "nccl":
+            os._exit(1)
+        raise
+    t_end = time.perf_counter()
+    if world > 1:
         dist.barrier()
+        t_bar = time.perf_counter()
         dist.destroy_process_group()
+        sys.stderr.write(f"[rank {rank}] teardown: barrier {t_bar - t_end:.2f} s, destroy_process_group "
+                         f"{time.perf_counter() - t_bar:.2f} s\n")   # one write: lines of ranks don't mix
+        sys.stderr.flush()
     if rank == 0 and a.out_json:
         with open(a.out_json, "w") as f:
             json.dump(res, f, indent=1)
+    if backend == "nccl":
+        # everything is written: skip the interpreter / CUDA / NCCL teardown (see above)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

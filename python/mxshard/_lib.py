@@ -374,7 +374,7 @@ class _Cuda:
         self.bucket_release = _proto(L, "mxs_cuda_wb_bucket_release", _INT, [_P])
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: cuda_lib() loads the host library under it
 _host = None
 _cuda = None
 
