@@ -216,6 +216,20 @@ __device__ __forceinline__ void ld_vec8_coop(const void *src, int64_t e, bool ok
     }
 }
 
+/* The 8 source elements e .. e+7 of one lane of the interior tiles: the
+ * cooperative load under MIS (every lane calls it: it shuffles), else one
+ * ld_vec8; ok = false: the lane's row or tile column is absent (raw = 0). */
+template <int DTYPE, bool MIS>
+__device__ __forceinline__ void ld_lane8(const void *src, int64_t e, bool ok, int tx, uint4 *raw) {
+    if (MIS && kShuffleMisLoads) {
+        ld_vec8_coop<DTYPE>(src, e, ok, tx, raw);
+    } else if (!ok) {
+        raw[0] = raw[1] = make_uint4(0u, 0u, 0u, 0u);
+    } else {
+        ld_vec8<MIS>(src, DTYPE, e, raw);
+    }
+}
+
 /* Round-through of 8 widened master values (mxs_round_through), with the
  * dtype test outside the element loop. */
 __device__ __forceinline__ void round_through8(float *x, int rt) {
@@ -448,14 +462,7 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
 #pragma unroll
     for (int i = 0; i < kRPT; i++) {
         rok[i] = !CLIP || r0 + i * kTY < J.rows;
-        const int64_t e = (r0 + i * kTY) * cols + c - J.src_base;
-        if (MIS && kShuffleMisLoads) {
-            ld_vec8_coop<DTYPE>(J.src, e, rok[i], tx, raw[i]); /* every lane: it shuffles */
-        } else if (CLIP && !rok[i]) {
-            raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
-        } else {
-            ld_vec8<MIS>(J.src, DTYPE, e, raw[i]);
-        }
+        ld_lane8<DTYPE, MIS>(J.src, (r0 + i * kTY) * cols + c - J.src_base, rok[i], tx, raw[i]);
     }
     float x[kRPT][8];
 #pragma unroll
@@ -546,14 +553,7 @@ __device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g,
     for (int i = 0; i < kW; i++) {
         const int64_t tc = t4 * kW + i;
         cok[i] = tc < T_int;
-        const int64_t e = r * cols + tc * kTileCols + tx * 8 - J.src_base;
-        if (MIS && kShuffleMisLoads) {
-            ld_vec8_coop<DTYPE>(J.src, e, rok && cok[i], tx, raw[i]); /* every lane: it shuffles */
-        } else if (!(rok && cok[i])) {
-            raw[i][0] = raw[i][1] = make_uint4(0u, 0u, 0u, 0u);
-        } else {
-            ld_vec8<MIS>(J.src, DTYPE, e, raw[i]);
-        }
+        ld_lane8<DTYPE, MIS>(J.src, r * cols + tc * kTileCols + tx * 8 - J.src_base, rok && cok[i], tx, raw[i]);
     }
     float x[kW][8];
 #pragma unroll
