@@ -195,6 +195,19 @@ struct Planes {
     DevBuf dbuf[4];
 };
 
+/* A row-only descriptor over caller-given device planes. */
+static inline mxs_tensor row_only(int64_t rows, int64_t cols, mxs_scale_layout layout, uint8_t *data, uint8_t *scale) {
+    mxs_tensor t;
+    memset(&t, 0, sizeof t);
+    t.rows = rows;
+    t.cols = cols;
+    t.dirs = MXS_ROWWISE;
+    t.scale_layout = layout;
+    t.row_data = data;
+    t.row_scale = scale;
+    return t;
+}
+
 static inline void planes_make(Planes &P, int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout,
                                bool misalign) {
     memset(&P.h, 0, sizeof P.h);

@@ -22,18 +22,6 @@ struct Arena {
     }
 };
 
-static mxs_tensor row_only(int64_t rows, int64_t cols, mxs_scale_layout layout, uint8_t *data, uint8_t *scale) {
-    mxs_tensor t;
-    memset(&t, 0, sizeof t);
-    t.rows = rows;
-    t.cols = cols;
-    t.dirs = MXS_ROWWISE;
-    t.scale_layout = layout;
-    t.row_data = data;
-    t.row_scale = scale;
-    return t;
-}
-
 /* mxs_cuda_quantize: an output plane over the source. */
 static void quantize_output_over_src(void) {
     Arena a(1 << 16);

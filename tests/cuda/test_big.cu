@@ -32,19 +32,12 @@ int main(void) {
     CUDA_OK(cudaMalloc(&src, (size_t)n * 2));
     CUDA_OK(cudaMalloc(&data, (size_t)n));
     CUDA_OK(cudaMalloc(&scale, (size_t)(rows * K)));
-    CUDA_OK(cudaMalloc(&packed, (size_t)(rows * K)));
+    CUDA_OK(cudaMalloc(&packed, (size_t)(rows * K) + 1)); /* the exponents + the group status byte */
     fill_bf16<<<132 * 16, 256>>>(src, n, 12345);
     CUDA_OK(cudaMemset(data, POISON, (size_t)n));
     CUDA_OK(cudaMemset(scale, POISON, (size_t)(rows * K)));
 
-    mxs_tensor t;
-    memset(&t, 0, sizeof t);
-    t.rows = rows;
-    t.cols = cols;
-    t.dirs = MXS_ROWWISE;
-    t.scale_layout = MXS_SCALES_COMPACT;
-    t.row_data = data;
-    t.row_scale = scale;
+    mxs_tensor t = row_only(rows, cols, MXS_SCALES_COMPACT, data, scale);
     CHECK(mxs_cuda_quantize(&t, src, MXS_BF16, MXS_ROUND_CEIL, 0) == MXS_OK, "quantize status");
     CUDA_OK(cudaDeviceSynchronize());
 
@@ -83,6 +76,7 @@ int main(void) {
         mxs_wb_plan plan;
         int64_t wsb;
         CHECK(mxs_wb_make_plan(&b, &plan, NULL) == MXS_OK, "plan");
+        CHECK(plan.packed_bytes == rows * K + 1, "packed buffer: %lld bytes", (long long)plan.packed_bytes);
         CHECK(mxs_cuda_wb_workspace_bytes(&b, &wsb) == MXS_OK, "ws");
         CUDA_OK(cudaMalloc(&ws, (size_t)wsb));
         /* the rows the shard touches start with the quantize output; poison them */
@@ -104,8 +98,8 @@ int main(void) {
         mxs_wb_batch hb = b;
         hb.items = &hi;
         mxs_wb_plan hplan;
-        std::vector<uint8_t> hpacked((size_t)(wsub_rows * K));
         CHECK(mxs_wb_make_plan(&hb, &hplan, NULL) == MXS_OK, "host plan");
+        std::vector<uint8_t> hpacked((size_t)hplan.packed_bytes);
         CHECK(mxs_host_wb_partial(&hb, &hplan, hpacked.data()) == MXS_OK, "host partial");
         CHECK(mxs_host_wb_apply(&hb, &hplan, hpacked.data()) == MXS_OK, "host apply");
         std::vector<uint8_t> g2((size_t)wsub_n), s2((size_t)(wsub_rows * K));

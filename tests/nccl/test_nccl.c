@@ -77,6 +77,16 @@ static void *dev_alloc(mxs_rank *r, int64_t bytes) {
     return p;
 }
 
+/* A batch's plan, workspace and packed buffer (device), as every writeback
+ * test needs them. */
+static void wb_buffers(mxs_rank *r, const mxs_wb_batch *b, mxs_wb_plan *plan, int64_t *ws_bytes, void **ws,
+                       void **packed) {
+    ST(r, mxs_wb_make_plan(b, plan, NULL), MXS_OK);
+    ST(r, mxs_cuda_wb_prepare_bytes(b, ws_bytes), MXS_OK);
+    *ws = dev_alloc(r, *ws_bytes);
+    *packed = dev_alloc(r, plan->packed_bytes);
+}
+
 /* All device traffic of the tests is ordered on the rank's stream (the
  * legacy default stream would not order against a non-blocking one). */
 static uint8_t *download(mxs_rank *r, const void *dev, int64_t bytes) {
@@ -316,10 +326,7 @@ static void writeback(mxs_rank *r, weight *w, int n, mxs_rounding rnd, mxs_dtype
     b.rounding = rnd;
     b.round_through = rt;
     b.mode = mode;
-    ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
-    ST(r, mxs_cuda_wb_workspace_bytes(&b, &ws_bytes), MXS_OK);
-    ws = dev_alloc(r, ws_bytes);
-    packed = dev_alloc(r, plan.packed_bytes);
+    wb_buffers(r, &b, &plan, &ws_bytes, &ws, &packed);
     wire_reset();
     st = mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, ws_bytes, r->comm, r->stream);
     wire_stop();
@@ -556,10 +563,7 @@ static void test_bucket_writeback_updates(mxs_rank *r) {
     mixed_specs(s, N_DIRS_SHAPES);
     w = weights_new(r, s, N_DIRS_SHAPES, SHARD_BUCKET, 4242u, NULL, NULL, NULL);
     batch_of(w, N_DIRS_SHAPES, items, &b, MXS_ROUND_CEIL, MXS_WB_FUSED);
-    ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
-    ST(r, mxs_cuda_wb_prepare_bytes(&b, &ws_bytes), MXS_OK);
-    ws = dev_alloc(r, ws_bytes);
-    packed = dev_alloc(r, plan.packed_bytes);
+    wb_buffers(r, &b, &plan, &ws_bytes, &ws, &packed);
     ST(r, mxs_cuda_wb_prepare(&bk, &b, &plan, (uint8_t *)packed, ws, ws_bytes, r->stream), MXS_OK);
     for (u = 0; u < 3; u++) {
         mxs_status st;
@@ -606,10 +610,7 @@ static void test_group_never_hangs(mxs_rank *r) {
     w = weights_new(r, s, N_DIRS_SHAPES, SHARD_UNEVEN, 31337u, NULL, NULL, NULL);
     weights_update(r, w, N_DIRS_SHAPES, 9u, MXS_F32, MXS_ROUND_CEIL);
     batch_of(w, N_DIRS_SHAPES, items, &b, MXS_ROUND_CEIL, MXS_WB_FUSED);
-    ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
-    ST(r, mxs_cuda_wb_prepare_bytes(&b, &ws_bytes), MXS_OK);
-    ws = dev_alloc(r, ws_bytes);
-    packed = dev_alloc(r, plan.packed_bytes);
+    wb_buffers(r, &b, &plan, &ws_bytes, &ws, &packed);
     wire_reset();
     st = mxs_nccl_wb_writeback(&b, &plan, (uint8_t *)packed, ws, last ? ws_bytes - 1 : ws_bytes, r->comm, r->stream);
     wire_stop();
@@ -1084,11 +1085,8 @@ static void test_rejects_before_enqueue(mxs_rank *r) {
     b.n_items = 2;
     other = b;
     other.n_items = 1;
-    ST(r, mxs_wb_make_plan(&b, &plan, NULL), MXS_OK);
+    wb_buffers(r, &b, &plan, &ws_bytes, &ws, &packed);
     ST(r, mxs_wb_make_plan(&other, &other_plan, NULL), MXS_OK);
-    ST(r, mxs_cuda_wb_workspace_bytes(&b, &ws_bytes), MXS_OK);
-    ws = dev_alloc(r, ws_bytes);
-    packed = dev_alloc(r, plan.packed_bytes);
     /* Writeback: what makes joining impossible returns at once (no
      * collective); a rank-local failure joins the one all-reduce (zeros,
      * status byte 1) and returns its own error - here on every rank. */
