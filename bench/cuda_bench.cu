@@ -447,6 +447,23 @@ struct shape_run {
         fflush(stdout);
     }
 
+    /* A result row's labels: operation, planes, layout, shard, API. */
+    static result_row labelled(const char *op, int planes, int li, const std::string &shard, const char *api) {
+        result_row r;
+        r.op = op;
+        r.planes = planes == 2 ? "both" : "row-only";
+        r.layout = k_layout_name[li];
+        r.shard = shard;
+        r.api = api;
+        return r;
+    }
+
+    /* Records a byte check: d differing bytes (0: ok). */
+    void checked(result_row &r, int64_t d) {
+        r.check = d == 0 ? "ok" : std::to_string(d) + " bytes differ";
+        if (d) R.failed_checks++;
+    }
+
     bench_times quantize(unsigned dirs, int li) {
         const int planes = dirs == 3 ? 2 : 1;
         arena a({tensor_shape(rows, cols, dirs, k_layouts[li])});
@@ -454,12 +471,7 @@ struct shape_run {
         const uint16_t *in = src;
         std::vector<bench_call> calls = {
             [t, in](cudaStream_t s) { return mxs_cuda_quantize(&t, in, MXS_BF16, MXS_ROUND_CEIL, s); }};
-        result_row r;
-        r.op = "quantize bf16";
-        r.planes = planes == 2 ? "both" : "row-only";
-        r.layout = k_layout_name[li];
-        r.shard = "whole";
-        r.api = "quantize";
+        result_row r = labelled("quantize bf16", planes, li, "whole", "quantize");
         r.t = bench_measure(B, calls, "mxs_cuda_quantize", true);
         r.ceil = ceil_q[planes];
         r.bytes = 2.0 * n + planes * (double)(n + n / 32);
@@ -479,21 +491,14 @@ struct shape_run {
         sets.emplace_back(new wb_set);
         sets[0]->items.push_back(wb_item(a.t[0], master, 0, n));
         sets[0]->setup(B.s);
-        result_row r;
-        r.op = "writeback f32 rt-bf16";
-        r.planes = planes == 2 ? "both" : "row-only";
-        r.layout = k_layout_name[li];
-        r.shard = "DP=1";
-        r.api = "bucket";
+        result_row r = labelled("writeback f32 rt-bf16", planes, li, "DP=1", "bucket");
         r.t = bench_measure(B, wb_calls(sets), "writeback DP=1", true);
         r.ceil = ceil_w[planes];
         r.bytes = 4.0 * n + planes * (double)(n + n / 32);
         r.min_pct = li == 0 ? -1 : 90;
         r.note = "partial+apply";
         MK(mxs_cuda_quantize(&ref.t[0], mbf, MXS_BF16, MXS_ROUND_CEIL, B.s));
-        int64_t d = arena_diff(a, ref, dcount, B.s);
-        r.check = d == 0 ? "ok" : std::to_string(d) + " bytes differ";
-        if (d) R.failed_checks++;
+        checked(r, arena_diff(a, ref, dcount, B.s));
         add(r);
         return r.t;
     }
@@ -520,12 +525,7 @@ struct shape_run {
         }
         static const char *const kind_name[] = {"DP=8 aligned", "DP=8 start+13 len-30",
                                                 "DP=8 start+13 len-30, master 16B"};
-        result_row r;
-        r.op = "writeback f32 rt-bf16";
-        r.planes = planes == 2 ? "both" : "row-only";
-        r.layout = k_layout_name[li];
-        r.shard = kind_name[kind];
-        r.api = "bucket";
+        result_row r = labelled("writeback f32 rt-bf16", planes, li, kind_name[kind], "bucket");
         r.t = bench_measure(B, wb_calls(sets), "writeback DP=8", true);
         r.ceil = ceil_d[planes];
         r.bytes = 4.0 * n8 + planes * (double)(n8 + n / 32);
@@ -551,18 +551,11 @@ struct shape_run {
             off += e;
         }
         sets[0]->setup(B.s);
-        result_row r;
-        r.op = "writeback f32 rt-bf16";
-        r.planes = planes == 2 ? "both" : "row-only";
-        r.layout = k_layout_name[li];
-        r.shard = "DP=1, 200 weights";
-        r.api = "bucket";
+        result_row r = labelled("writeback f32 rt-bf16", planes, li, "DP=1, 200 weights", "bucket");
         r.t = bench_measure(B, wb_calls(sets), "writeback bucket", true);
         r.ceil = ceil_w[planes];
         r.bytes = 4.0 * n + planes * (double)(n + n / 32);
-        int64_t d = arena_diff(a, ref, dcount, B.s);
-        r.check = d == 0 ? "ok" : std::to_string(d) + " bytes differ";
-        if (d) R.failed_checks++;
+        checked(r, arena_diff(a, ref, dcount, B.s));
         host_cost h = measure_host(*sets[0], B.s, 50);
         char note[256];
         double scale_mb = 0, one_mb = 0;
