@@ -143,29 +143,25 @@ class Comm:
     def _to(self, t):
         return t.cpu() if self.via_cpu and t.device.type != "cpu" else t
 
-    def all_reduce_max_u8(self, packed: torch.Tensor):
-        """The one exponent reduction of a bucket writeback (uint8 MAX, in place)."""
-        assert packed.dtype == torch.uint8
-        self.counts["all_reduce_max_u8"] += 1
-        if self.world == 1:
-            return
-        if self.via_cpu and packed.device.type != "cpu":
-            c = packed.cpu()
-            dist.all_reduce(c, op=dist.ReduceOp.MAX)
-            packed.copy_(c)
-        else:
-            dist.all_reduce(packed, op=dist.ReduceOp.MAX)
-
-    def all_reduce_sum(self, t: torch.Tensor):
-        self.counts["all_reduce_sum"] += 1
+    def _all_reduce(self, t: torch.Tensor, op, name: str):
+        """In-place all-reduce, through a CPU copy on gloo (see via_cpu)."""
+        self.counts[name] += 1
         if self.world == 1:
             return
         if self.via_cpu and t.device.type != "cpu":
             c = t.cpu()
-            dist.all_reduce(c, op=dist.ReduceOp.SUM)
+            dist.all_reduce(c, op=op)
             t.copy_(c)
         else:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            dist.all_reduce(t, op=op)
+
+    def all_reduce_max_u8(self, packed: torch.Tensor):
+        """The one exponent reduction of a bucket writeback (uint8 MAX, in place)."""
+        assert packed.dtype == torch.uint8
+        self._all_reduce(packed, dist.ReduceOp.MAX, "all_reduce_max_u8")
+
+    def all_reduce_sum(self, t: torch.Tensor):
+        self._all_reduce(t, dist.ReduceOp.SUM, "all_reduce_sum")
 
     def reduce_scatter_sum(self, full: torch.Tensor, out: torch.Tensor):
         """out (this rank's shard) = sum over ranks of full[rank*n:(rank+1)*n].

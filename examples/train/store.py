@@ -245,12 +245,7 @@ class Store:
         """master shard -> weights on every rank. Phases: wb_partial, wb_reduce,
         wb_apply (incl. the bf16 cast of dense parameters), gather."""
         if self.variant == "bf16":
-            for dst, src in self.cast_pairs:
-                dst.copy_(src)
-            timer.stop("wb_apply")
-            for g in self.gathers:
-                g.run()
-            timer.stop("gather")
+            self._cast_and_gather(timer)
             return
         err = None
         try:
@@ -263,6 +258,10 @@ class Store:
         if err is not None:
             raise err
         self.bucket.apply()     # reads the group status byte first (RemoteError if a rank failed)
+        self._cast_and_gather(timer)
+
+    def _cast_and_gather(self, timer: Timer):
+        """The bf16 casts (counted in wb_apply), then the byte gathers."""
         for dst, src in self.cast_pairs:
             dst.copy_(src)
         timer.stop("wb_apply")
