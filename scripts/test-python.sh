@@ -2,9 +2,15 @@
 # SPDX-License-Identifier: MIT
 # The Python package's CPU tests: installs pytest and numpy from PyPI (never
 # torch), builds libmxshard_host in $MXS_BUILDDIR (default build/; reused
-# when configured), checks that `pip install ./python` + `import mxshard`
-# work, then runs python/tests with pytest. Tests that need torch, CUDA or
-# two GPUs skip with their reason (pytest -rs lists them).
+# when configured), checks both installs into scratch directories:
+#   - `pip install ./python` (pure Python) + `import mxshard` with
+#     MXSHARD_LIBDIR pointing at the build;
+#   - the one-command `pip install .` (meson-python, host library only:
+#     -Dcuda=disabled) + `import mxshard` with no MXSHARD_* variable, which
+#     must load the library bundled in mxshard/lib/; both installs must
+#     carry the same Python files;
+# then runs python/tests with pytest. Tests that need torch, CUDA or two
+# GPUs skip with their reason (pytest -rs lists them).
 #   scripts/test-python.sh              all CPU tests
 #   scripts/test-python.sh -k writeback extra arguments go to pytest
 set -euo pipefail
@@ -39,8 +45,47 @@ rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info
 "$py" -m pip install -q --no-deps --target "$tmp/site" "$tmp/src" >"$tmp/pip.log" 2>&1 || {
   cat "$tmp/pip.log"; echo "test-python: FAIL: pip install ./python"; exit 1; }
 (cd "$tmp" && PYTHONPATH="$tmp/site" "$py" -c \
-  'import mxshard, sys; i = mxshard.library_info(); print("test-python: pip install ./python + import mxshard: OK;", "host library", i["host"], "version", i["host_version"])') || {
-  echo "test-python: FAIL: import mxshard after pip install"; exit 1; }
+  'import mxshard, sys; i = mxshard.library_info(); assert not i["bundled"], i; print("test-python: pip install ./python + import mxshard: OK;", "host library", i["host"], "version", i["host_version"])') || {
+  echo "test-python: FAIL: import mxshard after pip install ./python"; exit 1; }
+
+# The one command: pip install . (meson-python builds and bundles the host
+# library; -Dcuda=disabled keeps it fast). Without build isolation when
+# meson-python, meson and ninja are here already (no download; CI installs
+# them), else pip fetches them from PyPI for the build.
+t0=$SECONDS
+iso=()
+if "$py" -c 'import mesonpy' 2>/dev/null && command -v meson >/dev/null && command -v ninja >/dev/null; then
+  iso=(--no-build-isolation)
+fi
+echo "test-python: pip install . (meson-python, -Dcuda=disabled${iso:+, ${iso[*]}}) into a scratch target"
+"$py" -m pip install -q --no-deps "${iso[@]}" --target "$tmp/bundle" . -Csetup-args=-Dcuda=disabled \
+  >"$tmp/pip-root.log" 2>&1 || {
+  cat "$tmp/pip-root.log"; echo "test-python: FAIL: pip install . (repository root)"; exit 1; }
+noenv=()
+for v in $(compgen -e | grep '^MXSHARD_' || true); do noenv+=(-u "$v"); done
+(cd "$tmp" && env "${noenv[@]}" PYTHONPATH="$tmp/bundle" "$py" -c '
+import os, sys, mxshard, mxshard._lib as L
+i = mxshard.library_info()
+lib = os.path.join(sys.argv[1], "mxshard", "lib")
+assert i["bundled"] and i["bundled_dir"] == lib, i
+assert os.path.dirname(i["host"]) == lib, "host library not the bundled one: %s" % i["host"]
+assert i["bundled_cuda"] is None and i["bundled_sm_archs"] == [] and "cuda=disabled" in i["bundled_note"], i
+assert L._cuda is None, "library_info() loaded the CUDA library"
+print("test-python: pip install . + import mxshard (no MXSHARD_* variables): OK; bundled host library", i["host"])
+' "$tmp/bundle") || { echo "test-python: FAIL: import mxshard after pip install ."; exit 1; }
+# both installs carry the same Python files (python/pyproject.toml lists its packages)
+# (a difference fails the run after pytest)
+pyfiles() { (cd "$1" && find mxshard -name '*.py' ! -name _build_info.py | sort); }
+install_rc=0
+if ! pydiff=$(diff <(pyfiles "$tmp/site") <(pyfiles "$tmp/bundle")); then
+  printf '%s\n' "$pydiff" | sed 's/^/test-python:   /'
+  echo "test-python: FAIL: pip install ./python (<) and pip install . (>) install different Python files"
+  echo "test-python:   (a new subpackage must be listed in python/pyproject.toml's [tool.setuptools] packages)"
+  install_rc=1
+else
+  echo "test-python: both installs carry the same $(pyfiles "$tmp/bundle" | wc -l) Python files"
+fi
+echo "test-python: pip install . check: $((SECONDS - t0)) s"
 
 if "$py" -c 'import torch' 2>/dev/null; then
   echo "test-python: torch found: CPU-tensor and 2-process gloo tests run"
@@ -52,5 +97,7 @@ set +e
 "$py" -m pytest tests -q -rs -p no:cacheprovider "$@"
 rc=$?
 set -e
-if [ $rc -eq 0 ]; then echo "test-python: PASS"; else echo "test-python: FAIL (pytest exit $rc)"; fi
+if [ $rc -ne 0 ]; then echo "test-python: FAIL (pytest exit $rc)"
+elif [ $install_rc -ne 0 ]; then rc=1; echo "test-python: FAIL (the two installs differ, above)"
+else echo "test-python: PASS"; fi
 exit $rc

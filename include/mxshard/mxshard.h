@@ -11,6 +11,11 @@
  *   geometry.h   which blocks a shard [start, start+len) touches
  *   quantize.h   mxs_host_quantize (copy-back), dequantize, scale layouts
  *   writeback.h  mxs_wb_make_plan, mxs_host_wb_partial / _apply
+ *   nvfp4.h      NVFP4: f32 <-> E2M1, the E4M3 / global scale rules,
+ *                mxs_nvfp4_tensor, its planes and scale layouts
+ *   nvfp4_quantize.h  mxs_host_nvfp4_quantize / _dequantize / _convert_scales
+ *   nvfp4_writeback.h mxs_nvfp4_wb_make_plan, mxs_host_nvfp4_wb_partial / _apply
+ *                     / _finish: the NVFP4 sharded writeback
  *
  * The compiled CUDA kernels are declared in <mxshard/cuda.h>, the NCCL glue
  * in <mxshard/nccl.h>. See README.md and docs/ for the manual.
@@ -28,5 +33,8 @@
 #include "geometry.h"
 #include "quantize.h"
 #include "writeback.h"
+#include "nvfp4.h"
+#include "nvfp4_quantize.h"
+#include "nvfp4_writeback.h"
 
 #endif /* MXSHARD_MXSHARD_H */

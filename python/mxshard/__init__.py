@@ -46,10 +46,27 @@ def cuda_version():
 
 
 def library_info(cuda=False):
-    """Paths and versions of the loaded libraries (loads them)."""
-    from ._lib import host_lib, cuda_lib
+    """Paths and versions of the loaded libraries, and what the install bundles.
+
+    Loads the host library; the CUDA library only with ``cuda=True`` (then
+    ``cuda`` and ``cuda_version`` are added). ``bundled``: whether this
+    install carries its own libraries in ``mxshard/lib/`` (``pip install .``
+    at the repository root); then ``bundled_dir`` is that directory,
+    ``bundled_cuda`` the bundled CUDA library's path (None when it was not
+    built), ``bundled_sm_archs`` its architectures and ``bundled_note`` why
+    it was not built. Without a bundle these are None / [] / "". The
+    environment variables (docs/python.md) come first, so ``host`` may name
+    another file than the bundled one.
+    """
+    import os
+    from ._lib import host_lib, cuda_lib, bundle_info
     h = host_lib()
-    info = {"host": h.path, "host_version": h.version}
+    b = bundle_info()
+    info = {"host": h.path, "host_version": h.version, "bundled": b is not None,
+            "bundled_dir": None, "bundled_cuda": None, "bundled_sm_archs": [], "bundled_note": ""}
+    if b is not None:
+        info.update(bundled_dir=b["dir"], bundled_cuda=os.path.join(b["dir"], b["cuda"]) if b["cuda"] else None,
+                    bundled_sm_archs=b["sm_archs"], bundled_note=b["cuda_note"])
     if cuda:
         c = cuda_lib()
         info.update(cuda=c.path, cuda_version=c.version)

@@ -5,8 +5,9 @@ Lookup order for each library (the first hit wins, see docs/python.md):
 
   1. an environment variable naming the file: MXSHARD_HOST_LIB / MXSHARD_CUDA_LIB;
   2. MXSHARD_LIBDIR (a directory, or several separated by os.pathsep);
-  3. the package's own directory (mxshard/ and mxshard/lib/: a wheel or a
-     copy that bundles the libraries);
+  3. the package's own directory (mxshard/ and mxshard/lib/: the libraries
+     that `pip install .` at the repository root bundles in mxshard/lib/,
+     described by mxshard/_build_info.py, see bundle_info());
   4. the install prefix: sys.prefix/lib, sys.prefix/lib64 (a venv or conda
      prefix that `meson install --prefix` wrote into);
   5. `pkg-config --variable=libdir mxshard-host` (host library; then the
@@ -26,7 +27,7 @@ import sys
 import threading
 
 __all__ = [
-    "MxsError", "RemoteError", "LibraryNotFoundError", "host_lib", "cuda_lib",
+    "MxsError", "RemoteError", "LibraryNotFoundError", "host_lib", "cuda_lib", "bundle_info",
     "Tensor", "WbItem", "WbBatch", "WbPlan", "WbSlot", "status_error", "check",
 ]
 
@@ -234,6 +235,23 @@ def _pkgconfig_var(pkg, var):
     return d if r.returncode == 0 and d else None
 
 
+def bundle_info():
+    """What `pip install .` (meson, -Dpython=true) bundled in mxshard/lib/, from
+    the generated mxshard/_build_info.py: a new dict with version, dir (the
+    absolute directory), host and cuda (file names; cuda None when not built),
+    sm_archs (the CUDA library's architectures) and cuda_note (why there is no
+    CUDA library); None for a package without bundled libraries (the
+    pure-Python install of python/). Loads no library."""
+    try:
+        from ._build_info import BUILD
+    except ImportError:
+        return None
+    info = dict(BUILD)
+    info["dir"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), info.pop("lib_dir"))
+    info["sm_archs"] = list(info["sm_archs"])
+    return info
+
+
 def _candidates(env_file, names, pkgs):
     """Yields (description, path-or-None-for-soname) in lookup order."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -276,7 +294,7 @@ def _candidates(env_file, names, pkgs):
             yield f"system loader: {n}", n
 
 
-def _load(what, env_file, names, pkgs):
+def _load(what, env_file, names, pkgs, note=""):
     tried = []
     for desc, path in _candidates(env_file, names, pkgs):
         if path is None:
@@ -291,7 +309,7 @@ def _load(what, env_file, names, pkgs):
             tried.append(f"{desc} ({e})")
     raise LibraryNotFoundError(
         f"mxshard: cannot load {what}. Build it (meson setup build && meson compile -C build) and set "
-        f"MXSHARD_LIBDIR to the directory holding it (or {env_file} to the file). Searched:\n  "
+        f"MXSHARD_LIBDIR to the directory holding it (or {env_file} to the file).{note} Searched:\n  "
         + "\n  ".join(tried))
 
 
@@ -355,8 +373,12 @@ class _Cuda:
     """The CUDA library and its prototypes (prepared-bucket API of cuda.h)."""
 
     def __init__(self):
+        b = bundle_info()
+        note = ""
+        if b is not None and not b["cuda"]:
+            note = f" This install bundles no CUDA library: {b['cuda_note']}."
         self.lib, self.path = _load("the CUDA library libmxshard_cuda", "MXSHARD_CUDA_LIB", _CUDA_NAMES,
-                                    ("mxshard-cuda",))
+                                    ("mxshard-cuda",), note)
         L = self.lib
         vfn = _proto(L, "mxs_cuda_version", _INT, [], required=False)
         self.version = vfn() if vfn else None

@@ -27,6 +27,16 @@ MXS__HOST_EXPORT int mxs_host_version(void) {
  *  12 offsetof(mxs_wb_item, row_fragment)   13 offsetof(mxs_wb_batch, rounding)
  *  14 offsetof(mxs_wb_plan, fingerprint)    15 offsetof(mxs_tensor, row_data)
  *  16 offsetof(mxs_wb_plan, status_offset)  17 offsetof(mxs_wb_plan, local_hash)
+ * NVFP4 (nvfp4.h, nvfp4_writeback.h; the quantize and writeback entry points
+ * are MXS_API, hence exported like the MXFP8 ones):
+ *  20 mxs_nvfp4_tensor   21 mxs_nvfp4_wb_item   22 mxs_nvfp4_wb_batch
+ *  23 mxs_nvfp4_wb_plan  24 mxs_nvfp4_wb_slot
+ *  30 offsetof(mxs_nvfp4_tensor, block)        31 offsetof(mxs_nvfp4_tensor, row_data)
+ *  32 offsetof(mxs_nvfp4_tensor, amax)         33 offsetof(mxs_nvfp4_wb_item, master)
+ *  34 offsetof(mxs_nvfp4_wb_item, start)       35 offsetof(mxs_nvfp4_wb_item, col_stage)
+ *  36 offsetof(mxs_nvfp4_wb_batch, round_through)
+ *  37 offsetof(mxs_nvfp4_wb_plan, packed_count) 38 offsetof(mxs_nvfp4_wb_plan, fingerprint)
+ *  39 offsetof(mxs_nvfp4_wb_plan, status_offset) 40 offsetof(mxs_nvfp4_wb_plan, local_hash)
  * Returns 0 for any other value. */
 MXS__HOST_EXPORT size_t mxs_host_struct_size(int which);
 MXS__HOST_EXPORT size_t mxs_host_struct_size(int which) {
@@ -45,6 +55,22 @@ MXS__HOST_EXPORT size_t mxs_host_struct_size(int which) {
     case 15: return offsetof(mxs_tensor, row_data);
     case 16: return offsetof(mxs_wb_plan, status_offset);
     case 17: return offsetof(mxs_wb_plan, local_hash);
+    case 20: return sizeof(mxs_nvfp4_tensor);
+    case 21: return sizeof(mxs_nvfp4_wb_item);
+    case 22: return sizeof(mxs_nvfp4_wb_batch);
+    case 23: return sizeof(mxs_nvfp4_wb_plan);
+    case 24: return sizeof(mxs_nvfp4_wb_slot);
+    case 30: return offsetof(mxs_nvfp4_tensor, block);
+    case 31: return offsetof(mxs_nvfp4_tensor, row_data);
+    case 32: return offsetof(mxs_nvfp4_tensor, amax);
+    case 33: return offsetof(mxs_nvfp4_wb_item, master);
+    case 34: return offsetof(mxs_nvfp4_wb_item, start);
+    case 35: return offsetof(mxs_nvfp4_wb_item, col_stage);
+    case 36: return offsetof(mxs_nvfp4_wb_batch, round_through);
+    case 37: return offsetof(mxs_nvfp4_wb_plan, packed_count);
+    case 38: return offsetof(mxs_nvfp4_wb_plan, fingerprint);
+    case 39: return offsetof(mxs_nvfp4_wb_plan, status_offset);
+    case 40: return offsetof(mxs_nvfp4_wb_plan, local_hash);
     default: return 0;
     }
 }

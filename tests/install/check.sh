@@ -37,7 +37,7 @@ libdir=$(dirname "$pcdir")
 
 # Nothing but headers, libraries, .pc files (and, from a top-level build,
 # the demo program) is installed.
-unexpected=$(cd "$dest" && find . -type f -o -type l | grep -v -E '/include/mxshard/[a-z_]+\.h$|/lib[^/]*/(.*/)?libmxshard_[a-z]+\.(a|so[.0-9]*)$|/pkgconfig/mxshard(-[a-z]+)?\.pc$|/bin/mxshard-demo$' || true)
+unexpected=$(cd "$dest" && find . -type f -o -type l | grep -v -E '/include/mxshard/[a-z0-9_]+\.h$|/lib[^/]*/(.*/)?libmxshard_[a-z]+\.(a|so[.0-9]*)$|/pkgconfig/mxshard(-[a-z]+)?\.pc$|/bin/mxshard-demo$' || true)
 step "installs only headers, libraries, .pc files and bin/mxshard-demo" test -z "$unexpected"
 [ -n "$unexpected" ] && printf '%s\n' "$unexpected" | sed 's/^/#   unexpected: /'
 

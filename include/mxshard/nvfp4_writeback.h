@@ -1,0 +1,690 @@
+/* SPDX-License-Identifier: MIT */
+/* mxshard/nvfp4_writeback.h - NVFP4 sharded writeback on the CPU
+ * (docs/contract.md section 9.8, pictures in docs/writeback.md "NVFP4").
+ *
+ * Every data-parallel rank holds a master shard [start, start+len) of each
+ * weight (even boundaries: mxs_nvfp4_shard_check) and the whole NVFP4
+ * primary. Every block scale depends on the tensor's GLOBAL amax, so nothing
+ * can be cast before one exchange of block amaxes:
+ *
+ *   1 plan     mxs_nvfp4_wb_make_plan    validate the batch completely
+ *                                        (overlaps included); size the
+ *                                        packed buffer; fingerprint
+ *   2 partial  mxs_host_nvfp4_wb_partial zero the buffer, write this rank's
+ *                                        partial amax of every block its
+ *                                        shard touches (0 elsewhere)
+ *   3 reduce   (caller)                  ONE all-reduce, MAX over uint16
+ *                                        (bf16 round-through) or uint32, of
+ *                                        plan.packed_count entries - e.g.
+ *                                        ncclAllReduce(p, p, n, ncclUint16, ncclMax)
+ *   4 apply    mxs_host_nvfp4_wb_apply   global amax = max of the reduced
+ *                                        block amaxes (local: no second
+ *                                        reduction); every block's E4M3
+ *                                        scale into complete scale planes;
+ *                                        cast the shard into its bytes of the
+ *                                        row-wise plane and of the column
+ *                                        stage
+ *   5 gather   (caller)                  byte all-gather of the row-wise plane
+ *                                        and of the column stage, by the
+ *                                        ranges [start/2, ceil(end/2))
+ *   6 finish   mxs_host_nvfp4_wb_finish  local nibble transpose: column stage
+ *                                        -> the transposed column-wise plane
+ *
+ * The column stage. The column-wise plane is the TRANSPOSE (nvfp4.h): a
+ * rank's row-major shard lands on a strided set of its nibbles, sharing bytes
+ * with other ranks along every column. So apply writes the column-wise VALUES
+ * (quantized with the column-wise block scales) in row-major order into the
+ * caller's stage buffer (item.col_stage, ceil(rows*cols/2) bytes, the same
+ * nibble positions as the row-wise plane); the stage is gathered exactly like
+ * the row-wise plane and finish transposes it. Byte-exact for both block
+ * shapes. With 16x16 tiles both planes use the tile's multiplier, so the
+ * column-wise nibbles equal the row-wise ones: a primary with both planes may
+ * leave col_stage NULL and finish transposes the gathered row-wise plane
+ * (half the gather bytes).
+ *
+ * Packed buffer: an array of plan.entry_bytes-wide unsigned entries
+ * (uint16 with round_through = MXS_BF16, else uint32), host byte order;
+ * per item in batch order:
+ *
+ *   1x16 item   [ row blocks: rows x ceil(cols/16) ][ col blocks: cols x ceil(rows/16) ]
+ *               (each only if the plane is present; entry (m, k) at m*K + k)
+ *   16x16 item  [ tiles: ceil(rows/16) x ceil(cols/16), entry (R, C) at R*TC + C ]
+ *               (one region for either plane set: both planes share the tiles)
+ *   then one status entry: the last; its last byte is plan.status_offset.
+ *
+ * An entry is the block amax as mxs_nvfp4_amax_entry: the high 16 bits of its
+ * f32 pattern (exactly its bf16 pattern: with bf16 round-through every
+ * element, hence every amax, is a bf16 value) or all 32 bits. Amaxes are
+ * non-negative and never NaN, and for those the bit patterns order as the
+ * values, so MAX over the unsigned entries is MAX over the amaxes, exactly.
+ *
+ * There is no fused mode: the global amax gates every scale, so no element
+ * can be cast before the reduction. Nothing outside the shard's bytes of the
+ * row-wise plane and of the stage is written before finish; finish writes
+ * the whole column-wise data plane from local data.
+ */
+#ifndef MXSHARD_NVFP4_WRITEBACK_H
+#define MXSHARD_NVFP4_WRITEBACK_H
+
+#include <string.h>
+
+#include "config.h"
+#include "formats.h"
+#include "geometry.h"
+#include "nvfp4.h"
+#include "nvfp4_quantize.h"
+#include "quantize.h"
+#include "status.h"
+#include "tensor.h"
+#include "writeback.h"
+
+MXS_EXTERN_C_BEGIN
+
+/* One weight of an NVFP4 writeback batch, as seen by this rank. */
+typedef struct mxs_nvfp4_wb_item {
+    mxs_nvfp4_tensor primary; /* this rank's whole NVFP4 primary (pointers borrowed; amax required) */
+    const void *master;       /* len elements; element 0 is flat index start */
+    mxs_dtype master_dtype;   /* MXS_F32 (default), MXS_BF16 or MXS_F16 */
+    int64_t start, len;       /* the shard; even boundaries (mxs_nvfp4_shard_check); len = 0: none */
+    uint8_t *col_stage;       /* column-wise plane: ceil(rows*cols/2) bytes, the column-wise values
+                                 in row-major order (gathered, then transposed by finish). May be
+                                 NULL only for a 16x16 primary that also has the row-wise plane. */
+} mxs_nvfp4_wb_item;
+
+/* A batch; zero-initialise, then set items / n_items. */
+typedef struct mxs_nvfp4_wb_batch {
+    const mxs_nvfp4_wb_item *items;
+    int64_t n_items;
+    mxs_dtype round_through; /* MXS_F32 (default): none, uint32 entries; MXS_BF16: round each master
+                                element to bf16 first (TE's master cast), uint16 entries; MXS_F16: to
+                                f16, uint32 entries */
+} mxs_nvfp4_wb_batch;
+
+/* The plan of a batch. Every field but local_hash is the same on every rank. */
+typedef struct mxs_nvfp4_wb_plan {
+    int64_t n_items;
+    int64_t entry_bytes;   /* 2 (uint16) or 4 (uint32): the reduction's element type */
+    int64_t packed_count;  /* entries, the status entry included: the reduction's count */
+    int64_t packed_bytes;  /* packed_count * entry_bytes */
+    uint64_t fingerprint;  /* hash of (n_items, rows, cols, dirs, block per item, round-through) */
+    int64_t status_offset; /* packed_bytes - 1: the group status byte (0 fine, 1 a rank failed) */
+    uint64_t local_hash;   /* rank-local: hash of the validated batch (pointers, shards, ...) */
+} mxs_nvfp4_wb_plan;
+
+/* Where one item's block amaxes sit, as ENTRY indices into the packed buffer
+ * (-1: region absent). 1x16: row_entry / col_entry; 16x16: tile_entry. */
+typedef struct mxs_nvfp4_wb_slot {
+    int64_t row_entry, col_entry, tile_entry;
+} mxs_nvfp4_wb_slot;
+
+/* Reduction callback of mxs_host_nvfp4_wb_writeback: MAX over `count`
+ * unsigned entries of `entry_bytes` (2: uint16, 4: uint32) at `packed`, in
+ * place, across the data-parallel group. Return 0 on success. */
+typedef int (*mxs_nvfp4_wb_reduce_max_fn)(void *packed, int64_t count, int64_t entry_bytes, void *user);
+
+/* ---- entries (one rule for every writer and reader) ----------------------- */
+
+/* Entry width for a batch round-through: 2 for MXS_BF16, else 4. */
+MXS_HD int64_t mxs_nvfp4_wb_entry_bytes(mxs_dtype round_through) { return round_through == MXS_BF16 ? 2 : 4; }
+
+/* Block amax (>= 0, not NaN) -> entry: its f32 bits, or their high half for
+ * 2-byte entries (exact: the amax is a bf16 value then). */
+MXS_HD uint32_t mxs_nvfp4_amax_entry(float amax, int64_t entry_bytes) {
+    uint32_t u = mxs_f32_bits(amax);
+    return entry_bytes == 2 ? u >> 16 : u;
+}
+
+/* Entry -> block amax. */
+MXS_HD float mxs_nvfp4_entry_amax(uint32_t e, int64_t entry_bytes) {
+    return mxs_f32_from_bits(entry_bytes == 2 ? e << 16 : e);
+}
+
+MXS_HD uint32_t mxs__nvfp4_entry_get(const void *packed, int64_t w, int64_t i) {
+    return w == 2 ? (uint32_t)((const uint16_t *)packed)[i] : ((const uint32_t *)packed)[i];
+}
+
+/* entry i = max(entry i, entry of amax a) */
+MXS_HD void mxs__nvfp4_entry_raise(void *packed, int64_t w, int64_t i, float a) {
+    uint32_t v = mxs_nvfp4_amax_entry(a, w);
+    if (v <= mxs__nvfp4_entry_get(packed, w, i)) return;
+    if (w == 2)
+        ((uint16_t *)packed)[i] = (uint16_t)v;
+    else
+        ((uint32_t *)packed)[i] = v;
+}
+
+/* Entries of one item's regions (a checked shape): rows*ceil(cols/16) and
+ * cols*ceil(rows/16) for 1x16 (present planes only), ceil(rows/16) *
+ * ceil(cols/16) for 16x16. The running index *at advances past them. */
+MXS_HD void mxs__nvfp4_packed_slot(const mxs_nvfp4_tensor *t, int64_t *at, mxs_nvfp4_wb_slot *s) {
+    const int64_t kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
+    s->row_entry = s->col_entry = s->tile_entry = -1;
+    if (t->block == MXS_NVFP4_16X16) {
+        s->tile_entry = *at;
+        *at += kc * kr;
+        return;
+    }
+    if (t->dirs & MXS_ROWWISE) {
+        s->row_entry = *at;
+        *at += t->rows * kr;
+    }
+    if (t->dirs & MXS_COLWISE) {
+        s->col_entry = *at;
+        *at += t->cols * kc;
+    }
+}
+
+/* ---- validation --------------------------------------------------------------
+ *
+ * Outputs of an item: each present plane's data plane (ceil(rows*cols/2)
+ * bytes) and scale plane (its bytes in the primary's layout), the column
+ * stage (ceil(rows*cols/2) bytes) and the 4-byte amax; inputs: the master
+ * (len elements). As for MXFP8 (docs/contract.md section 6): outputs
+ * pairwise disjoint within and across items, no master over an output,
+ * masters may overlap each other; the packed buffer is checked against all
+ * of them by every phase. MXS_ERR_ALIASING. */
+
+/* The outputs of an item whose shape and shard are checked (at most 6; NULL
+ * ones left out) and its master (n = 0: none). */
+MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf out[6], mxs__wb_buf *master) {
+    const mxs_nvfp4_tensor *t = &it->primary;
+    const int64_t dbytes = mxs_nvfp4_data_plane_bytes(t->rows, t->cols);
+    int n = 0, p;
+    for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
+        const uint8_t *data = p == MXS_ROWWISE ? t->row_data : t->col_data;
+        const uint8_t *scale = p == MXS_ROWWISE ? t->row_scale : t->col_scale;
+        mxs_scale_geom g;
+        if (!(t->dirs & (unsigned)p)) continue;
+        if (data) {
+            out[n].p = data;
+            out[n++].n = dbytes;
+        }
+        if (scale) {
+            mxs_nvfp4_scale_geom_make(t->rows, t->cols, (mxs_dirs)p, t->scale_layout, &g);
+            out[n].p = scale;
+            out[n++].n = mxs_scale_geom_bytes(&g);
+        }
+    }
+    if (it->col_stage && (t->dirs & MXS_COLWISE)) {
+        out[n].p = it->col_stage;
+        out[n++].n = dbytes;
+    }
+    if (t->amax) {
+        out[n].p = t->amax;
+        out[n++].n = (int64_t)sizeof(float);
+    }
+    master->p = it->master;
+    master->n = it->master && it->len > 0 ? it->len * mxs_dtype_bytes(it->master_dtype) : 0;
+    return n;
+}
+
+/* Validates one item: the primary (mxs_nvfp4_tensor_check: shape, flags,
+ * layout, block, amax, plane pointers), master dtype, shard (with the even
+ * rule: MXS_ERR_RANGE), master pointer, the column stage (required for a
+ * column-wise plane unless 16x16 with a row-wise plane; refused without a
+ * column-wise plane: MXS_ERR_ABSENT_PLANE) and the item's own buffers
+ * (MXS_ERR_ALIASING). Overlaps with other items: mxs_nvfp4_wb_make_plan. */
+MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_item_check(const mxs_nvfp4_wb_item *it) {
+    const mxs_nvfp4_tensor *t;
+    mxs__wb_buf out[6], m;
+    int64_t master_bytes;
+    int n, i, j;
+    mxs_status s;
+    if (!it) return MXS_ERR_INVALID_ARGUMENT;
+    t = &it->primary;
+    if ((s = mxs_nvfp4_tensor_check(t)) != MXS_OK) return s;
+    if (!mxs_dtype_valid((int)it->master_dtype)) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_nvfp4_shard_check(t->rows * t->cols, it->start, it->len)) != MXS_OK) return s;
+    if (it->len > 0 && !it->master) return MXS_ERR_INVALID_ARGUMENT;
+    if (!mxs_mul_ok(it->len, mxs_dtype_bytes(it->master_dtype), &master_bytes)) return MXS_ERR_OVERFLOW;
+    if (it->col_stage && !(t->dirs & MXS_COLWISE)) return MXS_ERR_ABSENT_PLANE;
+    if ((t->dirs & MXS_COLWISE) && !it->col_stage && !(t->block == MXS_NVFP4_16X16 && (t->dirs & MXS_ROWWISE)))
+        return MXS_ERR_ABSENT_PLANE;
+    n = mxs__nvfp4_wb_item_bufs(it, out, &m);
+    for (i = 0; i < n; i++) {
+        if (mxs__overlap(out[i].p, out[i].n, m.p, m.n)) return MXS_ERR_ALIASING;
+        for (j = 0; j < i; j++)
+            if (mxs__overlap(out[i].p, out[i].n, out[j].p, out[j].n)) return MXS_ERR_ALIASING;
+    }
+    return MXS_OK;
+}
+
+/* The cross-item aliasing rules for items that passed mxs_nvfp4_wb_item_check:
+ * writeback.h's allocation-free chunked sort and binary searches
+ * (mxs__wb_check_overlaps), over NVFP4 items. */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__nvfp4_wb_check_overlaps(const mxs_nvfp4_wb_batch *b) {
+    mxs__span outs[6 * MXS__WB_CHUNK], ms[MXS__WB_CHUNK];
+    uint64_t reach[MXS__WB_CHUNK];
+    int64_t c0, c1, i, k, no, nm;
+    for (c0 = 0; c0 < b->n_items; c0 = c1) {
+        c1 = b->n_items - c0 > MXS__WB_CHUNK ? c0 + MXS__WB_CHUNK : b->n_items;
+        no = nm = 0;
+        for (i = c0; i < c1; i++) {
+            mxs__wb_buf o[6], m;
+            int n = mxs__nvfp4_wb_item_bufs(&b->items[i], o, &m), q;
+            for (q = 0; q < n; q++) outs[no++] = mxs__span_of(o[q]);
+            if (m.n > 0) ms[nm++] = mxs__span_of(m);
+        }
+        mxs__span_sort(outs, no);
+        for (k = 1; k < no; k++)
+            if (outs[k].lo < outs[k - 1].hi) return MXS_ERR_ALIASING;
+        mxs__span_sort(ms, nm);
+        for (k = 0; k < nm; k++) {
+            reach[k] = k > 0 && reach[k - 1] > ms[k].hi ? reach[k - 1] : ms[k].hi;
+            if (mxs__span_hits_disjoint(outs, no, ms[k])) return MXS_ERR_ALIASING;
+        }
+        for (i = c1; i < b->n_items; i++) {
+            mxs__wb_buf o[6], m;
+            int n = mxs__nvfp4_wb_item_bufs(&b->items[i], o, &m), q;
+            for (q = 0; q < n; q++) {
+                mxs__span x = mxs__span_of(o[q]);
+                if (mxs__span_hits_disjoint(outs, no, x) || mxs__span_hits_sorted(ms, reach, nm, x))
+                    return MXS_ERR_ALIASING;
+            }
+            if (m.n > 0 && mxs__span_hits_disjoint(outs, no, mxs__span_of(m))) return MXS_ERR_ALIASING;
+        }
+    }
+    return MXS_OK;
+}
+
+/* Whether [buf, buf + bytes) is disjoint from every buffer of the batch
+ * (MXS_OK, else MXS_ERR_ALIASING); NULL buf or bytes <= 0: MXS_OK. For a
+ * batch that passed mxs_nvfp4_wb_make_plan. O(n_items). */
+MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_check_buffer(const mxs_nvfp4_wb_batch *b, const void *buf,
+                                                           int64_t bytes) {
+    int64_t i;
+    if (!b || b->n_items < 0 || (b->n_items > 0 && !b->items)) return MXS_ERR_INVALID_ARGUMENT;
+    if (!buf || bytes <= 0) return MXS_OK;
+    for (i = 0; i < b->n_items; i++) {
+        mxs__wb_buf o[6], m;
+        int n = mxs__nvfp4_wb_item_bufs(&b->items[i], o, &m), q;
+        if (mxs__overlap(buf, bytes, m.p, m.n)) return MXS_ERR_ALIASING;
+        for (q = 0; q < n; q++)
+            if (mxs__overlap(buf, bytes, o[q].p, o[q].n)) return MXS_ERR_ALIASING;
+    }
+    return MXS_OK;
+}
+
+/* ---- the plan ------------------------------------------------------------------ */
+
+/* plan->local_hash (as writeback.h's mxs__wb_local_hash): the batch option;
+ * per item its shape, flags, layout, block, master dtype, shard and every
+ * pointer; the plan's other fields. */
+MXS_PRIVATE uint64_t mxs__nvfp4_wb_local_hash(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan) {
+    uint64_t h = 0xCBF29CE484222325ull ^ 0x4E56465034ull; /* "NVFP4" */
+    int64_t i;
+    h = mxs__wb_hash_word(h, (uint64_t)b->n_items);
+    h = mxs__wb_hash_word(h, (uint64_t)b->round_through);
+    for (i = 0; i < b->n_items; i++) {
+        const mxs_nvfp4_wb_item *it = &b->items[i];
+        const mxs_nvfp4_tensor *t = &it->primary;
+        const int row = (t->dirs & MXS_ROWWISE) != 0, col = (t->dirs & MXS_COLWISE) != 0;
+        uint64_t w = mxs__wb_hash_field((uint64_t)t->rows, 0) + mxs__wb_hash_field((uint64_t)t->cols, 1) +
+                     mxs__wb_hash_field((uint64_t)t->dirs | (uint64_t)t->scale_layout << 8 |
+                                            (uint64_t)it->master_dtype << 16 | (uint64_t)t->block << 24,
+                                        2) +
+                     mxs__wb_hash_field((uint64_t)it->start, 3) + mxs__wb_hash_field((uint64_t)it->len, 4) +
+                     mxs__wb_hash_field(MXS__WB_PTR(it->master), 5) +
+                     mxs__wb_hash_field(row ? MXS__WB_PTR(t->row_data) : 0, 6) +
+                     mxs__wb_hash_field(row ? MXS__WB_PTR(t->row_scale) : 0, 7) +
+                     mxs__wb_hash_field(col ? MXS__WB_PTR(t->col_data) : 0, 8) +
+                     mxs__wb_hash_field(col ? MXS__WB_PTR(t->col_scale) : 0, 9) +
+                     mxs__wb_hash_field(MXS__WB_PTR(it->col_stage), 10) + mxs__wb_hash_field(MXS__WB_PTR(t->amax), 11);
+        h = mxs__wb_hash_word(h, w);
+    }
+    h = mxs__wb_hash_word(h, (uint64_t)plan->n_items);
+    h = mxs__wb_hash_word(h, (uint64_t)plan->entry_bytes);
+    h = mxs__wb_hash_word(h, (uint64_t)plan->packed_count);
+    h = mxs__wb_hash_word(h, (uint64_t)plan->packed_bytes);
+    h = mxs__wb_hash_word(h, plan->fingerprint);
+    h = mxs__wb_hash_word(h, (uint64_t)plan->status_offset);
+    return h;
+}
+
+/* Validates the batch completely - the option, every item
+ * (mxs_nvfp4_wb_item_check), the overlaps between items - and computes its
+ * plan (and, when `slots` is not NULL, each item's entry offsets; n_items
+ * entries). Writes nothing on error. */
+MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_make_plan(const mxs_nvfp4_wb_batch *b, mxs_nvfp4_wb_plan *plan,
+                                                        mxs_nvfp4_wb_slot *slots) {
+    int64_t i, entries = 0, w, bytes;
+    uint64_t h = 0xCBF29CE484222325ull;
+    mxs_nvfp4_wb_plan now;
+    mxs_status s;
+    if (!b || !plan || b->n_items < 0 || (b->n_items > 0 && !b->items)) return MXS_ERR_INVALID_ARGUMENT;
+    if (!mxs_dtype_valid((int)b->round_through)) return MXS_ERR_INVALID_ARGUMENT;
+    w = mxs_nvfp4_wb_entry_bytes(b->round_through);
+    h = mxs__fnv_u64(h, 0x4E56465034ull); /* "NVFP4": never equal to an MXFP8 plan's */
+    h = mxs__fnv_u64(h, (uint64_t)b->n_items);
+    h = mxs__fnv_u64(h, (uint64_t)b->round_through);
+    for (i = 0; i < b->n_items; i++) {
+        const mxs_nvfp4_tensor *t = &b->items[i].primary;
+        mxs_nvfp4_wb_slot sl;
+        int64_t at = 0;
+        if ((s = mxs_nvfp4_wb_item_check(&b->items[i])) != MXS_OK) return s;
+        mxs__nvfp4_packed_slot(t, &at, &sl); /* at = this item's entries (<= 2*rows*cols) */
+        if (!mxs_add_ok(entries, at, &entries)) return MXS_ERR_OVERFLOW;
+        h = mxs__fnv_u64(h, (uint64_t)t->rows);
+        h = mxs__fnv_u64(h, (uint64_t)t->cols);
+        h = mxs__fnv_u64(h, (uint64_t)t->dirs | (uint64_t)t->block << 8);
+    }
+    /* the block amaxes, then the status entry */
+    if (!mxs_add_ok(entries, 1, &entries) || !mxs_mul_ok(entries, w, &bytes)) return MXS_ERR_OVERFLOW;
+    if ((s = mxs__nvfp4_wb_check_overlaps(b)) != MXS_OK) return s;
+    if (slots) {
+        int64_t at = 0;
+        for (i = 0; i < b->n_items; i++) mxs__nvfp4_packed_slot(&b->items[i].primary, &at, &slots[i]);
+    }
+    now.n_items = b->n_items;
+    now.entry_bytes = w;
+    now.packed_count = entries;
+    now.packed_bytes = bytes;
+    now.fingerprint = h;
+    now.status_offset = bytes - 1;
+    now.local_hash = mxs__nvfp4_wb_local_hash(b, &now);
+    *plan = now;
+    return MXS_OK;
+}
+
+/* The batch is the planned one (local hash, O(n_items)); on a mismatch the
+ * full validation names the fault, else MXS_ERR_PLAN_MISMATCH. */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__nvfp4_wb_check_plan(const mxs_nvfp4_wb_batch *b,
+                                                              const mxs_nvfp4_wb_plan *plan) {
+    mxs_nvfp4_wb_plan now;
+    mxs_status s;
+    if (!b || !plan || b->n_items < 0 || (b->n_items > 0 && !b->items)) return MXS_ERR_INVALID_ARGUMENT;
+    if (b->n_items == plan->n_items && mxs__nvfp4_wb_local_hash(b, plan) == plan->local_hash) return MXS_OK;
+    if ((s = mxs_nvfp4_wb_make_plan(b, &now, NULL)) != MXS_OK) return s;
+    return MXS_ERR_PLAN_MISMATCH;
+}
+
+/* What partial and apply check before writing: the planned batch, a
+ * non-NULL packed buffer aligned to plan->entry_bytes
+ * (MXS_ERR_INVALID_ARGUMENT) that overlaps no buffer of the batch. */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__nvfp4_wb_check_phase(const mxs_nvfp4_wb_batch *b,
+                                                               const mxs_nvfp4_wb_plan *plan, const void *packed) {
+    mxs_status s;
+    if ((s = mxs__nvfp4_wb_check_plan(b, plan)) != MXS_OK) return s;
+    if (plan->entry_bytes != 2 && plan->entry_bytes != 4) return MXS_ERR_PLAN_MISMATCH; /* never for a planned batch */
+    if (!packed || (uint64_t)(uintptr_t)packed % (uint64_t)plan->entry_bytes != 0) return MXS_ERR_INVALID_ARGUMENT;
+    return mxs_nvfp4_wb_check_buffer(b, packed, plan->packed_bytes);
+}
+
+/* ---- the engine ------------------------------------------------------------------ */
+
+#define MXS__NVFP4_WB_COLS 256 /* columns per pass: a multiple of 16 */
+
+/* n nibbles idx, idx+1, ... of a packed plane from x[k] * e[k]: whole bytes
+ * where a pair shares one, a read-modify-write only at an odd start or end. */
+MXS_PRIVATE void mxs__nvfp4_wb_cast(uint8_t *data, int64_t idx, const float *x, const float *e, int64_t n) {
+    int64_t k = 0;
+    if ((idx & 1) && n > 0) {
+        mxs_nvfp4_put(data, idx, mxs_nvfp4_quantize_elem(x[0], e[0]));
+        k = 1;
+    }
+    for (; k + 1 < n; k += 2) data[(idx + k) >> 1] = mxs_e2m1x2_from_f32(x[k] * e[k], x[k + 1] * e[k + 1]);
+    if (k < n) mxs_nvfp4_put(data, idx + k, mxs_nvfp4_quantize_elem(x[k], e[k]));
+}
+
+/* Element multiplier of a block from its reduced entry. */
+MXS_PRIVATE float mxs__nvfp4_wb_mult(const void *packed, int64_t w, int64_t i, float s_enc) {
+    return mxs_nvfp4_encode_mult(
+        mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, i), w), s_enc), s_enc);
+}
+
+/* One item's shard, walked by 16-row groups and MXS__NVFP4_WB_COLS-column
+ * passes so that every block is met whole within a pass. apply = 0: raise
+ * the block entries by the shard's elements (partial); apply = 1: cast the
+ * shard with the reduced entries and S_enc into the row-wise plane and the
+ * column stage. */
+MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, void *packed, int64_t w,
+                                    const mxs_nvfp4_wb_slot *sl, int apply, float s_enc) {
+    float x[MXS__NVFP4_WB_COLS], erow[MXS__NVFP4_WB_COLS], ecol[MXS__NVFP4_WB_COLS];
+    const mxs_nvfp4_tensor *t = &it->primary;
+    const int64_t rows = t->rows, cols = t->cols, start = it->start, end = it->start + it->len;
+    const int64_t kr = mxs_ceil_div(cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(rows, MXS_NVFP4_BLOCK);
+    const int two_d = t->block == MXS_NVFP4_16X16;
+    const int do_row = (t->dirs & MXS_ROWWISE) != 0, do_col = (t->dirs & MXS_COLWISE) != 0 && it->col_stage;
+    const int64_t r_first = start / cols, r_last = (end - 1) / cols;
+    int64_t g, cc, r, j;
+    for (g = r_first / MXS_NVFP4_BLOCK; g <= r_last / MXS_NVFP4_BLOCK; g++) {
+        const int64_t r0 = g * MXS_NVFP4_BLOCK > r_first ? g * MXS_NVFP4_BLOCK : r_first;
+        const int64_t r1 =
+            g * MXS_NVFP4_BLOCK + MXS_NVFP4_BLOCK < r_last + 1 ? g * MXS_NVFP4_BLOCK + MXS_NVFP4_BLOCK : r_last + 1;
+        for (cc = 0; cc < cols; cc += MXS__NVFP4_WB_COLS) {
+            const int64_t nc = cols - cc < MXS__NVFP4_WB_COLS ? cols - cc : MXS__NVFP4_WB_COLS;
+            if (apply && do_col && !two_d) /* 16x1 blocks (c, g) of this pass */
+                for (j = 0; j < nc; j++)
+                    ecol[j] = mxs__nvfp4_wb_mult(packed, w, sl->col_entry + (cc + j) * kc + g, s_enc);
+            for (r = r0; r < r1; r++) {
+                mxs_range seg = mxs_shard_row_cols(cols, r, start, it->len);
+                const int64_t lo = seg.first > cc ? seg.first : cc;
+                const int64_t hi = seg.first + seg.count < cc + nc ? seg.first + seg.count : cc + nc;
+                int64_t n = hi - lo, k0, k1, k;
+                if (n <= 0) continue;
+                mxs__host_load(x, it->master, it->master_dtype, r * cols + lo - start, n, rt);
+                k0 = lo / MXS_NVFP4_BLOCK;
+                k1 = (hi - 1) / MXS_NVFP4_BLOCK;
+                for (k = k0; k <= k1; k++) { /* the row's 1x16 blocks (or tiles) met in [lo, hi) */
+                    const int64_t a = k * MXS_NVFP4_BLOCK > lo ? k * MXS_NVFP4_BLOCK : lo;
+                    const int64_t bnd =
+                        k * MXS_NVFP4_BLOCK + MXS_NVFP4_BLOCK < hi ? k * MXS_NVFP4_BLOCK + MXS_NVFP4_BLOCK : hi;
+                    const int64_t ent = two_d ? sl->tile_entry + g * kr + k : sl->row_entry + r * kr + k;
+                    if (!apply) {
+                        if (two_d || do_row)
+                            mxs__nvfp4_entry_raise(packed, w, ent, mxs__nvfp4_amax_run(x + (a - lo), 1, bnd - a));
+                    } else if (two_d || do_row) {
+                        const float e = mxs__nvfp4_wb_mult(packed, w, ent, s_enc);
+                        for (j = a; j < bnd; j++) erow[j - lo] = e;
+                    }
+                }
+                if (!apply) {
+                    if (!two_d && (t->dirs & MXS_COLWISE))
+                        for (j = 0; j < n; j++)
+                            mxs__nvfp4_entry_raise(packed, w, sl->col_entry + (lo + j) * kc + g,
+                                                   mxs_amax_step(0.0f, x[j])); /* |x|, NaN -> 0 */
+                    continue;
+                }
+                if (do_row) mxs__nvfp4_wb_cast(t->row_data, r * cols + lo, x, erow, n);
+                if (do_col) mxs__nvfp4_wb_cast(it->col_stage, r * cols + lo, x, two_d ? erow : ecol + (lo - cc), n);
+            }
+        }
+    }
+    if (apply && end == rows * cols && ((rows * cols) & 1)) { /* the spare nibble of the last byte is 0 */
+        if (do_row) t->row_data[(rows * cols) >> 1] &= 0x0Fu;
+        if (do_col) it->col_stage[(rows * cols) >> 1] &= 0x0Fu;
+    }
+}
+
+/* Partial on a checked batch: zero the packed buffer (status entry included),
+ * then every item's partial block amaxes. */
+MXS_PRIVATE void mxs__nvfp4_wb_host_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, void *packed) {
+    int64_t i, at = 0;
+    if (!packed) return; /* never (checked); keeps gcc's -Wnonnull quiet where a NULL is inlined */
+    memset(packed, 0, (size_t)plan->packed_bytes);
+    for (i = 0; i < b->n_items; i++) {
+        const mxs_nvfp4_wb_item *it = &b->items[i];
+        mxs_nvfp4_wb_slot sl;
+        mxs__nvfp4_packed_slot(&it->primary, &at, &sl);
+        if (it->len > 0) mxs__nvfp4_wb_walk(it, b->round_through, packed, plan->entry_bytes, &sl, 0, 0.0f);
+    }
+}
+
+/* Max over n reduced entries from index first (the global amax). */
+MXS_PRIVATE float mxs__nvfp4_wb_region_max(const void *packed, int64_t w, int64_t first, int64_t n) {
+    float m = 0.0f;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float a = mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, first + i), w);
+        m = a > m ? a : m;
+    }
+    return m;
+}
+
+/* Apply on a checked batch whose status byte is 0: per item the global amax,
+ * *amax, every scale (padding 0x00), then the cast of the shard. */
+MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                          const void *packed) {
+    const int64_t w = plan->entry_bytes;
+    int64_t i, at = 0;
+    for (i = 0; i < b->n_items; i++) {
+        const mxs_nvfp4_wb_item *it = &b->items[i];
+        const mxs_nvfp4_tensor *t = &it->primary;
+        const int64_t kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
+        mxs_scale_geom gr, gc;
+        mxs_nvfp4_wb_slot sl;
+        float amax = 0.0f, s_enc, a;
+        int64_t m, k, q;
+        mxs__nvfp4_packed_slot(t, &at, &sl);
+        mxs_nvfp4_scale_geom_make(t->rows, t->cols, MXS_ROWWISE, t->scale_layout, &gr);
+        mxs_nvfp4_scale_geom_make(t->rows, t->cols, MXS_COLWISE, t->scale_layout, &gc);
+        if (sl.tile_entry >= 0) amax = mxs__nvfp4_wb_region_max(packed, w, sl.tile_entry, kc * kr);
+        if (sl.row_entry >= 0)
+            amax = (a = mxs__nvfp4_wb_region_max(packed, w, sl.row_entry, t->rows * kr)) > amax ? a : amax;
+        if (sl.col_entry >= 0)
+            amax = (a = mxs__nvfp4_wb_region_max(packed, w, sl.col_entry, t->cols * kc)) > amax ? a : amax;
+        s_enc = mxs_nvfp4_global_encode(amax);
+        *t->amax = amax;
+        if (t->scale_layout != MXS_SCALES_COMPACT) { /* padding entries are 0x00 */
+            if (t->dirs & MXS_ROWWISE) memset(t->row_scale, 0, (size_t)mxs_scale_geom_bytes(&gr));
+            if (t->dirs & MXS_COLWISE) memset(t->col_scale, 0, (size_t)mxs_scale_geom_bytes(&gc));
+        }
+        if (sl.tile_entry >= 0) { /* one scale per tile, repeated over its rows in both planes */
+            for (m = 0; m < kc; m++)
+                for (k = 0; k < kr; k++) {
+                    uint8_t sc = mxs_nvfp4_block_scale(
+                        mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.tile_entry + m * kr + k), w), s_enc);
+                    if (t->dirs & MXS_ROWWISE)
+                        for (q = m * MXS_NVFP4_BLOCK; q < t->rows && q < (m + 1) * MXS_NVFP4_BLOCK; q++)
+                            t->row_scale[mxs_scale_geom_offset(&gr, q, k)] = sc;
+                    if (t->dirs & MXS_COLWISE)
+                        for (q = k * MXS_NVFP4_BLOCK; q < t->cols && q < (k + 1) * MXS_NVFP4_BLOCK; q++)
+                            t->col_scale[mxs_scale_geom_offset(&gc, q, m)] = sc;
+                }
+        }
+        if (sl.row_entry >= 0)
+            for (m = 0; m < t->rows; m++)
+                for (k = 0; k < kr; k++)
+                    t->row_scale[mxs_scale_geom_offset(&gr, m, k)] = mxs_nvfp4_block_scale(
+                        mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.row_entry + m * kr + k), w), s_enc);
+        if (sl.col_entry >= 0)
+            for (m = 0; m < t->cols; m++)
+                for (k = 0; k < kc; k++)
+                    t->col_scale[mxs_scale_geom_offset(&gc, m, k)] = mxs_nvfp4_block_scale(
+                        mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.col_entry + m * kc + k), w), s_enc);
+        if (it->len > 0) mxs__nvfp4_wb_walk(it, b->round_through, (void *)(uintptr_t)packed, w, &sl, 1, s_enc);
+    }
+}
+
+/* The column-wise plane (cols x rows, packed) from the row-major nibbles of
+ * src (rows x cols, packed): dst nibble c*rows + r = src nibble r*cols + c;
+ * the spare nibble is 0. */
+MXS_PRIVATE void mxs__nvfp4_transpose(uint8_t *MXS_RESTRICT dst, const uint8_t *MXS_RESTRICT src, int64_t rows,
+                                      int64_t cols) {
+    const int64_t n = rows * cols;
+    int64_t j, r = 0, c = 0;
+    for (j = 0; j < n; j += 2) {
+        uint8_t lo = mxs_nvfp4_get(src, r * cols + c), hi = 0;
+        if (++r == rows) {
+            r = 0;
+            c++;
+        }
+        if (j + 1 < n) {
+            hi = mxs_nvfp4_get(src, r * cols + c);
+            if (++r == rows) {
+                r = 0;
+                c++;
+            }
+        }
+        dst[j >> 1] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+/* ---- public API ---------------------------------------------------------------- */
+
+/* Step 2: zero `packed` (plan->packed_bytes bytes, aligned to
+ * plan->entry_bytes) and write this rank's partial block amaxes. Checks first,
+ * in O(n_items), that the batch is the planned one (else the fault, or
+ * MXS_ERR_PLAN_MISMATCH) and that packed is not NULL, is aligned
+ * (MXS_ERR_INVALID_ARGUMENT) and overlaps no buffer of the batch
+ * (MXS_ERR_ALIASING). Writes nothing but `packed`, and nothing on error. */
+MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                           void *packed) {
+    mxs_status s;
+    if ((s = mxs__nvfp4_wb_check_phase(b, plan, packed)) != MXS_OK) return s;
+    mxs__nvfp4_wb_host_partial(b, plan, packed);
+    return MXS_OK;
+}
+
+/* Step 4, after the MAX reduction of `packed`: same checks as partial; then,
+ * when the status byte (((uint8_t *)packed)[plan->status_offset]) is not 0,
+ * writes nothing and returns MXS_ERR_REMOTE. Otherwise, for every item: the
+ * global amax (max of its reduced block amaxes) into *amax, every E4M3 scale
+ * of every present plane in the primary's layout (padding 0x00), and the
+ * cast of this rank's shard into bytes [start/2, ceil((start+len)/2)) of the
+ * row-wise plane and of the column stage. */
+MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_apply(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                         const void *packed) {
+    mxs_status s;
+    if ((s = mxs__nvfp4_wb_check_phase(b, plan, packed)) != MXS_OK) return s;
+    if (((const uint8_t *)packed)[plan->status_offset] != 0) return MXS_ERR_REMOTE;
+    mxs__nvfp4_wb_host_apply(b, plan, packed);
+    return MXS_OK;
+}
+
+/* Step 6, after the gather: the column-wise data plane of every item that
+ * has one, transposed from its gathered column stage (or, with a NULL stage,
+ * from its gathered row-wise plane: 16x16). Local; checks that the batch is
+ * the planned one. Only the column-wise data planes are written. */
+MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan) {
+    int64_t i;
+    mxs_status s;
+    if ((s = mxs__nvfp4_wb_check_plan(b, plan)) != MXS_OK) return s;
+    for (i = 0; i < b->n_items; i++) {
+        const mxs_nvfp4_wb_item *it = &b->items[i];
+        const mxs_nvfp4_tensor *t = &it->primary;
+        if (t->dirs & MXS_COLWISE)
+            mxs__nvfp4_transpose(t->col_data, it->col_stage ? it->col_stage : t->row_data, t->rows, t->cols);
+    }
+    return MXS_OK;
+}
+
+/* Steps 2-4 with the caller's reduction, exactly one call of reduce_max on
+ * every rank that can size its buffer (writeback.h's protocol):
+ *
+ *   checks pass   partial (status 0), reduce_max, apply - unless the reduced
+ *                 status byte is not 0: MXS_ERR_REMOTE, apply skipped
+ *   checks fail   zero packed, set every byte of the status entry to 1, call
+ *                 reduce_max once, return this rank's error. Needs a plan
+ *                 and a non-NULL packed buffer aligned to its entry size
+ *                 (else it returns at once and cannot join). packed is then
+ *                 the only memory written.
+ *
+ * A failing callback gives MXS_ERR_REDUCE (apply not run). The caller then
+ * gathers and calls mxs_host_nvfp4_wb_finish. */
+MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_writeback(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                             void *packed, mxs_nvfp4_wb_reduce_max_fn reduce_max,
+                                                             void *user) {
+    mxs_status s;
+    if (!reduce_max) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs__nvfp4_wb_check_phase(b, plan, packed)) != MXS_OK) {
+        if (plan && packed && (plan->entry_bytes == 2 || plan->entry_bytes == 4) && plan->packed_count >= 1 &&
+            plan->packed_bytes == plan->packed_count * plan->entry_bytes &&
+            plan->status_offset == plan->packed_bytes - 1 &&
+            (uint64_t)(uintptr_t)packed % (uint64_t)plan->entry_bytes == 0) {
+            memset(packed, 0, (size_t)plan->packed_bytes);
+            memset((uint8_t *)packed + plan->packed_bytes - plan->entry_bytes, 1, (size_t)plan->entry_bytes);
+            (void)reduce_max(packed, plan->packed_count, plan->entry_bytes, user); /* report this rank's own error */
+        }
+        return s;
+    }
+    mxs__nvfp4_wb_host_partial(b, plan, packed);
+    if (reduce_max(packed, plan->packed_count, plan->entry_bytes, user) != 0) return MXS_ERR_REDUCE;
+    if (((const uint8_t *)packed)[plan->status_offset] != 0) return MXS_ERR_REMOTE;
+    mxs__nvfp4_wb_host_apply(b, plan, packed);
+    return MXS_OK;
+}
+
+MXS_EXTERN_C_END
+
+#endif /* MXSHARD_NVFP4_WRITEBACK_H */

@@ -1,0 +1,21 @@
+# SPDX-License-Identifier: MIT
+"""mxshard.torch: MXFP8 linears and a sharded optimizer for PyTorch models.
+
+    import torch, mxshard.torch as mxt
+    model = mxt.convert(model, policy="row")          # nn.Linear -> MXFP8Linear (weights as MXFP8 primaries)
+    opt = mxt.ShardedOptimizer(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3))
+    for x, y in data:
+        loss = loss_fn(model(x), y)
+        loss.backward()                                # per-bucket gradient reductions start in the hooks
+        opt.step()                                     # sharded fp32 update, then the MXFP8 writeback
+        opt.zero_grad()
+
+Under torch.distributed (gloo or NCCL) every rank runs the same script;
+without it the optimizer is a world of one. MXFP8Linear, convert and
+is_mxfp8 live in mxshard.torch.linear, ShardedOptimizer in
+mxshard.torch.optim, the pure bucket geometry in mxshard.torch.layout.
+"""
+from .linear import MXFP8Linear, convert, is_mxfp8
+from .optim import ShardedOptimizer
+
+__all__ = ["MXFP8Linear", "convert", "is_mxfp8", "ShardedOptimizer"]

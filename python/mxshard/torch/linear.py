@@ -1,0 +1,453 @@
+# SPDX-License-Identifier: MIT
+"""MXFP8Linear: an nn.Linear whose weight exists only as an MXFP8 primary.
+
+    y = x @ W^T + b,   W = dequantize(row plane)          (forward)
+    dgrad = gy @ W,    W = dequantize(row plane)  planes="row"   (high-precision backward override)
+                       W = dequantize(col plane)  planes="both"  (blocks down `out`, the reduced dim)
+    main_grad += gy^T @ x                                 (fp32 [out, in], flattened batch dims)
+
+The weight is an mxshard.MXFP8Weight (`self.primary`) whose planes are the
+module's uint8 buffers `row_data`, `row_scale`, `col_data`, `col_scale` in
+Transformer Engine's shapes. Forward and backward each dequantize the plane
+they read into a transient tensor of `compute_dtype` and drop it after the
+GEMM: between forward and backward nothing is kept but the input activation.
+
+GEMMs: torch.matmul / F.linear on the dequantized weight. This dequantize
+path is the one used and tested. `torch._scaled_mm` with MX block scales
+(compute capability >= 10.0, swizzled scales) could read the planes directly;
+such a capability-gated fast path is future work and not implemented here.
+
+Interface: notes/torch-interface.md (MXFP8Linear, convert, is_mxfp8).
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import _arrays as A
+from .. import _lib as L
+from ..ops import dequantize as _mx_dequantize
+from ..ops import quantize as _mx_quantize
+from ..weight import MXFP8Weight
+
+__all__ = ["MXFP8Linear", "convert", "is_mxfp8"]
+
+_PLANES = ("row", "both")
+_LAYOUTS = ("compact", "padded", "swizzled")
+_ROUNDINGS = ("ceil", "floor")
+_COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_POLICY_VALUES = ("row", "both", "dense")
+_BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale")
+
+
+# ---- option checks (one definition each) --------------------------------------
+
+def _check_features(name, v):
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise TypeError(f"MXFP8Linear: {name} must be an int, got {type(v).__name__}")
+    if v < 1:
+        raise ValueError(f"MXFP8Linear: {name} must be >= 1, got {v}")
+    return v
+
+
+def _check_choice(name, v, allowed):
+    if not isinstance(v, str) or v not in allowed:
+        raise ValueError(f"MXFP8Linear: {name}={v!r} is not one of {', '.join(map(repr, allowed))}")
+    return v
+
+
+def _check_compute_dtype(dt):
+    if dt not in _COMPUTE_DTYPES:
+        raise ValueError(f"MXFP8Linear: compute_dtype={dt!r} is not torch.float32, torch.bfloat16 or "
+                         f"torch.float16")
+    return dt
+
+
+def _check_device(device):
+    device = torch.device(device) if device is not None else torch.empty(0).device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"MXFP8Linear: device {device} is not supported (cpu or cuda tensors only)")
+    return device
+
+
+def _require_library(device):
+    """Loads the library `device`'s tensors need; a clear LibraryNotFoundError otherwise."""
+    which = "host library libmxshard_host (CPU tensors)" if device.type == "cpu" else \
+        "CUDA library libmxshard_cuda (CUDA tensors)"
+    try:
+        L.host_lib() if device.type == "cpu" else L.cuda_lib()
+    except L.LibraryNotFoundError as e:
+        raise L.LibraryNotFoundError(f"MXFP8Linear on {device} needs the {which}:\n{e}") from e
+
+
+def _dtype_code(dt):
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dt]
+
+
+# ---- the autograd function -------------------------------------------------------
+
+class _MXFP8LinearFn(torch.autograd.Function):
+    """y = x @ W^T (+ b) with W dequantized from `module.primary` on the fly.
+
+    Inputs: x and b already in compute_dtype (the casts are outside, so autograd
+    returns their gradients in the callers' dtypes); `anchor` is an empty tensor
+    that requires grad, passed when neither x nor b does, so that the backward
+    (and with it the weight gradient) still runs."""
+
+    @staticmethod
+    def forward(ctx, x, b, anchor, module):
+        w = module._dequant("row")
+        y = F.linear(x, w, b)
+        del w
+        ctx.module = module
+        ctx.has_bias = b is not None
+        ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        (x,) = ctx.saved_tensors
+        m = ctx.module
+        dt = m.compute_dtype
+        gy = gy.to(dt)
+        gx = None
+        if ctx.needs_input_grad[0]:
+            w = m._dequant("col" if m.planes == "both" else "row")
+            gx = torch.matmul(gy, w)
+            del w
+        gb = gy.reshape(-1, gy.shape[-1]).sum(0) if ctx.has_bias and ctx.needs_input_grad[1] else None
+        gy2 = gy.reshape(-1, gy.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        wgrad = torch.matmul(gy2.t(), x2)
+        m._accumulate_main_grad(wgrad)
+        del wgrad
+        hook = m._mxs_grad_hook
+        if hook is not None:
+            hook()
+        return gx, gb, None, None
+
+
+# ---- the module ------------------------------------------------------------------
+
+class MXFP8Linear(nn.Module):
+    """y = x @ W^T + b with W held only as an MXFP8 primary (see the module docstring).
+
+    planes: "row" (row-only; the backward dequantizes the row plane) or "both"
+    (bidirectional; the backward reads the column-wise plane). layout: the scale
+    layout, "compact" | "padded" (TE) | "swizzled" (cuBLAS). compute_dtype: the
+    dtype of the dequantized weight, of the GEMMs and of the output. rounding:
+    the E8M0 scale rounding of every quantize ("ceil" as TE, or "floor").
+
+    A freshly built module initialises like nn.Linear (kaiming-uniform weight,
+    uniform bias) and keeps that fp32 weight as its initial master until
+    release_master_init()."""
+
+    def __init__(self, in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
+                 compute_dtype=torch.bfloat16, rounding="ceil"):
+        super().__init__()
+        if not isinstance(bias, bool):
+            raise TypeError(f"MXFP8Linear: bias must be a bool, got {type(bias).__name__}")
+        device = self._setup(in_features, out_features, planes, layout, device, compute_dtype, rounding)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=torch.float32, device=device))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    # -- construction helpers
+
+    def _setup(self, in_features, out_features, planes, layout, device, compute_dtype, rounding):
+        """Validates every option, then allocates the planes (zeros). Returns the device."""
+        self.in_features = _check_features("in_features", in_features)
+        self.out_features = _check_features("out_features", out_features)
+        self.planes = _check_choice("planes", planes, _PLANES)
+        self.layout = _check_choice("layout", layout, _LAYOUTS)
+        self.rounding = _check_choice("rounding", rounding, _ROUNDINGS)
+        self.compute_dtype = _check_compute_dtype(compute_dtype)
+        device = _check_device(device)
+        _require_library(device)
+        w = MXFP8Weight.empty(out_features, in_features, planes=planes, layout=layout, device=device)
+        for name in _BUF_NAMES:
+            self.register_buffer(name, getattr(w, name))
+        self._primary = w
+        self._master_init = None
+        self.main_grad = None
+        self._mxs_grad_hook = None
+        return device
+
+    @classmethod
+    def _from_linear(cls, lin, planes, layout, compute_dtype, rounding):
+        """An MXFP8Linear quantized from nn.Linear `lin` (same device, the same bias
+        Parameter); keeps lin's weight as an fp32 copy (the initial master)."""
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        w = lin.weight.detach()
+        m._setup(lin.in_features, lin.out_features, planes, layout, w.device, compute_dtype, rounding)
+        m.bias = lin.bias
+        m.train(lin.training)
+        m._set_master(w.to(torch.float32, copy=True), keep=True)
+        return m
+
+    def reset_parameters(self):
+        """nn.Linear's initialisation: kaiming-uniform weight (kept as the fp32
+        initial master, and quantized into the planes), uniform bias."""
+        dev = self.row_data.device
+        w = torch.empty(self.out_features, self.in_features, dtype=torch.float32, device=dev)
+        nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1.0 / math.sqrt(self.in_features)
+            with torch.no_grad():
+                nn.init.uniform_(self.bias, -bound, bound)
+        self._set_master(w, keep=True)
+
+    # -- the primary
+
+    @property
+    def primary(self):
+        """The MXFP8Weight over the module's current plane buffers (rebuilt when a
+        buffer object was replaced, e.g. by .to() or rebind_primary_)."""
+        p = self._primary
+        if any(getattr(p, n) is not self._buffers.get(n) for n in _BUF_NAMES):
+            p = MXFP8Weight.from_buffers(self.out_features, self.in_features, layout=self.layout,
+                                         **{n: self._buffers.get(n) for n in _BUF_NAMES})
+            self._primary = p
+        return p
+
+    def _dequant(self, plane):
+        return _mx_dequantize(self.primary, plane=plane, dtype=_dtype_code(self.compute_dtype))
+
+    # -- master
+
+    def _check_master(self, w, what):
+        if not isinstance(w, torch.Tensor):
+            raise TypeError(f"MXFP8Linear.{what}: expected a torch.Tensor, got {type(w).__name__}")
+        if tuple(w.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"MXFP8Linear.{what}: shape {tuple(w.shape)}, the weight is "
+                             f"[{self.out_features}, {self.in_features}]")
+        if w.dtype not in _COMPUTE_DTYPES:
+            raise ValueError(f"MXFP8Linear.{what}: dtype {w.dtype} is not float32, bfloat16 or float16")
+        if w.device != self.row_data.device:
+            raise ValueError(f"MXFP8Linear.{what}: tensor on {w.device}, the module is on {self.row_data.device}")
+
+    def _set_master(self, w, keep):
+        w = w.detach().contiguous()
+        _mx_quantize(self.primary, w, rounding=self.rounding)
+        if keep:
+            self._master_init = w if w.dtype == torch.float32 else w.to(torch.float32)
+
+    def set_master_(self, w_fp32):
+        """Quantizes the whole [out, in] tensor into the primary's planes (round
+        through none, the module's rounding). While the module still keeps its
+        initial master, the kept copy becomes (an fp32 copy of) this tensor."""
+        self._check_master(w_fp32, "set_master_")
+        keep = self._master_init is not None
+        src = w_fp32.detach()
+        self._set_master(src.to(torch.float32, copy=True) if keep else src, keep=keep)
+        return self
+
+    def master_init(self):
+        """The fp32 [out, in] initial master: the kept high-precision weight (the
+        module's own tensor: copy it before changing it), or once released, the
+        row plane dequantized to fp32 (a new tensor)."""
+        if self._master_init is not None:
+            return self._master_init
+        return _mx_dequantize(self.primary, plane="row", dtype="f32")
+
+    def release_master_init(self):
+        """Drops the kept fp32 copy (the optimizer owns the master from now on)."""
+        self._master_init = None
+
+    # -- storage
+
+    def rebind_primary_(self, row_data=None, row_scale=None, col_data=None, col_scale=None):
+        """Moves the present planes into the given uint8 tensors (same shapes and
+        device, e.g. views into an optimizer's bucket buffers): the current bytes
+        are copied into them, then the module buffers and self.primary point to
+        them. Arguments left None keep their current storage. Everything is
+        checked before anything is written."""
+        given = {n: t for n, t in zip(_BUF_NAMES, (row_data, row_scale, col_data, col_scale)) if t is not None}
+        for n, t in given.items():
+            cur = self._buffers.get(n)
+            if cur is None:
+                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} given, but the module (planes="
+                                 f"{self.planes!r}) has no such plane")
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"MXFP8Linear.rebind_primary_: {n} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != torch.uint8:
+                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} has dtype {t.dtype}, expected torch.uint8")
+            if tuple(t.shape) != tuple(cur.shape):
+                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} has shape {tuple(t.shape)}, expected "
+                                 f"{tuple(cur.shape)}")
+            if t.device != cur.device:
+                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} is on {t.device}, the module on {cur.device}")
+            if not t.is_contiguous():
+                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} must be contiguous")
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel(), n) for n, t in given.items())
+        for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise ValueError(f"MXFP8Linear.rebind_primary_: {an} and {bn} overlap")
+        with torch.no_grad():
+            for n, t in given.items():
+                cur = self._buffers[n]
+                if t.data_ptr() != cur.data_ptr():
+                    t.copy_(cur)
+                self._buffers[n] = t
+        return self.primary
+
+    # -- gradient
+
+    def _accumulate_main_grad(self, wgrad):
+        g = self.main_grad
+        if g is None:
+            g = torch.zeros(self.out_features, self.in_features, dtype=torch.float32, device=wgrad.device)
+            self.main_grad = g
+        elif (g.dtype != torch.float32 or tuple(g.shape) != (self.out_features, self.in_features)
+              or g.device != wgrad.device):
+            raise ValueError(f"MXFP8Linear.main_grad must be a float32 [{self.out_features}, {self.in_features}] "
+                             f"tensor on {wgrad.device}, got {g.dtype} {tuple(g.shape)} on {g.device}")
+        g.add_(wgrad)
+
+    # -- nn.Module
+
+    def forward(self, x):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MXFP8Linear: input must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"MXFP8Linear: input shape {tuple(x.shape)}, the last dim must be "
+                             f"in_features={self.in_features}")
+        if not x.is_floating_point():
+            raise ValueError(f"MXFP8Linear: input dtype {x.dtype} is not a floating-point type")
+        dev = self.row_data.device
+        if x.device != dev:
+            raise ValueError(f"MXFP8Linear: input on {x.device}, the weight on {dev}")
+        _require_library(dev)
+        dt = self.compute_dtype
+        xc = x.to(dt)
+        b = self.bias.to(dt) if self.bias is not None else None
+        anchor = None
+        if torch.is_grad_enabled() and not xc.requires_grad and not (b is not None and b.requires_grad):
+            anchor = torch.empty(0, device=dev, requires_grad=True)
+        return _MXFP8LinearFn.apply(xc, b, anchor, self)
+
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        dev = self.row_data.device
+        for name in ("_master_init", "main_grad"):  # device moves only: they stay fp32
+            t = getattr(self, name)
+            if t is not None and t.device != dev:
+                setattr(self, name, t.to(dev))
+        return out
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, planes={self.planes}, layout={self.layout}, "
+                f"compute_dtype={self.compute_dtype}")
+
+
+def is_mxfp8(module) -> bool:
+    """True for an MXFP8Linear."""
+    return isinstance(module, MXFP8Linear)
+
+
+# ---- convert ---------------------------------------------------------------------
+
+def _check_policy_value(v, where):
+    if v not in _POLICY_VALUES:
+        raise ValueError(f"convert: {where} gave {v!r}; expected 'row', 'both' or 'dense'")
+    return v
+
+
+def _policy_fn(policy):
+    """policy -> a function (name, module) -> 'row' | 'both' | 'dense' (validated)."""
+    if isinstance(policy, str):
+        _check_policy_value(policy, "policy")
+        return lambda name, mod: policy
+    if isinstance(policy, dict):
+        items = list(policy.items())
+        for k, v in items:
+            if not isinstance(k, str):
+                raise ValueError(f"convert: policy pattern {k!r} is not a string")
+            _check_policy_value(v, f"policy[{k!r}]")
+
+        def by_pattern(name, mod):
+            for k, v in items:
+                if fnmatch.fnmatchcase(name, k):
+                    return v
+            return "dense"
+        return by_pattern
+    if callable(policy):
+        def by_call(name, mod):
+            v = policy(name, mod)
+            return "dense" if v is None else _check_policy_value(v, f"policy({name!r})")
+        return by_call
+    raise ValueError(f"convert: policy must be 'row', 'both', 'dense', a dict of fnmatch patterns or a "
+                     f"callable, got {type(policy).__name__}")
+
+
+def _skip_patterns(skip):
+    if skip is None:
+        return ()
+    pats = (skip,) if isinstance(skip, str) else tuple(skip)
+    for p in pats:
+        if not isinstance(p, str):
+            raise ValueError(f"convert: skip pattern {p!r} is not a string")
+    return pats
+
+
+def convert(model, policy="row", *, layout="padded", compute_dtype=torch.bfloat16, rounding="ceil", skip=None):
+    """Swaps the nn.Linear submodules of `model` in place for MXFP8Linear.
+
+    policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the
+    qualified module name: value} (first match wins, unmatched -> dense); or a
+    callable (name, module) -> value or None (dense). skip: fnmatch pattern(s) of
+    qualified names that stay dense whatever the policy says. Only exact
+    nn.Linear instances are candidates (subclasses such as MultiheadAttention's
+    out_proj, whose weight is read directly, are left alone). A converted module
+    keeps the device, the same bias Parameter and an fp32 copy of the weight as
+    its initial master (master_init). A weight shared with another module (tied)
+    cannot be converted: ValueError. Everything is decided and checked before the
+    first swap. Returns the model (the new module when `model` itself is a
+    converted nn.Linear)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert: model must be an nn.Module, got {type(model).__name__}")
+    decide = _policy_fn(policy)
+    skips = _skip_patterns(skip)
+    _check_choice("layout", layout, _LAYOUTS)
+    _check_choice("rounding", rounding, _ROUNDINGS)
+    _check_compute_dtype(compute_dtype)
+    # a module reachable under several names is converted once and set at every name
+    names = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        if type(mod) is nn.Linear:
+            names.setdefault(id(mod), (mod, []))[1].append(name)
+    uses = {}  # parameter -> how many distinct modules own it
+    for mod in model.modules():
+        for p in mod._parameters.values():
+            if p is not None:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+    todo = []
+    for mod, mod_names in names.values():
+        vals = {"dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, mod) for n in mod_names}
+        if len(vals) > 1:
+            raise ValueError(f"convert: the module shared as {', '.join(mod_names)} gets different policies "
+                             f"({', '.join(sorted(vals))})")
+        v = vals.pop()
+        if v == "dense":
+            continue
+        if uses.get(id(mod.weight), 0) > 1:
+            raise ValueError(f"convert: the weight of {mod_names[0] or '<root>'} is shared with another module "
+                             f"(tied); keep it dense (policy or skip)")
+        _require_library(_check_device(mod.weight.device))
+        todo.append((mod, mod_names, v))
+    for mod, mod_names, v in todo:
+        new = MXFP8Linear._from_linear(mod, v, layout, compute_dtype, rounding)
+        for name in mod_names:
+            if name == "":
+                return new
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, new)
+    return model

@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: MIT
+"""mxshard.torch.ShardedOptimizer: a group of 2 and a group of 3 gloo
+processes (spawned once each, concurrently) run every case of
+torch_dist_cases.PLAN; a world of one and the input checks run here.
+Skips without torch or gloo."""
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+
+import pytest
+
+from conftest import torch_or_skip
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORLDS = (2, 3)
+DEADLINE = 90  # seconds for all groups; a hang fails the tests (children killed), never blocks CI
+
+
+def _torch_dist_or_skip():
+    torch = torch_or_skip()
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    return torch
+
+
+def spawn(worlds, plan=None):
+    """Runs every case of `plan` (default torch_dist_cases.PLAN) in one gloo
+    group per world size, all groups at once. Never blocks past DEADLINE."""
+    import torch_dist_cases as C
+    # forkserver: one server process imports torch and the cases once, the ranks are forked from it
+    # (a fresh interpreter, no state of this process: as safe as spawn, seconds faster on 2 cores)
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch_dist_cases"])  # + its warm_up(), asked for by the variable below
+    q = ctx.Queue()
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE)] + [p for p in sys.path if p])
+    procs = {}
+    for world in worlds:
+        port = C.free_port()
+        for r in range(world):
+            procs[(world, r)] = ctx.Process(target=C.worker, args=(r, world, port, q, plan), daemon=True)
+    t0 = time.time()
+    os.environ["MXS_TORCH_CASES_WARM_UP"] = "1"
+    try:
+        for p in procs.values():
+            p.start()
+    finally:
+        del os.environ["MXS_TORCH_CASES_WARM_UP"]
+    res, done = {}, set()
+    want = {(w, r) for w in worlds for r in range(w)}
+    while done != want and time.time() < t0 + DEADLINE:
+        try:
+            world, rank, cid, status, payload = q.get(timeout=0.5)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs.values()):
+                break
+            continue
+        if cid == "<done>":
+            done.add((world, rank))
+        else:
+            res[(world, rank, cid)] = (status, payload)
+    hung = []  # ranks that never finished their cases (a rank that did may take a while to exit)
+    for key, p in procs.items():
+        p.join(timeout=10 if key in done else 0.1)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+            if key not in done:
+                hung.append(key)
+    return {"res": res, "hung": hung, "seconds": time.time() - t0, "worlds": worlds}
+
+
+@pytest.fixture(scope="module")
+def dist_results():
+    _torch_dist_or_skip()
+    return spawn(WORLDS)
+
+
+def _case(dist_results, cid):
+    out = {}
+    errors = []
+    for w in dist_results["worlds"]:
+        for r in range(w):
+            got = dist_results["res"].get((w, r, cid))
+            if got is None:
+                errors.append(f"world {w} rank {r}: no result (hung or died; unfinished ranks: {dist_results['hung']})")
+            elif got[0] != "ok":
+                errors.append(f"world {w} rank {r}:\n{got[1]}")
+            else:
+                out[(w, r)] = got[1]
+    assert not errors, "\n".join(errors)
+    return out
+
+
+def test_exact_vs_one_process_reference(dist_results):
+    import torch_dist_cases as C
+    for cid, case, _ in C.PLAN:
+        if case != "exact":
+            continue
+        out = _case(dist_results, cid)
+        for w in WORLDS:
+            # every item element is owned by exactly one rank
+            assert sum(out[(w, r)]["owned"] for r in range(w)) == out[(w, 0)]["total"]
+            assert out[(w, 0)]["split_items"] >= 1, f"{cid}: no item split between ranks"
+            assert out[(w, 0)]["buckets"] >= 1
+            if "rank_without_mx" in cid:
+                assert out[(w, 0)]["rank_without_mx"] >= 1 and out[(w, 0)]["buckets"] == 1
+
+
+def test_forward_backward_hooks_and_counts(dist_results):
+    out = _case(dist_results, "fwdbwd")
+    for w in WORLDS:
+        per = out[(w, 0)]["per_step"]
+        assert per["all_reduce_norm"] == 1 and per["all_reduce_grad"] == out[(w, 0)]["buckets"]
+        assert all(o["worst_over_bound"] <= 1.0 for (ww, _), o in out.items() if ww == w)
+
+
+def test_save_resume_same_world(dist_results):
+    out = _case(dist_results, "resume")
+    for (w, r), o in out.items():
+        assert o["bad_load"] == ("local" if r == 1 else "remote")
+
+
+def test_mismatched_ranks_raise_everywhere(dist_results):
+    out = _case(dist_results, "mismatch")
+    for (w, r), o in out.items():
+        assert o["bucket_size"] == o["shape"] == o["lr"] == "local"   # PlanMismatchError on every rank
+        assert o["local"] == ("local" if r == 1 else "remote")
+
+
+def test_rank_local_step_failure_raises_everywhere(dist_results):
+    out = _case(dist_results, "step_failure")
+    for (w, r), o in out.items():
+        for k in ("replaced", "inner", "main_grad"):
+            assert o[k] == ("local" if r == 1 else "remote"), (w, r, k, o)
+
+
+def test_no_hang_and_runtime(dist_results):
+    assert not dist_results["hung"], f"ranks (world, rank) never finished: {dist_results['hung']}"
+    print(f"gloo groups of {WORLDS}: {dist_results['seconds']:.1f} s")
+
+
+# ---- a world of one, in this process ----------------------------------------------------
+
+def test_world_of_one_exact():
+    _torch_dist_or_skip()
+    import torch.distributed as dist
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in the test process")
+    import torch_dist_cases as C
+    r = C.case_exact(0, 1, layout="padded", opt="adamw", foreach=False, bucket_size=2500)
+    assert r["per_step"] == {}
+    C.case_exact(0, 1, layout="compact", opt="sgd", foreach=True, max_grad_norm=0.05, grad_reduce="sum", steps=2)
+
+
+def test_bad_input_raises_before_anything():
+    torch = _torch_dist_or_skip()
+    from torch import nn
+    import torch_dist_cases as C
+    from mxshard.torch import ShardedOptimizer
+
+    def adam(g):
+        return torch.optim.AdamW(g, lr=1e-3)
+
+    def untouched(m, f, exc, match):
+        ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+        bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
+        with pytest.raises(exc, match=match):
+            f()
+        assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
+        assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs
+        for mod in m.modules():
+            assert getattr(mod, "_mxs_grad_hook", None) is None
+    m = C.build_model()
+    m.extra = nn.Parameter(torch.zeros(3, device="meta"))
+    untouched(m, lambda: ShardedOptimizer(m, adam), ValueError, "several devices")
+    m = C.build_model(extra_dense=torch.zeros(4, dtype=torch.float64))
+    untouched(m, lambda: ShardedOptimizer(m, adam), TypeError, "float64")
+    m = C.build_model()
+    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.a, m.ln.weight]},
+                                                                  {"params": [m.ln.weight]}]),
+              ValueError, "ln.weight is listed in group 0 and in group 1")
+    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["a", m.a]}]), ValueError, "twice")
+    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.frozen]}]), ValueError,
+              "not a trainable item")
+    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [nn.Parameter(torch.zeros(2))]}]),
+              ValueError, "not a trainable item")
+    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["nope"]}]), ValueError, "'nope'")
+    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups={"params": []}), TypeError, "list of dicts")
+    untouched(m, lambda: ShardedOptimizer(m, adam, bucket_size=0), ValueError, "bucket_size")
+    untouched(m, lambda: ShardedOptimizer(m, adam, grad_reduce="avg"), ValueError, "grad_reduce")
+    untouched(m, lambda: ShardedOptimizer(m, adam, round_through="fp8"), ValueError, "round_through")
+    untouched(m, lambda: ShardedOptimizer(m, adam, max_grad_norm=-1.0), ValueError, "max_grad_norm")
+    untouched(m, lambda: ShardedOptimizer(m, adam, rounding="up"), ValueError, "rounding")
+    untouched(m, lambda: ShardedOptimizer(m, lambda g: torch.optim.AdamW([torch.zeros(2, requires_grad=True)])),
+              ValueError, "exactly the param groups")
+    untouched(m, lambda: ShardedOptimizer(m, lambda g: object()), TypeError, "not a torch.optim.Optimizer")
+    with pytest.raises(ValueError, match="empty model"):
+        ShardedOptimizer(nn.Module(), adam)
+    frozen = nn.Linear(3, 3).requires_grad_(False)
+    with pytest.raises(ValueError, match="empty model"):
+        ShardedOptimizer(frozen, adam)
+    with pytest.raises(TypeError, match="nn.Module"):
+        ShardedOptimizer([nn.Parameter(torch.zeros(2))], adam)
+    # a good construction afterwards works on the same model, and repr/items/state are sane
+    o = ShardedOptimizer(m, adam, bucket_size=2500)
+    assert "ShardedOptimizer(world=1" in repr(o) and len(o.items) == len(C.item_table(m))
+    assert o.param_groups is o.inner.param_groups
+    with pytest.raises(ValueError, match="not a mxshard.sharded_optimizer"):
+        o.load_state_dict({"format": "x"})
+    with pytest.raises(ValueError, match="already managed by another ShardedOptimizer"):
+        ShardedOptimizer(m, adam)
+    del o
+    import gc
+    gc.collect()
+    o = ShardedOptimizer(m, adam)  # the first one is gone: its hooks do nothing, the model can be taken over
+    C.inject(m, 0, 0)
+    o.step()
+
+
+# ---- one CUDA device (skips without one) ----------------------------------------------------
+
+def _cuda_or_skip():
+    from conftest import cuda_or_skip
+    _torch_dist_or_skip()
+    return cuda_or_skip()
+
+
+def test_cuda_world_of_one():
+    _cuda_or_skip()
+    import torch_dist_cases as C
+    C.case_exact(0, 1, device="cuda", foreach=True)
+    C.case_exact(0, 1, device="cuda", opt="sgd", max_grad_norm=0.05, grad_reduce="sum", layout="compact")
+    C.case_fwdbwd(0, 1, device="cuda")
+
+
+def test_cuda_two_gloo_ranks_one_device():
+    _cuda_or_skip()
+    import torch_dist_cases as C
+    res = spawn((2,), C.PLAN_CUDA)
+    for cid, _, _ in C.PLAN_CUDA:
+        _case(res, cid)
+    assert not res["hung"]

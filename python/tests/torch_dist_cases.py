@@ -1,0 +1,680 @@
+# SPDX-License-Identifier: MIT
+"""ShardedOptimizer cases run by every rank of a gloo group spawned by
+test_torch_optim.py (one group of 2 and one of 3 processes; each runs all
+cases), and some of them in a world of one in the test process itself.
+Each case returns a small summary or raises."""
+import contextlib
+import datetime
+import io
+import os
+import socket
+import traceback
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import mxshard
+from mxshard.torch import MXFP8Linear, ShardedOptimizer, is_mxfp8
+from mxshard.torch import layout as LY
+
+EPS32 = 2.0 ** -24
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _live():
+    return dist.is_available() and dist.is_initialized()
+
+
+def _gather_obj(x):
+    if not _live():
+        return [x]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, x)
+    return out
+
+
+# ---- models -----------------------------------------------------------------------
+
+def build_model(layout="padded", planes_c="both", seed=0, b_rows=33, extra_dense=None, device="cpu"):
+    """Several MXFP8Linear of odd shapes (1x40, 33x65, 128x96), fp32 and bf16
+    dense parameters (an Embedding, a LayerNorm, an fp32 bias and a bf16
+    bias, a bare bf16 parameter) and a frozen parameter."""
+    torch.manual_seed(seed)
+    m = nn.Module()
+    m.emb = nn.Embedding(11, 40)
+    m.a = MXFP8Linear(40, 1, planes="row", layout=layout)
+    m.b = MXFP8Linear(65, b_rows, planes="both", layout=layout)
+    m.c = MXFP8Linear(96, 128, bias=False, planes=planes_c, layout=layout)
+    m.ln = nn.LayerNorm(33)
+    m.b.bias = nn.Parameter(m.b.bias.detach().to(torch.bfloat16))
+    m.h = nn.Parameter(torch.randn(5, 7).to(torch.bfloat16))
+    m.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+    if extra_dense is not None:
+        m.extra = nn.Parameter(extra_dense)
+    return m.to(device) if device != "cpu" else m
+
+
+def groups_of(m):
+    """Two param groups (decay / no decay) naming items in every supported way."""
+    return [{"params": [m.a, "b", m.c, m.emb.weight, "h"], "weight_decay": 0.1},
+            {"params": [m.a.bias, m.b.bias, m.ln.weight, "ln.bias"], "weight_decay": 0.0}]
+
+
+def item_table(m):
+    """(name, obj, group) of every trainable item in model order: obj is the
+    MXFP8Linear for its weight, else the Parameter."""
+    out, seen = [], set()
+    for mn, mod in m.named_modules():
+        if is_mxfp8(mod):
+            out.append((f"{mn}.weight", mod))
+        for pn, p in mod.named_parameters(recurse=False):
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            out.append((f"{mn}.{pn}" if mn else pn, p))
+    return out
+
+
+def initial_values(m):
+    return {n: (o.master_init() if is_mxfp8(o) else o.detach()).float().reshape(-1).clone()
+            for n, o in item_table(m)}
+
+
+def grad_for(name, shape, step, rank):
+    """Dyadic gradients (small integers * 2^-10): sums are exact in any order."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) * 1000 + step * 17 + rank)
+    return torch.randint(-8, 9, tuple(shape), generator=g).float() * 2.0 ** -10
+
+
+def inject(m, step, rank):
+    for n, o in item_table(m):
+        if is_mxfp8(o):
+            o.main_grad.copy_(grad_for(n, (o.out_features, o.in_features), step, rank))
+        else:
+            o.grad = grad_for(n, o.shape, step, rank).to(dtype=o.dtype, device=o.device)
+
+
+FACTORIES = {
+    "adamw": lambda fe: (lambda g: torch.optim.AdamW(g, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.05,
+                                                     foreach=fe)),
+    "sgd": lambda fe: (lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                                 foreach=fe)),
+}
+
+
+class Reference:
+    """ONE process's plain optimizer over the full fp32 vectors (one per param
+    group) with the summed or mean gradients of every rank."""
+
+    def __init__(self, m, factory, use_groups, world, grad_reduce="mean", max_grad_norm=None):
+        self.table = item_table(m)
+        init = initial_values(m)
+        self.world, self.grad_reduce, self.max_grad_norm = world, grad_reduce, max_grad_norm
+        if use_groups:
+            opts = groups_of(m)
+            names = {}
+            for gi, g in enumerate(opts):
+                for e in g["params"]:
+                    names[self._name(m, e)] = gi
+            rest = [n for n, _ in self.table if n not in names]
+            if rest:  # the optimizer's default group: no overrides
+                names.update({n: len(opts) for n in rest})
+                opts = opts + [{"params": []}]
+        else:
+            opts = [{"params": []}]
+            names = {n: 0 for n, _ in self.table}
+        self.members = [[n for n, _ in self.table if names[n] == gi] for gi in range(len(opts))]
+        self.vecs = [torch.cat([init[n] for n in mem]) for mem in self.members]
+        self.inner = factory([dict({k: v for k, v in o.items() if k != "params"}, params=[v])
+                              for o, v in zip(opts, self.vecs)])
+        self.norm = None
+
+    def _name(self, m, e):
+        if isinstance(e, str):
+            return e if any(n == e for n, _ in self.table) else e + ".weight"
+        for n, o in self.table:
+            if o is e:
+                return n
+        raise KeyError(e)
+
+    def step(self, step):
+        shapes = {n: ((o.out_features, o.in_features) if is_mxfp8(o) else tuple(o.shape)) for n, o in self.table}
+        for v, mem in zip(self.vecs, self.members):
+            parts = []
+            for n in mem:
+                acc = grad_for(n, shapes[n], step, 0).reshape(-1).to(v.device)
+                for r in range(1, self.world):
+                    acc += grad_for(n, shapes[n], step, r).reshape(-1).to(v.device)
+                if self.grad_reduce == "mean" and self.world > 1:
+                    acc /= self.world
+                parts.append(acc)
+            v.grad = torch.cat(parts)
+        total = 0.0
+        for v in self.vecs:
+            c = v.grad.double()
+            total += float(torch.dot(c, c))
+        self.norm = total ** 0.5
+        if self.max_grad_norm is not None:
+            coef = self.max_grad_norm / (self.norm + 1e-6)
+            if coef < 1.0:
+                for v in self.vecs:
+                    v.grad.mul_(coef)
+        self.inner.step()
+
+    def values(self):
+        out = {}
+        for v, mem in zip(self.vecs, self.members):
+            o = 0
+            for n in mem:
+                k = dict(self.table)[n]
+                numel = k.out_features * k.in_features if is_mxfp8(k) else k.numel()
+                out[n] = v.detach()[o:o + numel]
+                o += numel
+        return out
+
+
+# ---- checks --------------------------------------------------------------------
+
+def _bits(t):
+    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t.contiguous().view(torch.int16)
+
+
+def check_masters(opt, ref_vals):
+    """This rank's master shards equal the reference, bit for bit; padding 0."""
+    r = opt.rank
+    n = 0
+    for bk in opt._buckets:
+        covered = torch.zeros(bk.spec.shard, dtype=torch.bool, device=bk.master.device)
+        for p, start, length, pos in LY.item_shards(bk.spec, r):
+            if not length:
+                continue
+            name = opt.plan.items[p.item].name
+            got = bk.master[pos:pos + length]
+            want = ref_vals[name][start:start + length]
+            assert torch.equal(_bits(got), _bits(want)), \
+                f"rank {r} master of {name}[{start}:{start + length}] differs: max |d| = {(got - want).abs().max()}"
+            covered[pos:pos + length] = True
+            n += length
+        assert (bk.master[~covered] == 0).all(), "padding of a master shard is not zero"
+    return n
+
+
+def check_weights(m, full):
+    """Every MXFP8Linear's planes == whole-tensor quantize of bf16(master), and
+    every dense parameter == master cast to its dtype (this rank)."""
+    for n, o in item_table(m):
+        if is_mxfp8(o):
+            w = mxshard.MXFP8Weight.empty(o.out_features, o.in_features, planes=o.planes, layout=o.layout,
+                                          device="cpu")
+            src = full[n].cpu().reshape(o.out_features, o.in_features).to(torch.bfloat16).contiguous()
+            mxshard.quantize(w, src, rounding=o.rounding)
+            for k in ("row_data", "row_scale", "col_data", "col_scale"):
+                a, b = getattr(o, k), getattr(w, k)
+                a = a.cpu() if a is not None else None
+                assert (a is None) == (b is None), f"{n}.{k} presence"
+                if a is not None:
+                    assert torch.equal(a.reshape(-1), b.reshape(-1)), \
+                        f"{n}.{k}: {(a.reshape(-1) != b.reshape(-1)).sum()} bytes differ from the whole-tensor quantize"
+                    assert torch.equal(getattr(o.primary, k).cpu().reshape(-1), a.reshape(-1))
+        else:
+            want = full[n].cpu().reshape(o.shape).to(o.dtype)
+            assert torch.equal(_bits(o.detach().cpu()), _bits(want)), f"{n} differs from its master cast to {o.dtype}"
+
+
+def full_masters(opt):
+    """The full master of every item, assembled from every rank's shards."""
+    shards = _gather_obj([b.master.cpu().clone() for b in opt._buckets])
+    out = {}
+    for i, it in enumerate(opt.plan.items):
+        out[it.name] = torch.zeros(it.numel)
+    for r, mine in enumerate(shards):
+        for bi, bs in enumerate(opt.plan.buckets):
+            for item, s, n, pos in LY.shard_to_items(opt.plan, bi, r):
+                out[opt.plan.items[item].name][s:s + n] = mine[bi][pos:pos + n]
+    return out
+
+
+def expected_per_step(opt):
+    c = {}
+    nb = len(opt.plan.buckets)
+    c["reduce_scatter" if opt.comm.has_reduce_scatter else "all_reduce_grad"] = nb
+    c["all_reduce_norm"] = 1
+    c["all_reduce_max"] = sum(b.has_mx for b in opt.plan.buckets)
+    c["all_gather_row"] = c["all_reduce_max"]
+    c["all_gather_col"] = sum(b.has_col for b in opt.plan.buckets)
+    c["all_gather_dense"] = sum(len(b.dense) for b in opt.plan.buckets)
+    return {k: v for k, v in c.items() if v}
+
+
+@contextlib.contextmanager
+def count_dist_calls():
+    """Counts every torch.distributed collective the package issues."""
+    names = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor")
+    orig = {n: getattr(dist, n) for n in names}
+    calls = {"n": 0}
+
+    def wrap(f):
+        def g(*a, **k):
+            calls["n"] += 1
+            return f(*a, **k)
+        return g
+    for n in names:
+        setattr(dist, n, wrap(orig[n]))
+    try:
+        yield calls
+    finally:
+        for n in names:
+            setattr(dist, n, orig[n])
+
+
+def _expect_raise(f, rank, bad_rank, local_exc, local_match=None):
+    """f() must raise: `local_exc` on bad_rank (None: every rank raises it),
+    RemoteError elsewhere."""
+    try:
+        f()
+    except mxshard.RemoteError as e:
+        assert bad_rank is not None and rank != bad_rank, f"rank {rank}: unexpected RemoteError {e}"
+        return "remote"
+    except local_exc as e:
+        assert bad_rank is None or rank == bad_rank, f"rank {rank}: unexpected {type(e).__name__}: {e}"
+        if local_match:
+            assert local_match in str(e), f"{local_match!r} not in {e}"
+        return "local"
+    raise AssertionError(f"rank {rank}: no exception")
+
+
+# ---- the cases -------------------------------------------------------------------
+
+def case_exact(rank, world, layout="padded", opt="adamw", foreach=False, groups=True, bucket_size=2500,
+               max_grad_norm=None, grad_reduce="mean", planes_c="both", align=128, steps=3, extra=0,
+               device="cpu", direct=False):
+    """Injected dyadic gradients; masters bit-identical to the one-process
+    reference; primaries and dense params == whole-tensor quantize / cast of
+    the master on every rank; collective counts as documented."""
+    def build():
+        torch.manual_seed(7)
+        ex = torch.randn(extra) if extra else None
+        return build_model(layout, planes_c, extra_dense=ex, device=device)
+    m = build()
+    factory = FACTORIES[opt](foreach)
+    ref = Reference(build(), factory, groups, world, grad_reduce, max_grad_norm)
+    with direct_collectives(direct):
+        o = ShardedOptimizer(m, factory, bucket_size=bucket_size, param_groups=groups_of(m) if groups else None,
+                             max_grad_norm=max_grad_norm, grad_reduce=grad_reduce, align=align)
+    assert o.comm.has_reduce_scatter == (direct and world > 1)
+    check_weights(m, ref.values())  # construction's writeback: quantize(bf16(master)) already
+    split = sum(1 for bs in o.plan.buckets for p in bs.items
+                if len({LY.owner(bs, p.offset), LY.owner(bs, p.end - 1)}) > 1)
+    # a rank that owns nothing of a bucket's MXFP8 weights (its writeback items all have length 0)
+    no_mx = sum(1 for bs in o.plan.buckets for r in range(world)
+                if bs.has_mx and not any(n for p, _, n, _ in LY.item_shards(bs, r) if p.end <= bs.row[1]))
+    with count_dist_calls() as calls:
+        for s in range(steps):
+            inject(m, s, rank)
+            o.step()
+            ref.step(s)
+            o.zero_grad()
+            if max_grad_norm is not None and grad_reduce == "sum":
+                assert o.last_grad_norm == ref.norm, (o.last_grad_norm, ref.norm)  # exact sums
+            else:
+                assert abs(o.last_grad_norm - ref.norm) <= 1e-12 * ref.norm
+    n = check_masters(o, ref.values())
+    check_weights(m, ref.values())
+    exp = expected_per_step(o) if world > 1 else {}
+    assert dict(o.collectives) == {k: v * steps for k, v in exp.items()}, (dict(o.collectives), exp)
+    if world > 1:
+        assert calls["n"] == sum(o.collectives.values())
+    return {"owned": n, "total": sum(it.numel for it in o.plan.items), "buckets": len(o.plan.buckets),
+            "rank_without_mx": no_mx, "split_items": split, "per_step": exp,
+            "norm": ref.norm}
+
+
+@contextlib.contextmanager
+def direct_collectives(on=True):
+    """The NCCL code path on gloo (torch >= 2.x gloo has reduce_scatter_tensor
+    and all_gather_into_tensor on CPU): gradients reduce-scattered into a
+    separate shard, dense gathers with all_gather_into_tensor."""
+    from mxshard.torch import comm
+    if not on:
+        yield
+        return
+    orig = comm.Comm.__init__
+
+    def init(self, group=None):
+        orig(self, group)
+        self.gloo = False
+    comm.Comm.__init__ = init
+    try:
+        yield
+    finally:
+        comm.Comm.__init__ = orig
+
+
+class MLP(nn.Module):
+    def __init__(self, layout):
+        super().__init__()
+        self.up = MXFP8Linear(40, 33, planes="both", layout=layout)
+        self.ln = nn.LayerNorm(33)
+        self.mid = nn.Linear(33, 20)
+        self.down = MXFP8Linear(20, 8, planes="row", layout=layout)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.up(x).float())
+        h = self.mid(self.ln(h))
+        return self.down(h).float()
+
+
+def _data(rank, step, k=0, device="cpu"):
+    g = torch.Generator().manual_seed(rank * 1000 + step * 10 + k)
+    return torch.randn(6, 40, generator=g).to(device)
+
+
+def _grads_of(mod):
+    out = {}
+    for n, o in item_table(mod):
+        if is_mxfp8(o):
+            out[n] = o.main_grad.detach().reshape(-1).clone()
+            o.main_grad.zero_()
+        else:
+            out[n] = o.grad.detach().float().reshape(-1).clone()
+            o.grad = None
+    return out
+
+
+def _sync_ref(ref, net):
+    for (n, o), (_, r) in zip(item_table(net), item_table(ref)):
+        if is_mxfp8(o):
+            for k in ("row_data", "row_scale", "col_data", "col_scale"):
+                if getattr(o, k) is not None:
+                    getattr(r, k).copy_(getattr(o, k))
+        else:
+            r.data.copy_(o.data)
+
+
+def case_fwdbwd(rank, world, layout="padded", steps=3, device="cpu"):
+    """A real forward/backward through the hooks (different data per rank):
+    the reduced gradient equals the reference sum of every rank's gradient
+    within world * 2^-24 * sum|g_r| (fp32 sums in another order; exact for
+    2 ranks); the hooks launch reductions during backward; collective
+    counts as documented; no_sync accumulation; a second backward without
+    no_sync makes every rank raise; then training goes on."""
+    torch.manual_seed(3)
+    net = MLP(layout).to(device)
+    torch.manual_seed(3)
+    ref = MLP(layout).to(device)
+    o = ShardedOptimizer(net, lambda g: torch.optim.AdamW(g, lr=1e-3), bucket_size=700, grad_reduce="sum")
+    names = [n for n, _ in item_table(net)]
+    worst = 0.0
+    with_counts = {}
+
+    def reference_grads(step, micro):
+        _sync_ref(ref, net)
+        per = []
+        for r in range(world):
+            for k in range(micro):
+                ref(_data(r, step, k, device)).pow(2).sum().backward()
+            per.append(_grads_of(ref))
+        tot = {n: per[0][n].clone() for n in names}
+        mag = {n: per[0][n].abs() for n in names}
+        for g in per[1:]:
+            for n in names:
+                tot[n] += g[n]
+                mag[n] += g[n].abs()
+        return tot, mag
+
+    def compare(tot, mag):
+        nonlocal worst
+        for bk in o._buckets:
+            for p, start, length, pos in LY.item_shards(bk.spec, rank):
+                if not length:
+                    continue
+                n = o.plan.items[p.item].name
+                got = bk.grad_shard[pos:pos + length]
+                want = tot[n][start:start + length]
+                bound = world * EPS32 * mag[n][start:start + length] + 1e-30
+                d = (got - want).abs()
+                assert (d <= bound).all(), f"{n}: reduced gradient off by {d.max()} (bound {bound.max()})"
+                if world == 2:
+                    assert torch.equal(got, want), f"{n}: 2-rank sums are exact"
+                worst = max(worst, float((d / bound).max()))
+
+    for s in range(steps):
+        tot, mag = reference_grads(s, 1)
+        with count_dist_calls() as calls:
+            before = dict(o.collectives)
+            net(_data(rank, s, 0, device)).pow(2).sum().backward()
+            launched_in_backward = o.collectives.get("all_reduce_grad", 0) - before.get("all_reduce_grad", 0)
+            o.step()
+        delta = {k: o.collectives[k] - before.get(k, 0) for k in o.collectives if o.collectives[k] != before.get(k, 0)}
+        with_counts = delta
+        if world > 1:
+            assert delta == expected_per_step(o), (delta, expected_per_step(o))
+            assert calls["n"] == sum(delta.values())
+            assert launched_in_backward >= 1, "no bucket reduction was launched by the backward hooks"
+        compare(tot, mag)
+        o.zero_grad()
+    # gradient accumulation: 2 micro-batches, the first under no_sync
+    tot, mag = reference_grads(50, 2)
+    with o.no_sync():
+        net(_data(rank, 50, 0, device)).pow(2).sum().backward()
+    net(_data(rank, 50, 1, device)).pow(2).sum().backward()
+    o.step()
+    compare(tot, mag)
+    o.zero_grad()
+    # two backwards without no_sync: every rank raises (late gradients), nobody hangs
+    net(_data(rank, 60, 0, device)).pow(2).sum().backward()
+    net(_data(rank, 61, 0, device)).pow(2).sum().backward()
+    try:
+        o.step()
+        raise AssertionError("step() accepted gradients that arrived after their bucket's reduction")
+    except RuntimeError as e:
+        assert "after their bucket" in str(e) or isinstance(e, mxshard.RemoteError), e
+    o.zero_grad()
+    net(_data(rank, 70, 0, device)).pow(2).sum().backward()
+    o.step()
+    o.zero_grad()
+    full = full_masters(o)
+    check_weights(net, full)
+    digests = _gather_obj([bytes(t.cpu().view(torch.uint8).numpy().tobytes()) for t in net.state_dict().values()])
+    assert all(d == digests[0] for d in digests), "ranks hold different weights"
+    return {"worst_over_bound": worst, "per_step": with_counts, "buckets": len(o.plan.buckets)}
+
+
+def case_resume(rank, world, layout="swizzled", k=2, more=2):
+    """state_dict after k steps; a fresh model+optimizer loads it and goes on
+    bit-identically to the uninterrupted run (masters and primaries)."""
+    factory = FACTORIES["adamw"](True)
+
+    def make():
+        m = build_model(layout)
+        return m, ShardedOptimizer(m, factory, bucket_size=2500, param_groups=groups_of(m))
+
+    m1, o1 = make()
+    for s in range(k):
+        inject(m1, s, rank)
+        o1.step()
+        o1.zero_grad()
+    buf = io.BytesIO()
+    torch.save(o1.state_dict(), buf)
+    at_k = {n: t.clone() for n, t in m1.state_dict().items()}
+    for s in range(k, k + more):
+        inject(m1, s, rank)
+        o1.step()
+        o1.zero_grad()
+    m2, o2 = make()
+    buf.seek(0)
+    sd = torch.load(buf, weights_only=False)
+    o2.load_state_dict(sd)
+    for n, t in m2.state_dict().items():
+        assert torch.equal(_bits(t) if t.is_floating_point() else t, _bits(at_k[n]) if t.is_floating_point()
+                           else at_k[n]), f"{n} not restored"
+    assert o2.steps == k
+    for s in range(k, k + more):
+        inject(m2, s, rank)
+        o2.step()
+        o2.zero_grad()
+    for b1, b2 in zip(o1._buckets, o2._buckets):
+        assert torch.equal(_bits(b1.master), _bits(b2.master))
+    for (n, t1), (_, t2) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.equal(t1.view(torch.uint8) if t1.dtype == torch.uint8 else _bits(t1),
+                           t2.view(torch.uint8) if t2.dtype == torch.uint8 else _bits(t2)), f"{n} differs"
+    # a bad state dict on one rank: that rank ValueError, the others RemoteError
+    bad = dict(sd, fingerprint=sd["fingerprint"] + 1) if rank == min(1, world - 1) else sd
+    got = _expect_raise(lambda: o2.load_state_dict(bad), rank, min(1, world - 1) if world > 1 else None,
+                        ValueError, "fingerprint")
+    return {"resumed_steps": more, "bad_load": got}
+
+
+def case_mismatch(rank, world):
+    """Ranks that differ raise on every rank instead of hanging; the model of
+    a failed construction is left as it was."""
+    bad = 1
+    out = {}
+    factory = FACTORIES["adamw"](False)
+    # 1. another bucket_size on rank 1
+    m = build_model()
+    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+    bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
+    out["bucket_size"] = _expect_raise(
+        lambda: ShardedOptimizer(m, factory, bucket_size=2500 if rank != bad else 3000), rank, None,
+        mxshard.PlanMismatchError, "differs between ranks")
+    assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs, "a failed construction moved parameters"
+    assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs, "a failed construction moved primaries"
+    assert m.b.main_grad is None, "a failed construction left main_grad set"
+    assert m.b._mxs_grad_hook is None, "a failed construction left a gradient hook"
+    # 2. another model shape on rank 1
+    m = build_model(b_rows=33 if rank != bad else 34)
+    out["shape"] = _expect_raise(lambda: ShardedOptimizer(m, factory, bucket_size=2500), rank, None,
+                                 mxshard.PlanMismatchError, "b.weight")
+    # 3. a rank-local failure at construction (a float64 parameter on rank 1)
+    m = build_model(extra_dense=torch.zeros(4, dtype=torch.float64) if rank == bad else torch.zeros(4))
+    out["local"] = _expect_raise(lambda: ShardedOptimizer(m, factory, bucket_size=2500), rank, bad, TypeError,
+                                 "float64")
+    # 4. another learning rate on rank 1 (plain numbers of the groups are in the fingerprint)
+    m = build_model()
+    out["lr"] = _expect_raise(
+        lambda: ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1 if rank != bad else 0.2)), rank, None,
+        mxshard.PlanMismatchError, "lr")
+    # the group still works afterwards
+    m = build_model()
+    o = ShardedOptimizer(m, factory, bucket_size=2500)
+    inject(m, 0, rank)
+    o.step()
+    return out
+
+
+def case_step_failure(rank, world, device="cpu"):
+    """A rank-local failure in step() makes every rank raise; nobody hangs;
+    after a failure of the inner step (on one rank) training goes on."""
+    bad = 1
+    out = {}
+    factory = FACTORIES["adamw"](False)
+    # 1. a parameter's storage replaced after construction on rank 1
+    m = build_model(device=device)
+    o = ShardedOptimizer(m, factory, bucket_size=2500)
+    if rank == bad:
+        m.ln.weight.data = m.ln.weight.data.clone()
+    inject(m, 0, rank)
+    out["replaced"] = _expect_raise(o.step, rank, bad, RuntimeError, "ln.weight")
+    # 2. the inner optimizer fails on rank 1: others learn of it through the writeback status bytes
+    m = build_model(device=device)
+    o = ShardedOptimizer(m, factory, bucket_size=2500)
+    inject(m, 0, rank)
+    if rank == bad:
+        def boom(*a, **k):
+            raise ValueError("injected inner failure")
+        o.inner.step = boom
+    out["inner"] = _expect_raise(o.step, rank, bad, ValueError, "injected")
+    if rank == bad:
+        del o.inner.step
+    o.zero_grad()
+    inject(m, 1, rank)
+    o.step()
+    # 3. main_grad replaced by a new tensor on rank 1
+    if rank == bad:
+        m.b.main_grad = torch.zeros_like(m.b.main_grad)
+    inject(m, 2, rank)
+    out["main_grad"] = _expect_raise(o.step, rank, bad, RuntimeError, "main_grad")
+    return out
+
+
+CASES = {"exact": case_exact, "fwdbwd": case_fwdbwd, "resume": case_resume, "mismatch": case_mismatch,
+         "step_failure": case_step_failure}
+
+# (case id, case, kwargs) run by every spawned group
+PLAN = [
+    ("exact_adamw_padded", "exact", {"layout": "padded", "opt": "adamw", "foreach": False}),
+    ("exact_adamw_foreach_swizzled", "exact", {"layout": "swizzled", "opt": "adamw", "foreach": True,
+                                               "align": 8, "bucket_size": 1800}),
+    ("exact_sgd_clip_padded", "exact", {"layout": "padded", "opt": "sgd", "foreach": False, "max_grad_norm": 0.05,
+                                        "grad_reduce": "sum", "planes_c": "row"}),
+    ("exact_sgd_foreach_compact_onegroup", "exact", {"layout": "compact", "opt": "sgd", "foreach": True,
+                                                     "groups": False, "bucket_size": 10 ** 6}),
+    ("exact_adamw_default_group_rank_without_mx", "exact", {"bucket_size": 10 ** 6, "extra": 20000}),
+    ("exact_direct_collectives", "exact", {"direct": True, "foreach": True, "bucket_size": 1800}),
+    ("fwdbwd", "fwdbwd", {}),
+    ("resume", "resume", {}),
+    ("mismatch", "mismatch", {}),
+    ("step_failure", "step_failure", {}),
+]
+
+
+# the same on one CUDA device (2 gloo ranks sharing it; test_torch_optim.py::test_cuda_*)
+PLAN_CUDA = [
+    ("cuda_exact_adamw", "exact", {"device": "cuda", "foreach": True}),
+    ("cuda_exact_sgd_clip", "exact", {"device": "cuda", "opt": "sgd", "max_grad_norm": 0.05, "grad_reduce": "sum",
+                                      "layout": "swizzled"}),
+    ("cuda_fwdbwd", "fwdbwd", {"device": "cuda"}),
+    ("cuda_step_failure", "step_failure", {"device": "cuda"}),
+]
+
+
+def warm_up():
+    """Imports and first-call costs paid once in the forkserver that test_torch_optim
+    forks the ranks from (torch.optim's lazy torch._dynamo import, the first bf16
+    GEMM / layer_norm / gelu / backward), single-threaded so that no thread pool
+    exists at fork time."""
+    import torch._dynamo  # noqa: F401  (imported lazily by the first optimizer step)
+    torch.set_num_threads(1)
+    m = MLP("padded")
+    m(torch.randn(2, 40)).pow(2).sum().backward()
+    o = torch.optim.AdamW([torch.zeros(3)], foreach=False)
+    o.param_groups[0]["params"][0].grad = torch.ones(3)
+    o.step()
+
+
+if os.environ.get("MXS_TORCH_CASES_WARM_UP") == "1":
+    warm_up()
+
+
+def worker(rank, world, port, q, plan=None):
+    torch.set_num_threads(1)  # several ranks share few cores
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=float(os.environ.get("MXS_TEST_GLOO_TIMEOUT",
+                                                                                        "20"))))
+    except Exception:  # noqa: BLE001
+        q.put((world, rank, "<init>", "err", traceback.format_exc()))
+        return
+    for cid, case, kw in plan or PLAN:
+        try:
+            res = CASES[case](rank, world, **kw)
+            q.put((world, rank, cid, "ok", res))
+        except Exception:  # noqa: BLE001
+            q.put((world, rank, cid, "err", traceback.format_exc()))
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    q.put((world, rank, "<done>", "ok", None))
+    q.close()
+    q.join_thread()
+    os._exit(0)  # skip the interpreter's teardown of torch (seconds on a loaded 2-core machine)
