@@ -121,10 +121,8 @@ def run(args):
         per_step = (time.perf_counter() - t0) / max(1, args.steps)
         print(f"torch_sharded: loss {first:.4f} -> {last:.4f} in {args.steps} steps ({per_step * 1e3:.1f} ms/step); "
               f"primaries identical on all ranks: {same}; collectives: {dict(opt.collectives)}", flush=True)
-    del opt  # its buckets hold collective handles: release them before the group
-    print(f"rank {rank} destroy", file=sys.stderr, flush=True)
+    opt.close()  # releases what holds on to the process group, before the group goes
     dist.destroy_process_group()
-    print(f"rank {rank} destroyed", file=sys.stderr, flush=True)
     ok = same and last < first
     if not ok:
         print(f"torch_sharded: rank {rank}: FAILED (same={same}, loss {first} -> {last})", file=sys.stderr)

@@ -259,3 +259,92 @@ mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclCom
         return MXS_ERR_NCCL;
     return MXS_OK;
 }
+
+/* ---- NVFP4 ------------------------------------------------------------------ */
+
+/* Whether an NVFP4 plan's packed buffer can take part in the group's
+ * all-reduce (the conditions of mxs_host_nvfp4_wb_writeback). */
+static int mxs__nvfp4_joinable(const mxs_nvfp4_wb_plan *plan, const void *packed) {
+    return packed && (plan->entry_bytes == 2 || plan->entry_bytes == 4) && plan->packed_count >= 1 &&
+           plan->packed_bytes == plan->packed_count * plan->entry_bytes &&
+           plan->status_offset == plan->packed_bytes - 1 &&
+           (uint64_t)(uintptr_t)packed % (uint64_t)plan->entry_bytes == 0;
+}
+
+/* The group's one MAX all-reduce of the packed entries. 4-byte entries:
+ * ncclUint32. 2-byte entries: NCCL has no 16-bit unsigned type, so they go as
+ * ncclBfloat16 - exact, because every 2-byte entry is the bf16 pattern of a
+ * non-negative, non-NaN amax (or 0x0101 in a failed rank's status entry, a
+ * positive normal bf16), and for those MAX over the bf16 values is MAX over
+ * the uint16 patterns; NCCL reduces bf16 MAX with __hmax / max.bf16 (IEEE
+ * maxNum, subnormals kept) on sm_80+. */
+static mxs_status mxs__nvfp4_reduce(void *packed, const mxs_nvfp4_wb_plan *plan, ncclComm_t comm, cudaStream_t stream) {
+    if (mxs__nccl_issue(MXS__NCCL_ALL_REDUCE, packed, packed, (size_t)plan->packed_count,
+                        plan->entry_bytes == 2 ? ncclBfloat16 : ncclUint32, ncclMax, 0, comm, stream) != ncclSuccess)
+        return MXS_ERR_NCCL;
+    return MXS_OK;
+}
+
+mxs_status mxs_nccl_nvfp4_wb_writeback(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, void *packed,
+                                       ncclComm_t comm, cudaStream_t stream) {
+    int nranks, rank;
+    mxs_status s;
+    if (!plan) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if (!mxs__nvfp4_joinable(plan, packed)) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_cuda_nvfp4_wb_partial(b, plan, packed, stream)) != MXS_OK) {
+        /* join with zeros and a status entry of 1 bytes (its last byte is the status byte) */
+        uint8_t *p = (uint8_t *)packed;
+        if (cudaMemsetAsync(p, 0, (size_t)plan->packed_bytes, stream) != cudaSuccess ||
+            cudaMemsetAsync(p + plan->packed_bytes - plan->entry_bytes, 1, (size_t)plan->entry_bytes, stream) !=
+                cudaSuccess)
+            (void)cudaGetLastError(); /* our error; the all-reduce is still issued (a hang is worse) */
+        (void)mxs__nvfp4_reduce(packed, plan, comm, stream);
+        return s;
+    }
+    if ((s = mxs__nvfp4_reduce(packed, plan, comm, stream)) != MXS_OK) return s;
+    if ((s = mxs__wb_group_status((const uint8_t *)packed, plan->status_offset, stream)) != MXS_OK) return s;
+    return mxs_cuda_nvfp4_wb_apply(b, plan, packed, stream);
+}
+
+/* One NVFP4 buffer (a row-wise plane or a column stage of n elements): each
+ * rank's element segment, sent as its bytes [lo/2, ceil(hi/2)). */
+static void mxs__nvfp4_gather_one(mxs__group *g, uint8_t *buf, const int64_t *starts, const int64_t *lens, int nranks) {
+    int q;
+    for (q = 0; q < nranks; q++) {
+        int64_t lo, len;
+        mxs_gather_segment(starts, lens, nranks, q, &lo, &len);
+        if (len > 0) mxs__group_bcast(g, buf, lo / 2, (lo + len + 1) / 2 - lo / 2, q);
+    }
+}
+
+mxs_status mxs_nccl_nvfp4_gather(const mxs_nvfp4_wb_item *items, int64_t n_items, const int64_t *starts,
+                                 const int64_t *lens, ncclComm_t comm, cudaStream_t stream) {
+    int nranks, rank, q;
+    int64_t i;
+    mxs__group g;
+    mxs_status s;
+    if (n_items < 0 || (n_items > 0 && (!items || !starts || !lens))) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs__nccl_comm_info(comm, &nranks, &rank)) != MXS_OK) return s;
+    if (n_items > INT64_MAX / nranks) return MXS_ERR_OVERFLOW;
+    for (i = 0; i < n_items; i++) {
+        const mxs_nvfp4_tensor *t = &items[i].primary;
+        if ((s = mxs_nvfp4_tensor_check_shape(t)) != MXS_OK) return s;
+        if ((t->dirs & MXS_ROWWISE) && !t->row_data) return MXS_ERR_ABSENT_PLANE;
+        if (items[i].col_stage && !(t->dirs & MXS_COLWISE)) return MXS_ERR_ABSENT_PLANE;
+        for (q = 0; q < nranks; q++)
+            if ((s = mxs_nvfp4_shard_check(t->rows * t->cols, starts[i * nranks + q], lens[i * nranks + q])) != MXS_OK)
+                return s;
+    }
+    g.comm = comm;
+    g.stream = stream;
+    g.ops = 0;
+    g.err = ncclSuccess;
+    for (i = 0; i < n_items; i++) {
+        const mxs_nvfp4_wb_item *it = &items[i];
+        if (it->primary.dirs & MXS_ROWWISE)
+            mxs__nvfp4_gather_one(&g, it->primary.row_data, starts + i * nranks, lens + i * nranks, nranks);
+        if (it->col_stage) mxs__nvfp4_gather_one(&g, it->col_stage, starts + i * nranks, lens + i * nranks, nranks);
+    }
+    return mxs__group_finish(&g);
+}

@@ -45,6 +45,7 @@
 #include <nccl.h>
 
 #include "cuda.h"
+#include "cuda_nvfp4.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -167,6 +168,43 @@ MXS_NODISCARD mxs_status mxs_nccl_gather_planes(const mxs_tensor *weights, int64
  */
 MXS_NODISCARD mxs_status mxs_nccl_gather_bucket(uint8_t *bucket, int64_t bucket_bytes, ncclComm_t comm,
                                                 cudaStream_t stream);
+
+/* ---- NVFP4 (<mxshard/cuda_nvfp4.h>, docs/contract.md section 9.8) ---------------------
+ *
+ *   mxs_nccl_nvfp4_wb_writeback   partial -> reduce ->   1 x AllReduce ncclMax of
+ *                                 status -> apply          plan->packed_count entries:
+ *                                                          ncclBfloat16 (2-byte entries,
+ *                                                          bf16 round-through) or ncclUint32
+ *   mxs_nccl_nvfp4_gather         Broadcasts, uint8, of the shards' byte ranges
+ *   then mxs_cuda_nvfp4_wb_finish (local) */
+
+/* Steps 2-4 of the NVFP4 writeback: mxs_cuda_nvfp4_wb_partial, exactly one
+ * ncclAllReduce(packed, packed, plan->packed_count, ncclBfloat16 or
+ * ncclUint32 (plan->entry_bytes 2 or 4), ncclMax, comm, stream) - NCCL has no
+ * 16-bit unsigned type; the 2-byte entries are bf16 patterns of non-negative,
+ * non-NaN amaxes, for which bf16 MAX is exactly uint16 MAX - the group status byte
+ * (1 byte to the host, `stream` synchronised): 0 -> mxs_cuda_nvfp4_wb_apply;
+ * else MXS_ERR_REMOTE. A rank whose partial fails (its validation or its
+ * launch) still joins the all-reduce with a zeroed buffer whose status entry
+ * is all 1 bytes and returns its error, as mxs_host_nvfp4_wb_writeback does.
+ * Returns at once (no collective) only when joining is impossible: a NULL
+ * plan or packed buffer, a packed buffer not aligned to plan->entry_bytes, a
+ * plan whose sizes are inconsistent, an invalid communicator
+ * (MXS_ERR_INVALID_ARGUMENT / MXS_ERR_NCCL). */
+MXS_NODISCARD mxs_status mxs_nccl_nvfp4_wb_writeback(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                     void *packed, ncclComm_t comm, cudaStream_t stream);
+
+/* Step 5: the parameter all-gather of n_items NVFP4 items after apply: the
+ * row-wise data plane (when the primary has one) and the column stage (when
+ * not NULL) of every item, in place. Shard table as mxs_nccl_gather_planes
+ * (starts/lens[i*nranks + q], in ELEMENTS, the same on every rank); every
+ * shard must satisfy mxs_nvfp4_shard_check (even boundaries: MXS_ERR_RANGE).
+ * Rank q sends the bytes [lo/2, ceil(hi/2)) of its element segment [lo, hi)
+ * (mxs_gather_segment): with even boundaries every byte has one owner. One
+ * ncclBroadcast (uint8) per non-empty segment and buffer, grouped. Validates
+ * everything before issuing any collective. */
+MXS_NODISCARD mxs_status mxs_nccl_nvfp4_gather(const mxs_nvfp4_wb_item *items, int64_t n_items, const int64_t *starts,
+                                               const int64_t *lens, ncclComm_t comm, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,8 @@ from .weight import MXFP8Weight
 from .ops import quantize, dequantize, convert_scales, scale_bytes
 from .writeback import BucketWriteback, WritebackItem
 from .buffers import BucketBuffers
+from .nvfp4 import (NVFP4Weight, NVFP4BucketWriteback, NVFP4WritebackItem, quantize_nvfp4, dequantize_nvfp4,
+                    convert_nvfp4_scales, nvfp4_scale_shape, nvfp4_data_shape)
 
 __version__ = "0.2.0"
 
@@ -30,6 +32,8 @@ __all__ = [
     "MxsError", "RemoteError", "LibraryNotFoundError", "InvalidArgumentError", "ShapeError",
     "SizeOverflowError", "AbsentPlaneError", "RangeError", "BufferSizeError", "CudaError", "NcclError",
     "PlanMismatchError", "UnsupportedError", "AliasingError", "ReduceError", "error_class",
+    "NVFP4Weight", "NVFP4BucketWriteback", "NVFP4WritebackItem", "quantize_nvfp4", "dequantize_nvfp4",
+    "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape",
 ]
 
 

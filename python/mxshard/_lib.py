@@ -447,3 +447,190 @@ def remote_error(where=""):
 def error_class(name):
     """The exception class raised for status `name` (e.g. "MXS_ERR_RANGE")."""
     return _error_class(name)
+
+
+# ==== NVFP4 (include/mxshard/nvfp4.h, nvfp4_quantize.h, nvfp4_writeback.h) ====
+#
+# Kept apart from the MXFP8 part above: the NVFP4 prototypes bind on first
+# use (nvfp4_host()), after their own struct-layout check (facts 20-40 of
+# mxs_host_struct_size), so a library without NVFP4 still serves MXFP8.
+
+NVFP4_1X16, NVFP4_16X16 = 0, 1
+NVFP4_BLOCK = 16
+
+
+class Nvfp4Tensor(ctypes.Structure):
+    """struct mxs_nvfp4_tensor (nvfp4.h)."""
+    _fields_ = [
+        ("rows", ctypes.c_int64),
+        ("cols", ctypes.c_int64),
+        ("dirs", ctypes.c_uint),
+        ("scale_layout", ctypes.c_int),
+        ("block", ctypes.c_int),
+        ("row_data", ctypes.c_void_p),
+        ("row_scale", ctypes.c_void_p),
+        ("col_data", ctypes.c_void_p),
+        ("col_scale", ctypes.c_void_p),
+        ("amax", ctypes.c_void_p),
+    ]
+
+
+class Nvfp4WbItem(ctypes.Structure):
+    """struct mxs_nvfp4_wb_item (nvfp4_writeback.h)."""
+    _fields_ = [
+        ("primary", Nvfp4Tensor),
+        ("master", ctypes.c_void_p),
+        ("master_dtype", ctypes.c_int),
+        ("start", ctypes.c_int64),
+        ("len", ctypes.c_int64),
+        ("col_stage", ctypes.c_void_p),
+    ]
+
+
+class Nvfp4WbBatch(ctypes.Structure):
+    """struct mxs_nvfp4_wb_batch (nvfp4_writeback.h)."""
+    _fields_ = [
+        ("items", ctypes.POINTER(Nvfp4WbItem)),
+        ("n_items", ctypes.c_int64),
+        ("round_through", ctypes.c_int),
+    ]
+
+
+class Nvfp4WbPlan(ctypes.Structure):
+    """struct mxs_nvfp4_wb_plan (nvfp4_writeback.h): packed_count entries of
+    entry_bytes (2: uint16, 4: uint32); the last entry is the status entry,
+    its last byte at status_offset."""
+    _fields_ = [
+        ("n_items", ctypes.c_int64),
+        ("entry_bytes", ctypes.c_int64),
+        ("packed_count", ctypes.c_int64),
+        ("packed_bytes", ctypes.c_int64),
+        ("fingerprint", ctypes.c_uint64),
+        ("status_offset", ctypes.c_int64),
+        ("local_hash", ctypes.c_uint64),
+    ]
+
+
+class Nvfp4WbSlot(ctypes.Structure):
+    """struct mxs_nvfp4_wb_slot (nvfp4_writeback.h): entry indices, -1 absent."""
+    _fields_ = [("row_entry", ctypes.c_int64), ("col_entry", ctypes.c_int64), ("tile_entry", ctypes.c_int64)]
+
+
+def _nvfp4_layout_facts():
+    return {
+        20: ctypes.sizeof(Nvfp4Tensor),
+        21: ctypes.sizeof(Nvfp4WbItem),
+        22: ctypes.sizeof(Nvfp4WbBatch),
+        23: ctypes.sizeof(Nvfp4WbPlan),
+        24: ctypes.sizeof(Nvfp4WbSlot),
+        30: Nvfp4Tensor.block.offset,
+        31: Nvfp4Tensor.row_data.offset,
+        32: Nvfp4Tensor.amax.offset,
+        33: Nvfp4WbItem.master.offset,
+        34: Nvfp4WbItem.start.offset,
+        35: Nvfp4WbItem.col_stage.offset,
+        36: Nvfp4WbBatch.round_through.offset,
+        37: Nvfp4WbPlan.packed_count.offset,
+        38: Nvfp4WbPlan.fingerprint.offset,
+        39: Nvfp4WbPlan.status_offset.offset,
+        40: Nvfp4WbPlan.local_hash.offset,
+    }
+
+
+# the CUDA entry points of <mxshard/cuda_nvfp4.h> (cuda/mxs_nvfp4.cu), each bound
+# when the loaded CUDA library exports it
+_NVFP4_CUDA_OPS = ("quantize", "dequantize", "convert_scales")
+_NVFP4_CUDA_WB = ("wb_partial", "wb_apply", "wb_finish")
+
+
+class _Nvfp4Host:
+    """The NVFP4 prototypes of the host library."""
+
+    def __init__(self, host):
+        L = host.lib
+        self.host = host
+        bad = []
+        for which, mine in _nvfp4_layout_facts().items():
+            theirs = host.struct_size(which)
+            if theirs != mine:
+                bad.append(f"fact {which}: C {theirs}, ctypes {mine}")
+        if bad:
+            raise LibraryNotFoundError(
+                f"mxshard: {host.path} does not match this package's NVFP4 struct layouts ({'; '.join(bad)}): "
+                "the library predates NVFP4 or comes from another version")
+        T, Pl = ctypes.POINTER(Nvfp4Tensor), ctypes.POINTER(Nvfp4WbPlan)
+        B = ctypes.POINTER(Nvfp4WbBatch)
+        self.tensor_check = _proto(L, "mxs_nvfp4_tensor_check", _INT, [T])
+        self.data_bytes = _proto(L, "mxs_nvfp4_data_bytes", _I64, [T])
+        self.scale_bytes = _proto(L, "mxs_nvfp4_scale_bytes", _I64, [T, _INT])
+        self.storage_bytes = _proto(L, "mxs_nvfp4_storage_bytes", _I64, [T])
+        self.quantize = _proto(L, "mxs_host_nvfp4_quantize", _INT, [T, _P, _INT, _INT])
+        self.dequantize = _proto(L, "mxs_host_nvfp4_dequantize", _INT, [T, _INT, _P, _INT])
+        self.convert_scales = _proto(L, "mxs_host_nvfp4_convert_scales", _INT,
+                                     [_I64, _I64, _INT, _INT, _P, _INT, _P])
+        self.wb_item_check = _proto(L, "mxs_nvfp4_wb_item_check", _INT, [ctypes.POINTER(Nvfp4WbItem)])
+        self.wb_make_plan = _proto(L, "mxs_nvfp4_wb_make_plan", _INT, [B, Pl, ctypes.POINTER(Nvfp4WbSlot)])
+        self.wb_partial = _proto(L, "mxs_host_nvfp4_wb_partial", _INT, [B, Pl, _P])
+        self.wb_apply = _proto(L, "mxs_host_nvfp4_wb_apply", _INT, [B, Pl, _P])
+        self.wb_finish = _proto(L, "mxs_host_nvfp4_wb_finish", _INT, [B, Pl])
+
+
+class _Nvfp4Cuda:
+    """The NVFP4 prototypes of the CUDA library (<mxshard/cuda_nvfp4.h>: the
+    host signatures plus the cudaStream_t); None for a symbol it lacks."""
+
+    def __init__(self, cuda):
+        L = cuda.lib
+        self.cuda = cuda
+        T, Pl = ctypes.POINTER(Nvfp4Tensor), ctypes.POINTER(Nvfp4WbPlan)
+        B = ctypes.POINTER(Nvfp4WbBatch)
+        self.quantize = _proto(L, "mxs_cuda_nvfp4_quantize", _INT, [T, _P, _INT, _INT, _P], required=False)
+        self.dequantize = _proto(L, "mxs_cuda_nvfp4_dequantize", _INT, [T, _INT, _P, _INT, _P], required=False)
+        self.convert_scales = _proto(L, "mxs_cuda_nvfp4_convert_scales", _INT,
+                                     [_I64, _I64, _INT, _INT, _P, _INT, _P, _P], required=False)
+        self.wb_partial = _proto(L, "mxs_cuda_nvfp4_wb_partial", _INT, [B, Pl, _P, _P], required=False)
+        self.wb_apply = _proto(L, "mxs_cuda_nvfp4_wb_apply", _INT, [B, Pl, _P, _P], required=False)
+        self.wb_finish = _proto(L, "mxs_cuda_nvfp4_wb_finish", _INT, [B, Pl, _P], required=False)
+
+
+_nvfp4_host = None
+_nvfp4_cuda = None
+
+
+def nvfp4_host():
+    """The NVFP4 prototypes of the host library (binds them on first use)."""
+    global _nvfp4_host
+    if _nvfp4_host is None:
+        with _lock:
+            if _nvfp4_host is None:
+                _nvfp4_host = _Nvfp4Host(host_lib())
+    return _nvfp4_host
+
+
+def nvfp4_cuda(where, need=_NVFP4_CUDA_OPS):
+    """The NVFP4 prototypes of the CUDA library; UnsupportedError when the
+    loaded CUDA library lacks one of `need` (e.g. a build before NVFP4)."""
+    global _nvfp4_cuda
+    if _nvfp4_cuda is None:
+        with _lock:
+            if _nvfp4_cuda is None:
+                _nvfp4_cuda = _Nvfp4Cuda(cuda_lib())
+    missing = [f"mxs_cuda_nvfp4_{n}" for n in need if getattr(_nvfp4_cuda, n) is None]
+    if missing:
+        raise unsupported_error(
+            f"{where}: NVFP4 on CUDA tensors needs {', '.join(missing)}, which {_nvfp4_cuda.cuda.path} does not "
+            "export; use CPU tensors or numpy arrays (host library), or a newer libmxshard_cuda")
+    return _nvfp4_cuda
+
+
+def unsupported_error(where):
+    """UnsupportedError (MXS_ERR_UNSUPPORTED) with the library's text."""
+    code = host_lib().codes.get("MXS_ERR_UNSUPPORTED")
+    if code is not None:
+        return status_error(code, where)
+    return UnsupportedError(-1, "MXS_ERR_UNSUPPORTED", "MXS_ERR_UNSUPPORTED", where)
+
+
+def status_code(name):
+    """The numeric mxs_status of `name` (e.g. "MXS_ERR_RANGE")."""
+    return host_lib().codes[name]

@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: MIT
 """mxshard.torch.ShardedOptimizer: a group of 2 and a group of 3 gloo
-processes (spawned once each, concurrently) run every case of
-torch_dist_cases.PLAN; a world of one and the input checks run here.
-Skips without torch or gloo."""
+processes (started once each, concurrently, from a forkserver that imported
+torch once; spawned where CUDA works) run every case of
+torch_dist_cases.PLAN; a world of one and the input checks run here; the
+CUDA tests (one device, 2 gloo ranks sharing it) skip without a GPU.
+Skips without torch or gloo. A rank that hangs or dies fails the tests
+within DEADLINE (its process is killed), it never blocks the run."""
 import multiprocessing as mp
 import os
 import queue
@@ -29,10 +32,13 @@ def _torch_dist_or_skip():
 def spawn(worlds, plan=None):
     """Runs every case of `plan` (default torch_dist_cases.PLAN) in one gloo
     group per world size, all groups at once. Never blocks past DEADLINE."""
+    import torch
     import torch_dist_cases as C
-    # forkserver: one server process imports torch and the cases once, the ranks are forked from it
-    # (a fresh interpreter, no state of this process: as safe as spawn, seconds faster on 2 cores)
-    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    # forkserver: one server process imports torch and the cases once (and warms up), the ranks are
+    # forked from it (a fresh interpreter, no state of this process: as safe as spawn, seconds faster on
+    # 2 cores). Not where CUDA works: the warm-up initialises the driver, and forked children cannot.
+    fork_ok = "forkserver" in mp.get_all_start_methods() and not torch.cuda.is_available()
+    method = "forkserver" if fork_ok else "spawn"
     ctx = mp.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(["torch_dist_cases"])  # + its warm_up(), asked for by the variable below

@@ -17,7 +17,7 @@ path is the one used and tested. `torch._scaled_mm` with MX block scales
 (compute capability >= 10.0, swizzled scales) could read the planes directly;
 such a capability-gated fast path is future work and not implemented here.
 
-Interface: notes/torch-interface.md (MXFP8Linear, convert, is_mxfp8).
+The user guide, with the interface ShardedOptimizer relies on: docs/torch.md.
 """
 from __future__ import annotations
 

@@ -117,6 +117,7 @@ shards to item elements for that.
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import weakref
 from collections import Counter, namedtuple
@@ -302,6 +303,10 @@ class ShardedOptimizer:
             self._rollback()
             raise
         self._finish()
+        # at interpreter exit (an optimizer still alive, close() not called):
+        # one gc pass while the interpreter is whole, so that what still holds
+        # the process group goes before Python's finalization (see close())
+        weakref.finalize(self, gc.collect)
 
     # ---- construction ---------------------------------------------------------
 
@@ -690,7 +695,7 @@ class ShardedOptimizer:
 
     def _report(self, b, pos):
         """Hook: item `pos` of bucket `b` has its gradient for this backward."""
-        if not (self._sync and self.overlap):
+        if not (self._sync and self.overlap) or getattr(self, "_closed", False):
             return
         bk = self._buckets[b]
         if bk.work is not None:
@@ -784,6 +789,8 @@ class ShardedOptimizer:
     def step(self, closure=None):
         """Reduce, check, clip, update the shards, write the weights back (see
         the module doc). Returns the closure's loss (or None)."""
+        if getattr(self, "_closed", False):
+            raise RuntimeError("ShardedOptimizer.step: the optimizer was closed")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -936,6 +943,39 @@ class ShardedOptimizer:
             raise ValueError("load_state_dict: missing 'step' or 'inner'")
 
     # ---- humans ----------------------------------------------------------------
+
+    def close(self):
+        """Release what holds on to the process group: every bucket's
+        writeback (its gather schedules keep the group), the backward hooks,
+        the pending reductions. Call it (or use ``with ShardedOptimizer(...)
+        as opt:``) before ``dist.destroy_process_group()``: a group that
+        outlives destroy_process_group() inside a live optimizer is torn down
+        during interpreter exit, where gloo can abort the process. The model
+        keeps its (last written) primaries and dense values; the optimizer
+        can not step afterwards."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for b in self._buckets:
+            b.work = None
+            if b.wb is not None:
+                b.wb.close()
+                b.wb._setups.clear()
+                b.wb = None
+            b.gathers = []
+        self.comm.group = None
+        self.comm.active = False
+        self._closed = True
+        # Reference cycles (ctypes argument arrays, closures) that reach
+        # tensors of the collectives are collected now, while the process
+        # group is alive, not during interpreter exit.
+        gc.collect()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     @property
     def param_groups(self):

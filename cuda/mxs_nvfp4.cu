@@ -1,0 +1,552 @@
+/* SPDX-License-Identifier: MIT */
+/* cuda/mxs_nvfp4.cu - NVFP4 on the GPU (<mxshard/cuda_nvfp4.h>): quantize,
+ * dequantize, scale conversion and the writeback phases.
+ *
+ * The simple design (docs/cuda.md "NVFP4"): every kernel maps ONE thread to
+ * ONE output unit - a scale byte, a data byte (two nibbles), a packed entry -
+ * and computes it from its inputs alone. No two threads ever write the same
+ * byte, so the nibble pairs that straddle rows, blocks or shard edges need no
+ * atomics and no ownership rule, and every output byte is written exactly
+ * once per pass. Each unit calls the MXS_HOST_DEVICE rules of nvfp4.h
+ * (mxs_nvfp4_block_scale, _encode_mult, mxs_e2m1x2_from_f32, entries), so the
+ * bytes equal the host path's.
+ *
+ *   quantize   memset(amax) | amax pass (atomicMax on the f32 bits: amaxes
+ *              are >= 0 and never NaN, so the bits order as the values) |
+ *              scale pass (each entry's block / tile amax from the source) |
+ *              cast pass (each data byte, its scale read back from the plane)
+ *   partial    one launch per chunk: every entry (block amax over the shard's
+ *              elements of the block, 0 when none) and the status entry
+ *   apply      per chunk: amax kernel (one CTA per item: max of its reduced
+ *              entries -> *amax), then scales + cast (each scale byte; each
+ *              data byte of the shard in the row-wise plane and the stage,
+ *              multipliers from the reduced entries)
+ *   finish     per chunk: each column-wise data byte from the gathered stage
+ *
+ * A batch's items travel as kernel parameters, MXS_CUDA_NVFP4_CHUNK per
+ * launch (__grid_constant__, no copy per thread): no workspace, no table
+ * upload, graph-capturable.
+ */
+#include <cuda_runtime.h>
+
+#include <string.h>
+
+#include <mxshard/cuda_nvfp4.h>
+
+#include "mxs_launch.cuh"
+
+using namespace mxs__cu;
+
+namespace {
+
+constexpr int kNvThreads = 256;
+constexpr int kChunk = MXS_CUDA_NVFP4_CHUNK;
+
+/* ---- device helpers --------------------------------------------------------- */
+
+/* Source element i, widened and rounded through rt exactly as the host's
+ * mxs__host_load (bf16 -> bf16 and f16 -> f16 are the identity). */
+__device__ __forceinline__ float nv_load(const void *src, int dtype, int64_t i, int rt) {
+    float v = mxs_load_f32(src, (mxs_dtype)dtype, i);
+    if (rt != MXS_F32 && rt != dtype) v = mxs_round_through(v, (mxs_dtype)rt);
+    return v;
+}
+
+/* Grid-stride loop bounds of thread units. */
+__device__ __forceinline__ int64_t unit_first() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t unit_stride() { return (int64_t)gridDim.x * blockDim.x; }
+
+/* ---- whole tensor -------------------------------------------------------------- */
+
+struct NvTensor {
+    int64_t rows, cols, n;
+    unsigned dirs;
+    int block, dtype, rt;
+    const void *src;
+    uint8_t *data[2], *scale[2];
+    mxs_scale_geom geom[2];
+    int64_t sbytes[2], dbytes;
+    float *amax;
+};
+
+__global__ void __launch_bounds__(kNvThreads)
+    nv_amax_kernel(const void *src, int dtype, int rt, int64_t n, float *amax) {
+    float a = 0.0f;
+    for (int64_t i = unit_first(); i < n; i += unit_stride()) a = mxs_amax_step(a, nv_load(src, dtype, i, rt));
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+    if ((threadIdx.x & 31u) == 0 && a > 0.0f) atomicMax(reinterpret_cast<unsigned *>(amax), mxs_f32_bits(a));
+}
+
+/* Amax of the source elements rows [r0, r1) x cols [c0, c1). */
+__device__ float nv_src_amax(const NvTensor &T, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float a = 0.0f;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) a = mxs_amax_step(a, nv_load(T.src, T.dtype, r * T.cols + c, T.rt));
+    return a;
+}
+
+/* Scale pass: unit = one scale byte of a present plane (row plane first). */
+__global__ void __launch_bounds__(kNvThreads) nv_scale_kernel(const __grid_constant__ NvTensor T, int64_t units) {
+    const float s_enc = mxs_nvfp4_global_encode(*T.amax);
+    for (int64_t u = unit_first(); u < units; u += unit_stride()) {
+        const int p = u < T.sbytes[0] ? 0 : 1;
+        const int64_t off = p == 0 ? u : u - T.sbytes[0];
+        const mxs_scale_geom &g = T.geom[p];
+        int64_t m, k;
+        uint8_t sc = 0;
+        mxs_scale_geom_coords(&g, off, &m, &k);
+        if (mxs_scale_geom_is_logical(&g, m, k)) {
+            float a;
+            if (T.block == MXS_NVFP4_16X16) {
+                int64_t R, C;
+                mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &C);
+                const int64_t r0 = R * MXS_NVFP4_BLOCK, c0 = C * MXS_NVFP4_BLOCK;
+                a = nv_src_amax(T, r0, r0 + MXS_NVFP4_BLOCK < T.rows ? r0 + MXS_NVFP4_BLOCK : T.rows, c0,
+                                c0 + MXS_NVFP4_BLOCK < T.cols ? c0 + MXS_NVFP4_BLOCK : T.cols);
+            } else if (p == 0) { /* 1x16: row m, cols 16k.. */
+                const int64_t c0 = k * MXS_NVFP4_BLOCK;
+                a = nv_src_amax(T, m, m + 1, c0, c0 + MXS_NVFP4_BLOCK < T.cols ? c0 + MXS_NVFP4_BLOCK : T.cols);
+            } else { /* 16x1: column m, rows 16k.. */
+                const int64_t r0 = k * MXS_NVFP4_BLOCK;
+                a = nv_src_amax(T, r0, r0 + MXS_NVFP4_BLOCK < T.rows ? r0 + MXS_NVFP4_BLOCK : T.rows, m, m + 1);
+            }
+            sc = mxs_nvfp4_block_scale(a, s_enc);
+        }
+        T.scale[p][off] = sc;
+    }
+}
+
+/* Nibble j of plane p (flat index in that plane), from its stored scale. */
+__device__ __forceinline__ uint8_t nv_cast_nibble(const NvTensor &T, int p, int64_t j, float s_enc) {
+    const mxs_dirs plane = (mxs_dirs)(p + 1);
+    const int64_t r = p == 0 ? j / T.cols : j % T.rows, c = p == 0 ? j % T.cols : j / T.rows;
+    const uint8_t sc =
+        T.scale[p][mxs_scale_geom_offset(&T.geom[p], mxs_nvfp4_scale_m(plane, r, c), mxs_nvfp4_scale_k(plane, r, c))];
+    return mxs_nvfp4_quantize_elem(nv_load(T.src, T.dtype, r * T.cols + c, T.rt), mxs_nvfp4_encode_mult(sc, s_enc));
+}
+
+/* Cast pass: unit = one data byte of a present plane (row plane first). */
+__global__ void __launch_bounds__(kNvThreads)
+    nv_cast_kernel(const __grid_constant__ NvTensor T, int64_t per_plane, int64_t units) {
+    const float s_enc = mxs_nvfp4_global_encode(*T.amax);
+    for (int64_t u = unit_first(); u < units; u += unit_stride()) {
+        const int p = (T.dirs & MXS_ROWWISE) && u < per_plane ? 0 : 1;
+        const int64_t b = u < per_plane ? u : u - per_plane, j = 2 * b;
+        uint8_t lo = nv_cast_nibble(T, p, j, s_enc), hi = j + 1 < T.n ? nv_cast_nibble(T, p, j + 1, s_enc) : 0;
+        T.data[p][b] = (uint8_t)((lo & 0xFu) | (hi << 4));
+    }
+}
+
+__global__ void __launch_bounds__(kNvThreads)
+    nv_dequant_kernel(const uint8_t *data, const uint8_t *scale, mxs_scale_geom g, int plane, int64_t rows,
+                      int64_t cols, const float *amax_p, void *dst, int dtype) {
+    const float amax = *amax_p;
+    const int64_t n = rows * cols;
+    for (int64_t i = unit_first(); i < n; i += unit_stride()) {
+        const int64_t r = i / cols, c = i % cols;
+        const uint8_t sc = scale[mxs_scale_geom_offset(&g, mxs_nvfp4_scale_m((mxs_dirs)plane, r, c),
+                                                       mxs_nvfp4_scale_k((mxs_dirs)plane, r, c))];
+        const uint8_t q = mxs_nvfp4_get(data, mxs_nvfp4_data_index(rows, cols, (mxs_dirs)plane, r, c));
+        const float v = mxs_nvfp4_dequantize_elem(q, mxs_nvfp4_decode_mult(sc, amax));
+        if (dtype == MXS_F32)
+            static_cast<float *>(dst)[i] = v;
+        else if (dtype == MXS_BF16)
+            static_cast<uint16_t *>(dst)[i] = mxs_bf16_from_f32(v);
+        else
+            static_cast<uint16_t *>(dst)[i] = mxs_f16_from_f32(v);
+    }
+}
+
+__global__ void __launch_bounds__(kNvThreads)
+    nv_convert_kernel(uint8_t *dst, mxs_scale_geom gd, const uint8_t *src, mxs_scale_geom gs, int64_t bytes) {
+    for (int64_t off = unit_first(); off < bytes; off += unit_stride()) {
+        int64_t m, k;
+        mxs_scale_geom_coords(&gd, off, &m, &k);
+        dst[off] = mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : 0;
+    }
+}
+
+/* ---- writeback ------------------------------------------------------------------ */
+
+/* One item of a writeback chunk. */
+struct NvItem {
+    int64_t rows, cols, n, kr, kc;
+    int64_t start, len;
+    const void *master;
+    uint8_t *data[2], *scale[2], *stage;
+    float *amax;
+    mxs_scale_geom geom[2];
+    int64_t sbytes[2];                        /* scale bytes of the present planes (0: absent) */
+    int64_t row_entry, col_entry, tile_entry; /* entry indices (-1: absent) */
+    int64_t first_entry, n_entries;           /* all of the item's entries: contiguous */
+    int64_t unit0, units;                     /* this phase's units: [unit0, unit0 + units) of the chunk */
+    int dirs, two_d, dtype, pad_;
+};
+
+struct NvChunk {
+    int n, rt;
+    int64_t w;             /* entry bytes */
+    void *packed;          /* device */
+    int64_t status_offset; /* the status byte */
+    int64_t status_entry;  /* partial: index of the status entry to zero (-1: not this chunk) */
+    int64_t units;         /* total units of the launch */
+    NvItem it[kChunk];
+};
+static_assert(sizeof(NvChunk) <= 32000, "kernel parameters of a chunk must stay under 32 KiB");
+
+/* The item holding chunk unit u (units ascend with the item index). */
+__device__ __forceinline__ int nv_item_of(const NvChunk &C, int64_t u) {
+    int lo = 0, hi = C.n - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (C.it[mid].unit0 <= u)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ uint32_t nv_entry(const NvChunk &C, int64_t i) {
+    return mxs__nvfp4_entry_get(C.packed, C.w, i);
+}
+
+/* Master element at flat index f of the item (f inside the shard). */
+__device__ __forceinline__ float nv_master(const NvChunk &C, const NvItem &I, int64_t f) {
+    return nv_load(I.master, I.dtype, f - I.start, C.rt);
+}
+
+/* Amax of the shard's elements in row r, columns [c0, c1). */
+__device__ float nv_shard_row_amax(const NvChunk &C, const NvItem &I, int64_t r, int64_t c0, int64_t c1) {
+    int64_t f0 = r * I.cols + c0, f1 = r * I.cols + c1;
+    const int64_t end = I.start + I.len;
+    float a = 0.0f;
+    f0 = f0 > I.start ? f0 : I.start;
+    f1 = f1 < end ? f1 : end;
+    for (int64_t f = f0; f < f1; f++) a = mxs_amax_step(a, nv_master(C, I, f));
+    return a;
+}
+
+/* Partial: unit = one entry of an item; then the status entry. */
+__global__ void __launch_bounds__(kNvThreads) nv_partial_kernel(const __grid_constant__ NvChunk C) {
+    for (int64_t u = unit_first(); u < C.units; u += unit_stride()) {
+        if (C.n == 0 || u >= C.it[C.n - 1].unit0 + C.it[C.n - 1].units) { /* the status entry */
+            if (C.w == 2)
+                static_cast<uint16_t *>(C.packed)[C.status_entry] = 0;
+            else
+                static_cast<uint32_t *>(C.packed)[C.status_entry] = 0;
+            continue;
+        }
+        const NvItem &I = C.it[nv_item_of(C, u)];
+        const int64_t e = u - I.unit0;
+        float a = 0.0f;
+        if (I.len > 0) {
+            if (I.two_d) { /* tile (R, Cc) */
+                const int64_t R = e / I.kr, Cc = e % I.kr, r0 = R * MXS_NVFP4_BLOCK, c0 = Cc * MXS_NVFP4_BLOCK;
+                const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+                const int64_t c1 = c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols;
+                for (int64_t r = r0; r < r1; r++) a = fmaxf(a, nv_shard_row_amax(C, I, r, c0, c1));
+            } else if (I.row_entry >= 0 && e < I.rows * I.kr) { /* row block (r, k) */
+                const int64_t r = e / I.kr, c0 = (e % I.kr) * MXS_NVFP4_BLOCK;
+                a = nv_shard_row_amax(C, I, r, c0, c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols);
+            } else { /* column block (c, g): rows 16g.. of column c */
+                const int64_t q = I.row_entry >= 0 ? e - I.rows * I.kr : e, c = q / I.kc,
+                              r0 = (q % I.kc) * MXS_NVFP4_BLOCK;
+                const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+                for (int64_t r = r0; r < r1; r++) {
+                    const int64_t f = r * I.cols + c;
+                    if (f >= I.start && f < I.start + I.len) a = mxs_amax_step(a, nv_master(C, I, f));
+                }
+            }
+        }
+        const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
+        if (C.w == 2)
+            static_cast<uint16_t *>(C.packed)[I.first_entry + e] = (uint16_t)v;
+        else
+            static_cast<uint32_t *>(C.packed)[I.first_entry + e] = v;
+    }
+}
+
+__device__ __forceinline__ bool nv_remote_failed(const NvChunk &C) {
+    return static_cast<const uint8_t *>(C.packed)[C.status_offset] != 0;
+}
+
+/* Apply, step 1: one CTA per item, *amax = the max of its reduced entries
+ * (maxNum over non-negative, non-NaN values: any order gives the host's). */
+__global__ void __launch_bounds__(kNvThreads) nv_apply_amax_kernel(const __grid_constant__ NvChunk C) {
+    __shared__ float part[kNvThreads / 32];
+    if (nv_remote_failed(C)) return;
+    for (int j = (int)blockIdx.x; j < C.n; j += (int)gridDim.x) {
+        const NvItem &I = C.it[j];
+        float m = 0.0f;
+        for (int64_t i = threadIdx.x; i < I.n_entries; i += blockDim.x) {
+            const float a = mxs_nvfp4_entry_amax(nv_entry(C, I.first_entry + i), C.w);
+            m = a > m ? a : m;
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float a = __shfl_xor_sync(0xFFFFFFFFu, m, o);
+            m = a > m ? a : m;
+        }
+        if ((threadIdx.x & 31u) == 0) part[threadIdx.x / 32] = m;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int k = 1; k < kNvThreads / 32; k++) m = part[k] > m ? part[k] : m;
+            *I.amax = m;
+        }
+        __syncthreads();
+    }
+}
+
+/* Element multiplier of the block whose reduced entry is i. */
+__device__ __forceinline__ float nv_mult(const NvChunk &C, int64_t i, float s_enc) {
+    return mxs_nvfp4_encode_mult(mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(nv_entry(C, i), C.w), s_enc), s_enc);
+}
+
+/* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
+__device__ __forceinline__ int64_t nv_row_entry(const NvItem &I, int64_t r, int64_t c) {
+    return I.two_d ? I.tile_entry + (r / MXS_NVFP4_BLOCK) * I.kr + c / MXS_NVFP4_BLOCK
+                   : I.row_entry + r * I.kr + c / MXS_NVFP4_BLOCK;
+}
+__device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int64_t c) {
+    return I.two_d ? I.tile_entry + (r / MXS_NVFP4_BLOCK) * I.kr + c / MXS_NVFP4_BLOCK
+                   : I.col_entry + c * I.kc + r / MXS_NVFP4_BLOCK;
+}
+
+/* Apply, step 2: unit = a row-wise scale byte, a column-wise scale byte, or
+ * a data byte of the shard (row-wise plane and stage). */
+__global__ void __launch_bounds__(kNvThreads) nv_apply_kernel(const __grid_constant__ NvChunk C) {
+    if (nv_remote_failed(C)) return;
+    for (int64_t u = unit_first(); u < C.units; u += unit_stride()) {
+        const NvItem &I = C.it[nv_item_of(C, u)];
+        const float s_enc = mxs_nvfp4_global_encode(*I.amax);
+        int64_t e = u - I.unit0;
+        if (e < I.sbytes[0] + I.sbytes[1]) { /* a scale byte */
+            const int p = e < I.sbytes[0] ? 0 : 1;
+            const int64_t off = p == 0 ? e : e - I.sbytes[0];
+            int64_t m, k, ent;
+            uint8_t sc = 0;
+            mxs_scale_geom_coords(&I.geom[p], off, &m, &k);
+            if (mxs_scale_geom_is_logical(&I.geom[p], m, k)) {
+                if (I.two_d) {
+                    int64_t R, Cc;
+                    mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
+                    ent = I.tile_entry + R * I.kr + Cc;
+                } else {
+                    ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
+                }
+                sc = mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(nv_entry(C, ent), C.w), s_enc);
+            }
+            I.scale[p][off] = sc;
+            continue;
+        }
+        e -= I.sbytes[0] + I.sbytes[1]; /* a data byte: nibbles 2b, 2b+1 */
+        const int64_t b = I.start / 2 + e, j = 2 * b;
+        float x[2] = {0.0f, 0.0f}, er[2] = {0.0f, 0.0f}, ec[2] = {0.0f, 0.0f};
+        const int both = j + 1 < I.n; /* else the spare nibble (0) */
+        for (int h = 0; h <= both; h++) {
+            const int64_t f = j + h, r = f / I.cols, c = f % I.cols;
+            x[h] = nv_master(C, I, f);
+            if (I.data[0] || I.two_d) er[h] = nv_mult(C, nv_row_entry(I, r, c), s_enc);
+            if (I.stage) ec[h] = I.two_d ? er[h] : nv_mult(C, nv_col_entry(I, r, c), s_enc);
+        }
+        if (I.data[0])
+            I.data[0][b] = both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
+                                : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
+        if (I.stage)
+            I.stage[b] = both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
+                              : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
+    }
+}
+
+/* Finish: unit = one byte of a column-wise data plane, from the stage (or
+ * the row-wise plane): dst nibble c*rows + r = src nibble r*cols + c. */
+__global__ void __launch_bounds__(kNvThreads) nv_finish_kernel(const __grid_constant__ NvChunk C) {
+    for (int64_t u = unit_first(); u < C.units; u += unit_stride()) {
+        const NvItem &I = C.it[nv_item_of(C, u)];
+        const int64_t b = u - I.unit0, j = 2 * b;
+        const uint8_t *src = I.stage ? I.stage : I.data[0];
+        const uint8_t lo = mxs_nvfp4_get(src, (j % I.rows) * I.cols + j / I.rows);
+        const uint8_t hi = j + 1 < I.n ? mxs_nvfp4_get(src, ((j + 1) % I.rows) * I.cols + (j + 1) / I.rows) : 0;
+        I.data[1][b] = (uint8_t)(lo | (hi << 4));
+    }
+}
+
+/* ---- host side ---------------------------------------------------------------------- */
+
+enum { PH_PARTIAL = 0, PH_APPLY = 1, PH_FINISH = 2 };
+
+/* Item `in` (validated) as a chunk record, its entries at slot `sl`. */
+void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvItem *I) {
+    const mxs_nvfp4_tensor *t = &in->primary;
+    memset(I, 0, sizeof *I);
+    I->rows = t->rows;
+    I->cols = t->cols;
+    I->n = t->rows * t->cols;
+    I->kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK);
+    I->kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
+    I->start = in->start;
+    I->len = in->len;
+    I->master = in->master;
+    I->dirs = (int)t->dirs;
+    I->two_d = t->block == MXS_NVFP4_16X16;
+    I->dtype = (int)in->master_dtype;
+    I->amax = t->amax;
+    for (int p = 0; p < 2; p++) {
+        if (!(t->dirs & (unsigned)(p + 1))) continue;
+        I->data[p] = p == 0 ? t->row_data : t->col_data;
+        I->scale[p] = p == 0 ? t->row_scale : t->col_scale;
+        mxs_nvfp4_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &I->geom[p]);
+        I->sbytes[p] = mxs_scale_geom_bytes(&I->geom[p]);
+    }
+    I->stage = (t->dirs & MXS_COLWISE) ? in->col_stage : nullptr;
+    I->row_entry = sl->row_entry;
+    I->col_entry = sl->col_entry;
+    I->tile_entry = sl->tile_entry;
+    I->first_entry = sl->tile_entry >= 0 ? sl->tile_entry : (sl->row_entry >= 0 ? sl->row_entry : sl->col_entry);
+    I->n_entries = I->two_d ? I->kc * I->kr
+                            : (sl->row_entry >= 0 ? I->rows * I->kr : 0) + (sl->col_entry >= 0 ? I->cols * I->kc : 0);
+}
+
+/* Units of item I in phase ph. */
+int64_t nv_item_units(const NvItem &I, int ph) {
+    if (ph == PH_PARTIAL) return I.n_entries;
+    if (ph == PH_APPLY) {
+        const int64_t db = I.len > 0 && (I.data[0] || I.stage) ? (I.start + I.len + 1) / 2 - I.start / 2 : 0;
+        return I.sbytes[0] + I.sbytes[1] + db;
+    }
+    return (I.dirs & MXS_COLWISE) ? (I.n + 1) / 2 : 0;
+}
+
+unsigned nv_grid(int64_t units) { return grid_for(mxs_ceil_div(units, kNvThreads)); }
+
+/* Runs phase ph over the validated batch, chunk by chunk. */
+mxs_status nv_wb_run(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, const void *packed, int ph,
+                     cudaStream_t stream) {
+    NvChunk C;
+    int64_t at = 0, i0 = 0;
+    mxs_status s;
+    if ((s = launch_begin()) != MXS_OK) return s;
+    do {
+        memset(&C, 0, sizeof C);
+        C.rt = (int)b->round_through;
+        C.w = plan->entry_bytes;
+        C.packed = const_cast<void *>(packed);
+        C.status_offset = plan->status_offset;
+        C.status_entry = i0 == 0 ? plan->packed_count - 1 : -1;
+        for (int64_t i = i0; i < b->n_items && C.n < kChunk; i++) {
+            mxs_nvfp4_wb_slot sl;
+            NvItem I;
+            mxs__nvfp4_packed_slot(&b->items[i].primary, &at, &sl);
+            nv_item_make(&b->items[i], &sl, &I);
+            I.unit0 = C.units;
+            I.units = nv_item_units(I, ph);
+            C.units += I.units;
+            C.it[C.n++] = I;
+        }
+        i0 += C.n;
+        if (ph == PH_PARTIAL) {
+            if (C.status_entry >= 0) C.units++;
+            if (C.units > 0) nv_partial_kernel<<<nv_grid(C.units), kNvThreads, 0, stream>>>(C);
+        } else if (ph == PH_APPLY) {
+            if (C.n > 0) nv_apply_amax_kernel<<<(unsigned)C.n, kNvThreads, 0, stream>>>(C);
+            if (C.units > 0) nv_apply_kernel<<<nv_grid(C.units), kNvThreads, 0, stream>>>(C);
+        } else if (C.units > 0) {
+            nv_finish_kernel<<<nv_grid(C.units), kNvThreads, 0, stream>>>(C);
+        }
+        if ((s = launch_end()) != MXS_OK) return s;
+    } while (i0 < b->n_items);
+    return MXS_OK;
+}
+
+} /* namespace */
+
+/* ---- C ABI -------------------------------------------------------------------------- */
+
+extern "C" {
+
+mxs_status mxs_cuda_nvfp4_quantize(const mxs_nvfp4_tensor *dst, const void *src, mxs_dtype src_dtype,
+                                   mxs_dtype round_through, cudaStream_t stream) {
+    mxs_status s = mxs_nvfp4_quantize_check(dst, src, src_dtype, round_through);
+    if (s != MXS_OK) return s;
+    if ((s = launch_begin()) != MXS_OK) return s;
+    NvTensor T;
+    memset(&T, 0, sizeof T);
+    T.rows = dst->rows;
+    T.cols = dst->cols;
+    T.n = dst->rows * dst->cols;
+    T.dirs = dst->dirs;
+    T.block = (int)dst->block;
+    T.dtype = (int)src_dtype;
+    T.rt = (int)round_through;
+    T.src = src;
+    T.amax = dst->amax;
+    T.dbytes = mxs_nvfp4_data_plane_bytes(dst->rows, dst->cols);
+    for (int p = 0; p < 2; p++) {
+        if (!(dst->dirs & (unsigned)(p + 1))) continue;
+        T.data[p] = p == 0 ? dst->row_data : dst->col_data;
+        T.scale[p] = p == 0 ? dst->row_scale : dst->col_scale;
+        mxs_nvfp4_scale_geom_make(dst->rows, dst->cols, (mxs_dirs)(p + 1), dst->scale_layout, &T.geom[p]);
+        T.sbytes[p] = mxs_scale_geom_bytes(&T.geom[p]);
+    }
+    if (cudaMemsetAsync(dst->amax, 0, sizeof(float), stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return MXS_ERR_CUDA;
+    }
+    int device, sms;
+    if ((s = device_sms(&device, &sms)) != MXS_OK) return s;
+    const int64_t amax_ctas = mxs_ceil_div(T.n, kNvThreads);
+    const int64_t cap = (int64_t)sms * 8;
+    nv_amax_kernel<<<grid_for(amax_ctas < cap ? amax_ctas : cap), kNvThreads, 0, stream>>>(src, T.dtype, T.rt, T.n,
+                                                                                           T.amax);
+    const int64_t sunits = T.sbytes[0] + T.sbytes[1];
+    nv_scale_kernel<<<nv_grid(sunits), kNvThreads, 0, stream>>>(T, sunits);
+    const int planes = (dst->dirs & MXS_ROWWISE ? 1 : 0) + (dst->dirs & MXS_COLWISE ? 1 : 0);
+    nv_cast_kernel<<<nv_grid(planes * T.dbytes), kNvThreads, 0, stream>>>(T, T.dbytes, planes * T.dbytes);
+    return launch_end();
+}
+
+mxs_status mxs_cuda_nvfp4_dequantize(const mxs_nvfp4_tensor *t, mxs_dirs plane, void *dst, mxs_dtype dst_dtype,
+                                     cudaStream_t stream) {
+    const uint8_t *data, *scale;
+    mxs_scale_geom g;
+    mxs_status s = mxs_nvfp4_dequantize_check(t, plane, dst, dst_dtype, &data, &scale, &g);
+    if (s != MXS_OK) return s;
+    if ((s = launch_begin()) != MXS_OK) return s;
+    nv_dequant_kernel<<<nv_grid(t->rows * t->cols), kNvThreads, 0, stream>>>(data, scale, g, (int)plane, t->rows,
+                                                                             t->cols, t->amax, dst, (int)dst_dtype);
+    return launch_end();
+}
+
+mxs_status mxs_cuda_nvfp4_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout from,
+                                         const uint8_t *src, mxs_scale_layout to, uint8_t *dst, cudaStream_t stream) {
+    mxs_scale_geom gs, gd;
+    mxs_status s = mxs_nvfp4_convert_scales_check(rows, cols, plane, from, src, to, dst, &gs, &gd);
+    if (s != MXS_OK) return s;
+    if ((s = launch_begin()) != MXS_OK) return s;
+    const int64_t bytes = mxs_scale_geom_bytes(&gd);
+    nv_convert_kernel<<<nv_grid(bytes), kNvThreads, 0, stream>>>(dst, gd, src, gs, bytes);
+    return launch_end();
+}
+
+mxs_status mxs_cuda_nvfp4_wb_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, void *packed,
+                                     cudaStream_t stream) {
+    mxs_status s = mxs__nvfp4_wb_check_phase(b, plan, packed);
+    if (s != MXS_OK) return s;
+    return nv_wb_run(b, plan, packed, PH_PARTIAL, stream);
+}
+
+mxs_status mxs_cuda_nvfp4_wb_apply(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, const void *packed,
+                                   cudaStream_t stream) {
+    mxs_status s = mxs__nvfp4_wb_check_phase(b, plan, packed);
+    if (s != MXS_OK) return s;
+    return nv_wb_run(b, plan, packed, PH_APPLY, stream);
+}
+
+mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, cudaStream_t stream) {
+    mxs_status s = mxs__nvfp4_wb_check_plan(b, plan);
+    if (s != MXS_OK) return s;
+    if (b->n_items == 0) return MXS_OK;
+    return nv_wb_run(b, plan, nullptr, PH_FINISH, stream);
+}
+
+} /* extern "C" */

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: MIT */
+/* mxshard/cuda_nvfp4.h - NVFP4 on the GPU (libmxshard_cuda): whole-tensor
+ * quantize (copy-back), dequantize, scale-layout conversion and the sharded
+ * writeback phases (docs/contract.md section 9, docs/cuda.md "NVFP4").
+ *
+ * Same conventions as <mxshard/cuda.h>: descriptors in host memory, every
+ * data pointer inside them (planes, amax, masters, column stages, packed
+ * buffer) device memory; an explicit stream; validated on the host with the
+ * host library's own check functions before anything is enqueued (a rejected
+ * call enqueues and writes nothing); no allocation, no host synchronisation,
+ * no state - every call can be captured in a CUDA graph. The kernels call the
+ * MXS_HOST_DEVICE rules of nvfp4.h (E2M1 conversion, S_enc, block scale,
+ * encode multiplier, entries): the bytes equal the host path's. On
+ * sm_100a/f-class builds the E2M1 conversion is the hardware cvt (nvfp4.h);
+ * on Hopper it is the exact software rule.
+ *
+ * No workspace is needed: the per-item work records travel as kernel
+ * parameters (up to MXS_CUDA_NVFP4_CHUNK items per launch), and the global
+ * amax is accumulated in the tensor's own amax word.
+ */
+#ifndef MXSHARD_CUDA_NVFP4_H
+#define MXSHARD_CUDA_NVFP4_H
+
+#include "cuda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Items of a writeback batch per kernel launch: a batch of n items takes
+ * ceil(n / MXS_CUDA_NVFP4_CHUNK) launches per phase step (1 for n <= 32). */
+#define MXS_CUDA_NVFP4_CHUNK 32
+
+/* Whole-tensor quantize into exactly the planes dst->dirs names (and
+ * *dst->amax), equal byte for byte to mxs_host_nvfp4_quantize: validated by
+ * mxs_nvfp4_quantize_check (same errors). Enqueues, on `stream`: a 4-byte
+ * memset of dst->amax, the global-amax pass (atomic MAX into dst->amax), the
+ * scale pass (every scale byte of every present plane, padding 0x00) and the
+ * cast pass (every data byte; the spare nibble 0). `src` (rows x cols of
+ * src_dtype) must be element-aligned device memory. */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_quantize(const mxs_nvfp4_tensor *dst, const void *src, mxs_dtype src_dtype,
+                                                 mxs_dtype round_through, cudaStream_t stream);
+
+/* One plane of t back to rows x cols f32 / bf16 / f16 at dst, equal to
+ * mxs_host_nvfp4_dequantize (validated by mxs_nvfp4_dequantize_check). */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_dequantize(const mxs_nvfp4_tensor *t, mxs_dirs plane, void *dst,
+                                                   mxs_dtype dst_dtype, cudaStream_t stream);
+
+/* One NVFP4 scale plane between COMPACT, PADDED and SWIZZLED, equal to
+ * mxs_host_nvfp4_convert_scales (validated by mxs_nvfp4_convert_scales_check). */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane,
+                                                       mxs_scale_layout from, const uint8_t *src, mxs_scale_layout to,
+                                                       uint8_t *dst, cudaStream_t stream);
+
+/* ---- sharded writeback (nvfp4_writeback.h's protocol, on the GPU) ---------
+ *
+ *   host, once:  mxs_nvfp4_wb_make_plan(&b, &plan, NULL)
+ *   every step:  mxs_cuda_nvfp4_wb_partial(&b, &plan, packed, stream)
+ *                ncclAllReduce(packed, packed, plan.packed_count,
+ *                              plan.entry_bytes == 2 ? ncclUint16 : ncclUint32, ncclMax, ...)
+ *                mxs_cuda_nvfp4_wb_apply(&b, &plan, packed, stream)
+ *                byte all-gather of each row-wise plane and column stage,
+ *                  ranges [start/2, ceil((start+len)/2))
+ *                mxs_cuda_nvfp4_wb_finish(&b, &plan, stream)
+ *   (mxs_nccl_nvfp4_wb_writeback of <mxshard/nccl.h> does partial-reduce-apply)
+ *
+ * Every phase first runs the host phase checks (the batch is the planned one:
+ * O(n_items) hash, else the full validation names the fault or
+ * MXS_ERR_PLAN_MISMATCH; packed non-NULL, aligned to plan->entry_bytes and
+ * disjoint from every buffer of the batch), then launch_begin's pending-error
+ * check (MXS_ERR_CUDA), then launches; MXS_ERR_CUDA when a launch fails. */
+
+/* Step 2: every byte of `packed` (plan->packed_bytes) - each block's partial
+ * amax entry (0 where the shard has no element), the status entry 0. Same
+ * bytes as mxs_host_nvfp4_wb_partial. One launch per chunk of items. Writes
+ * nothing but `packed`. */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                   void *packed, cudaStream_t stream);
+
+/* Step 4, after the MAX reduction: per item the global amax (*amax), every
+ * scale byte of every present plane (padding 0x00) and the cast of the shard
+ * into its bytes of the row-wise plane and of the column stage - the bytes of
+ * mxs_host_nvfp4_wb_apply. Two launches per chunk (amax, then scales + cast).
+ * The host call cannot read the group status byte without a synchronisation,
+ * so it never returns MXS_ERR_REMOTE; instead the KERNELS read
+ * packed[plan->status_offset] and write nothing when it is not 0 (as the
+ * host apply), which also holds inside a replayed graph. */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_apply(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                 const void *packed, cudaStream_t stream);
+
+/* Step 6, after the gather: every column-wise data plane transposed from its
+ * gathered column stage (NULL stage, 16x16 with both planes: from the
+ * row-wise plane), as mxs_host_nvfp4_wb_finish. One launch per chunk of
+ * items (none when no item has a column-wise plane). */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
+                                                  cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MXSHARD_CUDA_NVFP4_H */

@@ -1,0 +1,754 @@
+# SPDX-License-Identifier: MIT
+"""NVFP4 primaries: E2M1 elements (two per byte), one E4M3 scale per block of
+16 elements (1x16 or 16x16 tiles), one f32 global amax (docs/contract.md
+section 9), and their sharded writeback with ONE packed MAX reduction.
+
+    plane        data (uint8, packed, even index low)   scales (uint8, E4M3)
+    row-wise     row_data  rows x cols, r*cols + c      row_scale  S[M][K], M = rows, K = ceil(cols/16)
+    column-wise  col_data  TRANSPOSED, c*rows + r       col_scale  S[M][K], M = cols, K = ceil(rows/16)
+
+A data plane holds ceil(rows*cols/2) bytes: shape [rows, cols/2] (column-wise
+[cols, rows/2]) when that row length is even, as Transformer Engine's
+NVFP4Tensor, else flat. Scales are [M, K] (COMPACT) or [round_up(M,128),
+round_up(K,4)] (PADDED: TE's scale_inv shape; SWIZZLED: the same bytes in
+cuBLAS's block-scaled order). `amax` is a float32 tensor of one element.
+
+CPU arrays (numpy, CPU tensors) go to the host library. CUDA tensors go to
+libmxshard_cuda's mxs_cuda_nvfp4_* entry points (<mxshard/cuda_nvfp4.h>) on
+torch's current stream, or raise UnsupportedError when the loaded library
+does not export the one a call needs.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections import namedtuple
+
+import numpy as np
+
+from . import _arrays as A
+from . import _lib as L
+from .ops import _float_empty, current_stream
+from .writeback import BucketWriteback as _MX
+from .writeback import _Storage, _dist, _gkey, _is_int16
+
+__all__ = ["NVFP4Weight", "NVFP4BucketWriteback", "NVFP4WritebackItem", "quantize_nvfp4", "dequantize_nvfp4",
+           "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape"]
+
+_BLOCKS = {"1x16": L.NVFP4_1X16, "16x16": L.NVFP4_16X16}
+BLOCK_STR = {v: k for k, v in _BLOCKS.items()}
+
+
+def _block_code(b):
+    if isinstance(b, int) and not isinstance(b, bool) and b in BLOCK_STR:
+        return b
+    if isinstance(b, str) and b.lower() in _BLOCKS:
+        return _BLOCKS[b.lower()]
+    raise ValueError(f"block: {b!r} is not '1x16' or '16x16'")
+
+
+# ---- geometry: allocation shapes (the byte counts come from the C library) ----
+
+def nvfp4_scale_shape(rows, cols, plane, layout):
+    """The 2-D shape of an NVFP4 scale plane: [M, K] (compact) or
+    [round_up(M,128), round_up(K,4)] (padded, swizzled), with M = rows,
+    K = ceil(cols/16) row-wise and M = cols, K = ceil(rows/16) column-wise
+    (the row-wise plane of the transpose, as TE allocates it)."""
+    rows, cols = A.check_shape(rows, cols)
+    p = A.dirs_code(plane, allow_both=False)
+    M, K = (rows, A.ceil_div(cols, L.NVFP4_BLOCK)) if p == L.ROWWISE else (cols, A.ceil_div(rows, L.NVFP4_BLOCK))
+    return (M, K) if A.layout_code(layout) == L.COMPACT else (A.round_up(M, 128), A.round_up(K, 4))
+
+
+def nvfp4_data_shape(rows, cols, plane):
+    """The shape a data plane is allocated with: [rows, cols/2] row-wise and
+    [cols, rows/2] column-wise (TE's) when that row length is even, else the
+    flat [ceil(rows*cols/2)] (rows share bytes)."""
+    rows, cols = A.check_shape(rows, cols)
+    p = A.dirs_code(plane, allow_both=False)
+    outer, inner = (rows, cols) if p == L.ROWWISE else (cols, rows)
+    return (outer, inner // 2) if inner % 2 == 0 else ((rows * cols + 1) // 2,)
+
+
+def _packed_bytes(n):
+    return (n + 1) // 2
+
+
+# ---- the weight -----------------------------------------------------------------
+
+def _check_data(a: A.Arr):
+    """A packed E2M1 plane: 1-byte integers, or torch.float4_e2m1fn_x2."""
+    if a.kind == "torch" and str(a.dtype) == "torch.float4_e2m1fn_x2":
+        return a
+    return A.check_bytes(a, "packed E2M1 data")
+
+
+def _check_amax(a: A.Arr):
+    ok = a.dtype == np.float32 if a.kind == "numpy" else a.dtype == A.torch_mod().float32
+    if not ok or a.numel != 1:
+        raise ValueError(f"{a.name}: expected a float32 array of 1 element, got {a.dtype} with {a.numel}")
+    return a
+
+
+class NVFP4Weight:
+    """A rows x cols NVFP4 tensor: row-wise and/or column-wise planes, one
+    block shape ('1x16' or '16x16'), one scale layout, one global amax.
+
+    Buffers are numpy arrays (``device=None``) or torch tensors. Build one
+    with :meth:`empty` (exactly the planes asked for) or :meth:`from_buffers`
+    (views into your own storage: any shape of the right byte count)."""
+
+    def __init__(self, rows, cols, *, block="1x16", layout="padded", row_data=None, row_scale=None,
+                 col_data=None, col_scale=None, amax=None):
+        rows, cols = A.check_shape(rows, cols)
+        self.rows, self.cols = rows, cols
+        self.block = _block_code(block)
+        self.layout = A.layout_code(layout)
+        dirs = (L.ROWWISE if row_scale is not None else 0) | (L.COLWISE if col_scale is not None else 0)
+        if dirs == 0:
+            raise ValueError("NVFP4Weight: give the scales of at least one plane (row_scale and/or col_scale)")
+        if amax is None:
+            raise ValueError("NVFP4Weight: amax (a float32 array of 1 element) is required")
+        self.dirs = dirs
+        self.row_data, self.row_scale, self.col_data, self.col_scale = row_data, row_scale, col_data, col_scale
+        self.amax = amax
+        arrs = [_check_amax(A.arr(amax, "amax"))]
+        nv = L.nvfp4_host()
+        st = L.Nvfp4Tensor()  # the shape alone: the byte counts come from the library
+        st.rows, st.cols, st.dirs, st.scale_layout, st.block = rows, cols, dirs, self.layout, self.block
+        dbytes = nv.data_bytes(ctypes.byref(st))
+        if dbytes < 0:
+            raise L.status_error(L.status_code("MXS_ERR_OVERFLOW"), f"NVFP4Weight {rows}x{cols}")
+        for plane, data, scale in ((L.ROWWISE, row_data, row_scale), (L.COLWISE, col_data, col_scale)):
+            pn = A.PLANES_STR[plane]
+            if scale is None:
+                if data is not None:
+                    raise ValueError(f"NVFP4Weight: {pn}_data given without its scales")
+                continue
+            if data is None:
+                raise ValueError(f"NVFP4Weight: {pn}_scale given without {pn}_data")
+            s = A.check_bytes(A.arr(scale, f"{pn}_scale"), "E4M3 scale")
+            need = nv.scale_bytes(ctypes.byref(st), plane)
+            if s.numel != need:
+                raise ValueError(f"{pn}_scale: {s.numel} bytes, the {A.LAYOUT_STR[self.layout]} layout of a "
+                                 f"{rows}x{cols} NVFP4 tensor needs {need}")
+            d = _check_data(A.arr(data, f"{pn}_data"))
+            if d.numel != dbytes:
+                raise ValueError(f"{pn}_data: {d.numel} bytes, a packed {rows}x{cols} NVFP4 plane needs {dbytes}")
+            arrs += [s, d]
+        self.device = A.same_device(arrs, "NVFP4Weight")
+        self.is_torch = arrs[0].kind == "torch"
+        if any(a.kind != arrs[0].kind for a in arrs):
+            raise ValueError("NVFP4Weight: mix of numpy arrays and torch tensors")
+
+    # ---- construction ------------------------------------------------------
+
+    @classmethod
+    def empty(cls, rows, cols, planes="row", block="1x16", layout="padded", device=None):
+        """Allocates exactly the planes `planes` ('row', 'col', 'both') names:
+        data, scales and amax zero."""
+        rows, cols = A.check_shape(rows, cols)
+        dirs = A.dirs_code(planes)
+        kw = {}
+        for plane in (L.ROWWISE, L.COLWISE):
+            if dirs & plane:
+                pn = A.PLANES_STR[plane]
+                kw[f"{pn}_data"] = _zeros(nvfp4_data_shape(rows, cols, plane), device)
+                kw[f"{pn}_scale"] = _zeros(nvfp4_scale_shape(rows, cols, plane, layout), device)
+        kw["amax"] = _zeros((1,), device, "float32")
+        return cls(rows, cols, block=block, layout=layout, **kw)
+
+    @classmethod
+    def from_buffers(cls, rows, cols, *, block="1x16", layout="padded", row_data=None, row_scale=None,
+                     col_data=None, col_scale=None, amax=None):
+        """Wraps existing buffers (no copy): any shape of the right size."""
+        return cls(rows, cols, block=block, layout=layout, row_data=row_data, row_scale=row_scale,
+                   col_data=col_data, col_scale=col_scale, amax=amax)
+
+    # ---- properties --------------------------------------------------------
+
+    @property
+    def planes(self):
+        return A.PLANES_STR[self.dirs]
+
+    @property
+    def block_shape(self):
+        return BLOCK_STR[self.block]
+
+    @property
+    def has_row(self):
+        return bool(self.dirs & L.ROWWISE)
+
+    @property
+    def has_col(self):
+        return bool(self.dirs & L.COLWISE)
+
+    @property
+    def shape(self):
+        return (self.rows, self.cols)
+
+    @property
+    def numel(self):
+        return self.rows * self.cols
+
+    def amax_value(self):
+        """The global amax as a Python float (a device sync for CUDA)."""
+        return float(self.amax.reshape(-1)[0])
+
+    def storage_bytes(self):
+        """Bytes of data + scales of the present planes + 4 (the amax):
+        mxs_nvfp4_storage_bytes."""
+        return int(L.nvfp4_host().storage_bytes(ctypes.byref(self.descriptor())))
+
+    def fp4_view(self, plane="row"):
+        """The plane's data as torch.float4_e2m1fn_x2 (torch buffers, when
+        torch has it); otherwise the uint8 array."""
+        p = A.dirs_code(plane, allow_both=False)
+        d = self.row_data if p == L.ROWWISE else self.col_data
+        if d is None:
+            raise ValueError(f"the {A.PLANES_STR[p]}-wise plane is absent")
+        t = A.torch_mod()
+        if self.is_torch and hasattr(t, "float4_e2m1fn_x2"):
+            return d.view(t.float4_e2m1fn_x2)
+        return d
+
+    def te_buffers(self):
+        """The buffers under Transformer Engine's NVFP4Tensor names (None for
+        an absent plane); both amaxes are this tensor's one amax."""
+        return {"rowwise_data": self.row_data, "rowwise_scale_inv": self.row_scale,
+                "columnwise_data": self.col_data, "columnwise_scale_inv": self.col_scale,
+                "amax_rowwise": self.amax if self.has_row else None,
+                "amax_columnwise": self.amax if self.has_col else None}
+
+    def descriptor(self):
+        """The C mxs_nvfp4_tensor over these buffers (pointers borrowed)."""
+        return nvfp4_struct(self)
+
+    # ---- operations --------------------------------------------------------
+
+    def quantize_(self, src, round_through=None, src_dtype=None):
+        """Copy-back: quantize the whole rows x cols `src` into exactly this
+        weight's planes and its amax (in place). Returns self."""
+        return quantize_nvfp4(self, src, round_through=round_through, src_dtype=src_dtype)
+
+    def dequantize(self, plane=None, dtype="bf16", out=None):
+        """One plane back to the rows x cols weight (row-major, the
+        column-wise plane transposed back)."""
+        return dequantize_nvfp4(self, plane=plane, dtype=dtype, out=out)
+
+    def with_layout(self, layout):
+        """A new weight sharing these data planes and amax, its scales
+        converted to `layout` (e.g. 'swizzled' for cuBLAS)."""
+        layout = A.layout_code(layout)
+        kw = {}
+        for plane in (L.ROWWISE, L.COLWISE):
+            if self.dirs & plane:
+                pn = A.PLANES_STR[plane]
+                kw[f"{pn}_data"] = getattr(self, f"{pn}_data")
+                kw[f"{pn}_scale"] = convert_nvfp4_scales(self.rows, self.cols, pn, getattr(self, f"{pn}_scale"),
+                                                         self.layout, layout)
+        return NVFP4Weight(self.rows, self.cols, block=self.block, layout=layout, amax=self.amax, **kw)
+
+    def __repr__(self):
+        return (f"NVFP4Weight({self.rows}x{self.cols}, planes={self.planes}, block={self.block_shape}, "
+                f"layout={A.LAYOUT_STR[self.layout]}, device={self.device}, {'torch' if self.is_torch else 'numpy'})")
+
+
+def _zeros(shape, device, dtype="uint8"):
+    if device is None:
+        return np.zeros(shape, dtype=dtype)
+    t = A.torch_mod()
+    if t is None:
+        import torch as t  # noqa: F811  (device= asks for torch tensors)
+    return t.zeros(shape, dtype=getattr(t, dtype), device=device)
+
+
+def _ptr(x):
+    if x is None:
+        return None
+    return x.ctypes.data if isinstance(x, np.ndarray) else x.data_ptr()
+
+
+def nvfp4_struct(w: NVFP4Weight) -> L.Nvfp4Tensor:
+    t = L.Nvfp4Tensor()
+    t.rows, t.cols, t.dirs, t.scale_layout, t.block = w.rows, w.cols, w.dirs, w.layout, w.block
+    t.row_data, t.row_scale = _ptr(w.row_data), _ptr(w.row_scale)
+    t.col_data, t.col_scale = _ptr(w.col_data), _ptr(w.col_scale)
+    t.amax = _ptr(w.amax)
+    return t
+
+
+def _weight_arrs(w, writable=True):
+    if not isinstance(w, NVFP4Weight):
+        raise TypeError(f"expected an NVFP4Weight, got {type(w).__name__}")
+    out = [A.arr(w.amax, "amax")]
+    for pn in ("row", "col"):
+        if getattr(w, f"{pn}_scale") is not None:
+            out += [A.arr(getattr(w, f"{pn}_scale"), f"{pn}_scale"), A.arr(getattr(w, f"{pn}_data"), f"{pn}_data")]
+    return [a.writable() for a in out] if writable else out
+
+
+# ---- whole-tensor operations -------------------------------------------------------
+
+def quantize_nvfp4(primary: NVFP4Weight, src, round_through=None, src_dtype=None):
+    """Copy-back: quantize the whole rows x cols `src` (f32, bf16 or f16) into
+    exactly the planes `primary` has (its block shape and layout) and its
+    amax. round_through='bf16' rounds every value to bf16 first (TE's master
+    cast). In place; returns `primary`."""
+    rt = A.round_through_code(round_through)
+    s = A.arr(src, "src")
+    dt = A.float_dtype(s, src_dtype)
+    outs = _weight_arrs(primary)
+    if s.numel != primary.numel:
+        raise ValueError(f"src: {s.numel} elements, the primary is {primary.rows}x{primary.cols}")
+    dev = A.same_device(outs + [s], "quantize_nvfp4")
+    t = nvfp4_struct(primary)
+    if dev == "cpu":
+        L.check(L.nvfp4_host().quantize(ctypes.byref(t), s.ptr, dt, rt), "mxs_host_nvfp4_quantize")
+    else:
+        cu = L.nvfp4_cuda("quantize_nvfp4", need=("quantize",))
+        L.check(cu.quantize(ctypes.byref(t), s.ptr, dt, rt, current_stream(dev)), "mxs_cuda_nvfp4_quantize")
+    return primary
+
+
+def dequantize_nvfp4(primary: NVFP4Weight, plane=None, dtype="bf16", out=None):
+    """One plane of `primary` back to `dtype` ('bf16', 'f16', 'f32') as the
+    rows x cols weight: x' = e2m1(q) * (d * amax / 2688) per block (TE's
+    dequantize). plane: 'row' or 'col' (default: row when present). Returns out."""
+    if not isinstance(primary, NVFP4Weight):
+        raise TypeError(f"expected an NVFP4Weight, got {type(primary).__name__}")
+    if plane is None:
+        plane = "row" if primary.has_row else "col"
+    p = A.dirs_code(plane, allow_both=False)
+    dt = A.dtype_code(dtype)
+    ins = _weight_arrs(primary, writable=False)
+    if not primary.dirs & p:
+        raise ValueError(f"dequantize_nvfp4: the primary has no {A.PLANES_STR[p]}-wise plane "
+                         f"(it is {primary.planes})")
+    if out is None:
+        out = _float_empty(primary.is_torch, primary.device if primary.is_torch else None,
+                           (primary.rows, primary.cols), dt)
+    o = A.arr(out, "out").writable()
+    A.float_dtype(o, dt)
+    if o.numel != primary.numel:
+        raise ValueError(f"out: {o.numel} elements, the primary is {primary.rows}x{primary.cols}")
+    dev = A.same_device(ins + [o], "dequantize_nvfp4")
+    t = nvfp4_struct(primary)
+    if dev == "cpu":
+        L.check(L.nvfp4_host().dequantize(ctypes.byref(t), p, o.ptr, dt), "mxs_host_nvfp4_dequantize")
+    else:
+        cu = L.nvfp4_cuda("dequantize_nvfp4", need=("dequantize",))
+        L.check(cu.dequantize(ctypes.byref(t), p, o.ptr, dt, current_stream(dev)), "mxs_cuda_nvfp4_dequantize")
+    return out
+
+
+def convert_nvfp4_scales(rows, cols, plane, src, from_layout, to_layout, out=None):
+    """One NVFP4 scale plane of a rows x cols tensor from `from_layout` to
+    `to_layout` ('compact', 'padded', 'swizzled'); padding becomes 0x00.
+    Returns out (allocated in the target's shape when None)."""
+    rows, cols = A.check_shape(rows, cols)
+    p = A.dirs_code(plane, allow_both=False)
+    fl, tl = A.layout_code(from_layout), A.layout_code(to_layout)
+    s = A.check_bytes(A.arr(src, "src"), "scale")
+    need_src = int(np.prod(nvfp4_scale_shape(rows, cols, p, fl)))
+    if s.numel != need_src:
+        raise ValueError(f"src: {s.numel} bytes, the {A.LAYOUT_STR[fl]} NVFP4 scale plane needs {need_src}")
+    shape = nvfp4_scale_shape(rows, cols, p, tl)
+    if out is None:
+        if s.kind == "torch":
+            t = A.torch_mod()
+            out = t.empty(shape, dtype=t.uint8, device=src.device)
+        else:
+            out = np.empty(shape, np.uint8)
+    o = A.check_bytes(A.arr(out, "out").writable(), "scale")
+    if o.numel != int(np.prod(shape)):
+        raise ValueError(f"out: {o.numel} bytes, the {A.LAYOUT_STR[tl]} NVFP4 scale plane needs "
+                         f"{int(np.prod(shape))}")
+    dev = A.same_device([s, o], "convert_nvfp4_scales")
+    if dev == "cpu":
+        L.check(L.nvfp4_host().convert_scales(rows, cols, p, fl, s.ptr, tl, o.ptr), "mxs_host_nvfp4_convert_scales")
+    else:
+        cu = L.nvfp4_cuda("convert_nvfp4_scales", need=("convert_scales",))
+        L.check(cu.convert_scales(rows, cols, p, fl, s.ptr, tl, o.ptr, current_stream(dev)),
+                "mxs_cuda_nvfp4_convert_scales")
+    return out
+
+
+# ---- the sharded writeback -------------------------------------------------------
+
+NVFP4WritebackItem = namedtuple("NVFP4WritebackItem", "primary master start length col_stage",
+                                defaults=(None, None))
+
+
+def _as_item(x, i):
+    if isinstance(x, NVFP4WritebackItem):
+        return x
+    if isinstance(x, dict):
+        return NVFP4WritebackItem(**x)
+    if isinstance(x, (tuple, list)) and 3 <= len(x) <= 5:
+        return NVFP4WritebackItem(*x)
+    raise TypeError(f"item {i}: expected (primary, master, start[, length[, col_stage]]), got {type(x).__name__}")
+
+
+def _needs_stage(w: NVFP4Weight):
+    """A column-wise plane needs a stage unless 16x16 with a row-wise plane
+    (then finish transposes the gathered row-wise plane)."""
+    return w.has_col and not (w.block == L.NVFP4_16X16 and w.has_row)
+
+
+def _wire_plan(entry_bytes):
+    """How the packed entries travel in the ONE all-reduce (MAX): neither gloo
+    nor NCCL reduces 16-bit integers (nor uint32 on gloo), so
+      4-byte entries  in place, viewed as int32: f32 patterns of amaxes >= 0
+                      and the status entry 0x01010101 are all below 2^31, so
+                      int32 order is their order;
+      2-byte entries  widened to int32 (exact for every uint16), reduced, and
+                      narrowed back: 4 bytes per block on the wire.
+    Returns (view_in_place, wire_elem_dtype_name)."""
+    return (entry_bytes == 4, "int32")
+
+
+class NVFP4BucketWriteback:
+    """One bucket of NVFP4 weights written back together: sharded masters ->
+    NVFP4 primaries, every rank ending with data, scales and amax equal to a
+    whole-tensor quantize_nvfp4 of the full master.
+
+    items: (primary, master, start[, length[, col_stage]])
+        primary    NVFP4Weight (numpy arrays, CPU tensors or CUDA tensors)
+        master     this rank's shard: `length` f32/bf16/f16 elements, element
+                   0 is flat index `start`; boundaries even (a boundary may be
+                   rows*cols), else RangeError before any collective
+        length     defaults to master's size; 0 = this rank owns nothing
+        col_stage  optional ceil(rows*cols/2)-byte stage for the column-wise
+                   plane; allocated (one buffer per bucket) when needed
+    round_through: 'bf16' (default: TE's master cast, 2-byte entries), None
+        or 'f16' (4-byte entries);
+    group: optional torch.distributed group: validates across ranks now (a
+        rank whose items fail makes every rank raise here);
+    gather: run() all-gathers the row-wise planes and the stages, then runs
+        finish (default True);
+    raw16: what a uint16/int16 master holds, 'bf16' (default) or 'f16'.
+
+    Each run(): partial -> ONE all_reduce(MAX) -> status check -> apply ->
+    byte all-gathers (row-wise plane, column stage) -> finish.
+    """
+
+    # the group setup and the byte gathers are BucketWriteback's, unchanged:
+    # they only see this class's _plane_regions() byte intervals
+    _setup_group = _MX._setup_group
+    _allgather_i64 = staticmethod(_MX._allgather_i64)
+    _schedule = _MX._schedule
+    _gather = _MX._gather
+    gather = _MX.gather
+
+    def __init__(self, items, round_through="bf16", group=None, gather=True, raw16="bf16"):
+        self._closed = True
+        self._fault = None  # tests: a rank-local failure before partial's C call
+        self._setups = {}
+        self._gather_enabled = bool(gather)
+        err = None
+        try:
+            self._build([_as_item(x, i) for i, x in enumerate(items)], round_through, raw16)
+        except Exception as e:  # noqa: BLE001 - re-raised after the group learnt of it
+            if group is None:
+                raise
+            err = e
+        if group is not None:
+            self._setup_group(group, local_error=err)
+
+    # ---- build --------------------------------------------------------------
+
+    def _build(self, items, round_through, raw16):
+        n = len(items)
+        arrs, stage_need, per = [], 0, []
+        for i, it in enumerate(items):
+            w = it.primary
+            if not isinstance(w, NVFP4Weight):
+                raise TypeError(f"item {i}: primary must be an NVFP4Weight, got {type(w).__name__}")
+            m = A.arr(it.master, f"item {i} master")
+            mdt = A.float_dtype(m, raw16 if _is_int16(m) else None)
+            length = m.numel if it.length is None else int(it.length)
+            start = int(it.start)
+            if length < 0 or start < 0 or start + length > w.numel:
+                raise ValueError(f"item {i}: shard [{start}, {start + length}) lies outside the "
+                                 f"{w.rows}x{w.cols} weight")
+            if m.numel != length:
+                raise ValueError(f"item {i}: master has {m.numel} elements, the shard length is {length}")
+            stage = None
+            if it.col_stage is not None:
+                if not w.has_col:
+                    raise ValueError(f"item {i}: col_stage given but the primary has no column-wise plane")
+                stage = A.check_bytes(A.arr(it.col_stage, f"item {i} col_stage").writable(), "stage")
+                if stage.numel != _packed_bytes(w.numel):
+                    raise ValueError(f"item {i}: col_stage has {stage.numel} bytes, the {w.rows}x{w.cols} "
+                                     f"weight needs {_packed_bytes(w.numel)}")
+                arrs.append(stage)
+            elif _needs_stage(w):
+                stage_need += _packed_bytes(w.numel)
+            arrs += _weight_arrs(w)
+            if length > 0:
+                arrs.append(m)
+            per.append((w, m, mdt, start, length, stage))
+        kinds = {a.kind for a in arrs}
+        if len(kinds) > 1:
+            raise ValueError("NVFP4BucketWriteback: mix of numpy arrays and torch tensors")
+        self.device = A.same_device(arrs, "NVFP4BucketWriteback")
+        self.is_torch = kinds == {"torch"}
+        self.is_cuda = self.device != "cpu"
+        # CUDA tensors: <mxshard/cuda_nvfp4.h>'s phases (UnsupportedError when the library lacks them)
+        self._cu = L.nvfp4_cuda("NVFP4BucketWriteback", need=L._NVFP4_CUDA_WB) if self.is_cuda else None
+        # one stage buffer for every item that needs one: one gather for all of them
+        self._stage_buf = _zeros((max(stage_need, 1),), self.device if self.is_torch else None)
+        citems = (L.Nvfp4WbItem * max(n, 1))()
+        self._keep, self._stages, at = [], [], 0
+        for i, (w, m, mdt, start, length, stage) in enumerate(per):
+            if stage is None and _needs_stage(w):
+                nb = _packed_bytes(w.numel)
+                stage = A.arr(self._stage_buf[at:at + nb], f"item {i} col_stage")
+                at += nb
+            c = citems[i]
+            c.primary = nvfp4_struct(w)
+            c.master = m.ptr if length > 0 else None
+            c.master_dtype = mdt
+            c.start, c.len = start, length
+            c.col_stage = stage.ptr if stage is not None else None
+            self._stages.append(stage)
+            self._keep.append((w, m.obj, stage.obj if stage is not None else None))
+        b = L.Nvfp4WbBatch()
+        b.items = ctypes.cast(citems, ctypes.POINTER(L.Nvfp4WbItem))
+        b.n_items = n
+        b.round_through = A.round_through_code(round_through)
+        nv = L.nvfp4_host()
+        plan = L.Nvfp4WbPlan()
+        st = nv.wb_make_plan(ctypes.byref(b), ctypes.byref(plan), None)
+        if st != 0:
+            self._raise_plan_error(nv, st, citems, per)
+        self.n_items, self.items, self._primaries = n, items, [p[0] for p in per]
+        self._citems, self._batch, self.plan = citems, b, plan
+        self.entry_bytes = int(plan.entry_bytes)
+        self.packed_count = int(plan.packed_count)
+        self.packed_bytes = int(plan.packed_bytes)
+        self.status_offset = int(plan.status_offset)
+        # allocated as entries, so aligned to entry_bytes; used as bytes
+        edt = "uint16" if self.entry_bytes == 2 else "uint32"
+        if self.is_torch:
+            t = A.torch_mod()
+            self.packed = t.zeros(self.packed_count, dtype=getattr(t, edt), device=self.device).view(t.uint8)
+            pptr = self.packed.data_ptr()
+        else:
+            self.packed = np.zeros(self.packed_count, dtype=edt).view(np.uint8)
+            pptr = self.packed.ctypes.data
+        if self.is_cuda:
+            self._tdev = t.device(self.device)
+            self._status_dev = self.packed[self.status_offset:self.status_offset + 1]
+            self._status_host = t.zeros(1, dtype=t.uint8, pin_memory=True)
+        else:
+            self._packed_np = self.packed.numpy() if self.is_torch else self.packed
+        self._bp, self._pp = ctypes.byref(b), ctypes.byref(plan)
+        self._packed_ptr = ctypes.c_void_p(pptr)
+        self._nv = nv
+        self._wire = None
+        self._closed = False
+
+    @staticmethod
+    def _raise_plan_error(nv, st, citems, per):
+        """The plan's error, named after the first item that fails on its own
+        (with the even rule spelt out), else the batch's (overlaps)."""
+        for i, (w, _m, _dt, start, length, _s) in enumerate(per):
+            si = nv.wb_item_check(ctypes.byref(citems[i]))
+            if si == 0:
+                continue
+            where = f"NVFP4BucketWriteback item {i}"
+            if si == L.status_code("MXS_ERR_RANGE"):
+                where += (f": the shard [{start}, {start + length}) of the {w.rows}x{w.cols} weight has an odd "
+                          f"boundary; two elements share a byte, so a non-empty NVFP4 shard must start at an even "
+                          f"flat index and end at an even one or at rows*cols ({w.numel}): place weights at even "
+                          f"bucket offsets and pad the bucket to a multiple of 2*nranks")
+            raise L.status_error(si, where)
+        raise L.status_error(st, "mxs_nvfp4_wb_make_plan")
+
+    # ---- the protocol -------------------------------------------------------
+
+    def _check_open(self):
+        if self._closed:
+            raise ValueError("NVFP4BucketWriteback: closed")
+
+    def _stream(self):
+        return A.torch_mod().cuda.current_stream(self._tdev).cuda_stream
+
+    def _mark_failed(self):
+        """Zero the packed buffer, every byte of the status entry 1."""
+        if self.is_cuda:
+            self.packed.zero_()
+            self.packed[self.packed_bytes - self.entry_bytes:] = 1
+        else:
+            self._packed_np[:] = 0
+            self._packed_np[self.packed_bytes - self.entry_bytes:] = 1
+
+    def partial(self):
+        """Step 2: zero the packed buffer and write this rank's partial block
+        amaxes. On failure the buffer is marked failed (zeros, status entry
+        1) and the error raised: the caller must still run its reduction."""
+        try:
+            self._check_open()
+            if self._fault is not None:
+                raise self._fault
+            if self.is_cuda:
+                st = self._cu.wb_partial(self._bp, self._pp, self._packed_ptr, self._stream())
+                L.check(st, "mxs_cuda_nvfp4_wb_partial")
+            else:
+                L.check(self._nv.wb_partial(self._bp, self._pp, self._packed_ptr), "mxs_host_nvfp4_wb_partial")
+        except Exception:
+            if not self._closed:
+                self._mark_failed()
+            raise
+
+    def status(self):
+        """The group status byte (after the reduction: nonzero when any rank
+        failed). CUDA: one 1-byte copy + stream sync."""
+        if self.is_cuda:
+            self._status_host.copy_(self._status_dev, non_blocking=True)
+            A.torch_mod().cuda.current_stream(self._tdev).synchronize()
+            return int(self._status_host[0])
+        return int(self._packed_np[self.status_offset])
+
+    def entries(self):
+        """The packed buffer as its entries: a uint16 or uint32 view (numpy
+        on the host, torch on a GPU)."""
+        if self.is_cuda:
+            t = A.torch_mod()
+            return self.packed.view(t.uint16 if self.entry_bytes == 2 else t.uint32)
+        return self._packed_np.view(np.uint16 if self.entry_bytes == 2 else np.uint32)
+
+    def apply(self):
+        """Step 4, after the MAX reduction: RemoteError when the status byte
+        is set; else global amaxes, every scale, and the cast of this rank's
+        shards into the row-wise planes and the column stages."""
+        self._check_open()
+        if self.status() != 0:
+            raise L.remote_error("NVFP4BucketWriteback.apply")
+        if self.is_cuda:
+            L.check(self._cu.wb_apply(self._bp, self._pp, self._packed_ptr, self._stream()), "mxs_cuda_nvfp4_wb_apply")
+        else:
+            L.check(self._nv.wb_apply(self._bp, self._pp, self._packed_ptr), "mxs_host_nvfp4_wb_apply")
+
+    def finish(self):
+        """Step 6, after the gather: the column-wise data planes from the
+        gathered stages (or, 16x16 with both planes, the row-wise planes)."""
+        self._check_open()
+        if self.is_cuda:
+            L.check(self._cu.wb_finish(self._bp, self._pp, self._stream()), "mxs_cuda_nvfp4_wb_finish")
+        else:
+            L.check(self._nv.wb_finish(self._bp, self._pp), "mxs_host_nvfp4_wb_finish")
+
+    def _wire_tensors(self):
+        if self._wire is None:
+            t = A.torch_mod()
+            pt = self.packed if self.is_torch else t.from_numpy(self._packed_np)
+            in_place, wdt = _wire_plan(self.entry_bytes)
+            if in_place:
+                self._wire = (pt.view(getattr(t, wdt)), None)
+            else:
+                self._wire = (t.zeros(self.packed_count, dtype=getattr(t, wdt), device=pt.device), pt.view(t.uint16))
+        return self._wire
+
+    def all_reduce(self, group=None):
+        """Step 3 through torch.distributed: ONE all_reduce(MAX) of the packed
+        entries (see _wire_plan for the element type on the wire)."""
+        dist = _dist()
+        wire, narrow = self._wire_tensors()
+        if narrow is not None:
+            wire.copy_(narrow)
+        dist.all_reduce(wire, op=dist.ReduceOp.MAX, group=group)
+        if narrow is not None:
+            narrow.copy_(wire)
+
+    def run(self, group=None, gather=None):
+        """partial -> all_reduce(MAX, group) -> status check -> apply ->
+        all-gathers -> finish. Without torch.distributed initialised and
+        group None: a world of one. Raises the local error (after joining the
+        collectives) or RemoteError when another rank failed. With
+        gather=False the caller gathers, then calls finish()."""
+        if self.is_cuda and not self._closed:
+            t = A.torch_mod()
+            if self._tdev.index is not None and self._tdev.index != t.cuda.current_device():
+                with t.cuda.device(self._tdev):
+                    return self.run(group, gather)
+        dist = _dist()
+        distributed = dist is not None and dist.is_initialized()
+        if group is not None and not distributed:
+            raise ValueError("run(group): torch.distributed is not initialised")
+        setup = None
+        if distributed:
+            setup = self._setups.get(_gkey(group))
+            if setup is None:
+                setup = self._setup_group(group)
+        err = None
+        try:
+            self.partial()
+        except Exception as e:  # noqa: BLE001 - raised after the all-reduce
+            err = e
+        if distributed:
+            self.all_reduce(group)
+        if err is not None:
+            raise err
+        if self.status() != 0:
+            raise L.remote_error("NVFP4BucketWriteback.run")
+        try:
+            self.apply()
+        except Exception as e:  # noqa: BLE001 - join the gathers first, then raise
+            err = e
+        do_gather = distributed and (gather if gather is not None else self._gather_enabled)
+        if do_gather:
+            self._gather(setup, group)
+        if err is not None:
+            raise err
+        if do_gather or not distributed:
+            self.finish()
+
+    # ---- the gathered byte ranges (BucketWriteback's group setup reads them) ----
+
+    def _plane_regions(self):
+        """Per (buffer, storage): this rank's written byte intervals, merged:
+        [start/2, ceil((start+len)/2)) of each row-wise plane and stage."""
+        regions, order = {}, []
+        for i in range(self.n_items if not self._closed else 0):
+            w, c = self._primaries[i], self._citems[i]
+            bufs = []
+            if w.has_row:
+                bufs.append(("row", A.arr(w.row_data, f"item {i} row_data")))
+            if self._stages[i] is not None:
+                bufs.append(("stage", self._stages[i]))
+            for kind, a in bufs:
+                base, flat, off = _Storage.of(a)
+                key = (kind, base)
+                if key not in regions:
+                    regions[key] = {"flat": flat, "iv": [], "first": i}
+                    order.append(key)
+                if c.len > 0:
+                    regions[key]["iv"].append((off + c.start // 2, off + (c.start + c.len + 1) // 2))
+        out = []
+        for key in order:
+            merged = []
+            for lo, hi in sorted(regions[key]["iv"]):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            r = regions[key]
+            out.append({"plane": key[0], "first": r["first"], "flat": r["flat"], "iv": merged})
+        return out
+
+    # ---- lifetime -------------------------------------------------------------
+
+    def close(self):
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"NVFP4BucketWriteback({self.n_items} items, {self.packed_count} x {self.entry_bytes} B entries)"
+                if not self._closed else "NVFP4BucketWriteback(closed)")
