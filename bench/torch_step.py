@@ -100,7 +100,7 @@ def part_step(dev, args):
         opt.zero_grad()
     w = statistics.median(walls)
     g = statistics.median(gpus) if gpus else float("nan")
-    return {"params": n_params, "buckets": len(opt.buckets) if hasattr(opt, "buckets") else None,
+    return {"params": n_params, "buckets": len(opt.plan.buckets),
             "step_wall_us": w * 1e6, "step_gpu_span_us": g * 1e6, "host_us_per_param": w * 1e6 / n_params,
             "collectives_per_step": {k: v // (args.warmup + args.iters) for k, v in opt.collectives.items()
                                      if not k.startswith("setup")}}
@@ -136,38 +136,51 @@ def part_overlap(dev, args):
 
 
 def part_memory(dev, args):
+    """One layer's forward + backward with a given output gradient (no loss
+    temporaries): the persistent bytes (weight storage; the gradient buffer a
+    training step keeps: .grad in bf16 for nn.Linear, the FP32 main_grad that
+    ShardedOptimizer owns for MXFP8Linear) and the transient peak above the
+    inputs, outputs and persistent state (dequantized weight, wgrad before
+    it is added into main_grad)."""
     d, tokens = args.mem_dim, args.tokens
     rows = {}
+    if dev.type != "cuda":
+        return {"note": "CPU: no allocator statistics"}
     for kind in ("bf16", "row", "both"):
         torch.manual_seed(0)
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(dev)
-            base = torch.cuda.memory_allocated(dev)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(dev)
         lin = nn.Linear(d, d, bias=False, device=dev)
         if kind == "bf16":
             lin = lin.to(torch.bfloat16)
+            weight = d * d * 2
         else:
             lin = mxt.convert(nn.Sequential(lin), kind)[0]
             lin.release_master_init()
-            lin.main_grad = torch.zeros(d, d, device=dev)  # what the optimizer's buffer holds for it
+            lin.main_grad = torch.zeros(d, d, device=dev)  # what the optimizer's bucket buffer holds for it
+            weight = sum(b.numel() for b in lin.buffers())
+        torch.cuda.empty_cache()
+        static = torch.cuda.memory_allocated(dev) - base
         x = torch.randn(tokens, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-        _sync(dev)
-        if dev.type != "cuda":
-            rows[kind] = {"note": "CPU: no allocator statistics"}
-            continue
-        static = torch.cuda.memory_allocated(dev) - base - x.numel() * 2
-        torch.cuda.reset_peak_memory_stats(dev)
-        before = torch.cuda.memory_allocated(dev)
-        y = lin(x)
-        y.float().square().mean().backward()
-        _sync(dev)
-        peak = torch.cuda.max_memory_allocated(dev) - before
-        wbytes = sum(b.numel() for b in lin.buffers()) if kind != "bf16" else d * d * 2
-        gbytes = d * d * 4 if kind != "bf16" else d * d * 2
-        rows[kind] = {"weight_MiB": wbytes / 2**20, "grad_MiB": gbytes / 2**20, "static_MiB": static / 2**20,
-                      "fwd_bwd_peak_MiB": peak / 2**20}
-        del lin, x, y
+        gy = torch.randn(tokens, d, device=dev, dtype=torch.bfloat16)
+        for it in range(2):  # the second pass: nn.Linear's .grad exists, as in training
+            _sync(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+            before = torch.cuda.memory_allocated(dev)
+            y = lin(x)
+            y.backward(gy)
+            _sync(dev)
+            peak = torch.cuda.max_memory_allocated(dev) - before
+            after = torch.cuda.memory_allocated(dev) - before
+            x.grad = None
+            del y
+        grad = d * d * (2 if kind == "bf16" else 4)
+        io = 2 * tokens * d * 2  # y and x.grad, bf16
+        rows[kind] = {"weight_MiB": weight / 2**20, "grad_buffer_MiB": grad / 2**20,
+                      "persistent_MiB": (static + (grad if kind == "bf16" else 0)) / 2**20,
+                      "transient_peak_MiB": max(peak - io, 0) / 2**20, "fwd_bwd_peak_MiB": peak / 2**20,
+                      "left_after_MiB": after / 2**20}
+        del lin, x, gy
     rows["shape"] = f"{d}x{d} weight, {tokens} tokens, bf16 activations"
     return rows
 
@@ -186,8 +199,8 @@ def main():
     args = ap.parse_args()
     dev = torch.device(args.device)
     if dev.type == "cuda":
+        dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
         torch.cuda.set_device(dev)
-        dev = torch.device("cuda", torch.cuda.current_device())
     _init(dev)
     res = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
            "date": time.strftime("%Y-%m-%d"), "torch": torch.__version__}
@@ -208,10 +221,11 @@ def main():
             print(f"| {k} | {o[k]['backward_ms']:.2f} | {o[k]['step_ms']:.2f} | {o[k]['sum_ms']:.2f} |")
     if "memory" in res and dev.type == "cuda":
         mm = res["memory"]
-        print(f"\n| memory ({mm['shape']}) | weight MiB | grad MiB | fwd+bwd peak MiB |\n|---|---|---|---|")
+        print(f"\n| memory ({mm['shape']}) | weight MiB | gradient buffer MiB | transient peak MiB "
+              f"(above inputs, y, x.grad) |\n|---|---|---|---|")
         for k in ("bf16", "row", "both"):
             r = mm[k]
-            print(f"| {k} | {r['weight_MiB']:.1f} | {r['grad_MiB']:.1f} | {r['fwd_bwd_peak_MiB']:.1f} |")
+            print(f"| {k} | {r['weight_MiB']:.1f} | {r['grad_buffer_MiB']:.1f} | {r['transient_peak_MiB']:.1f} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1)

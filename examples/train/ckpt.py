@@ -1,99 +1,74 @@
 # SPDX-License-Identifier: MIT
-"""safetensors files: the `safetensors` package when it is installed, else a
-small writer/reader of the same format:
+"""The example's checkpoint glue; the checkpoints themselves are the library's
+(mxshard.torch.save_checkpoint / load_checkpoint: a torch.distributed.checkpoint
+directory, each rank writing its shard, loadable under any DP size;
+export_safetensors: one plain file of the model for inference).
 
-    8 bytes   little-endian u64 N, the header length
-    N bytes   JSON: {"__metadata__": {str: str}, name: {"dtype", "shape",
-              "data_offsets": [begin, end]}, ...} (padded with spaces to a
-              multiple of 8)
-    rest      the tensors' raw little-endian bytes, offsets relative to here
-
-Both paths write and read the same files (test_train_smoke.py checks one
-against the other when the package is present).
+    save(path, model, opt, step, a)     -> collective; `extra` = the loop's position and data settings
+    load(path, model, opt, a)           -> the step to resume at (collective; raises on any mismatch)
+    export(path, model)
+    read_dcp(path)                      -> {key: value} of a checkpoint directory, in one process
 """
 from __future__ import annotations
 
 import json
-import struct
-
-import torch
-
-DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
-NAMES = {v: k for k, v in DTYPES.items()}
+import os
+import tempfile
 
 
-def _have_pkg():
-    try:
-        import safetensors.torch  # noqa: F401  (only: is it there)
-        return True
-    except ImportError:
-        return False
+def _lib(name):
+    import mxshard.torch as mxt
+    f = getattr(mxt, name, None)
+    if f is None:
+        raise SystemExit(f"mxshard.torch.{name} is not available in this mxshard (the DCP checkpoint API, "
+                         f"python/mxshard/torch/checkpoint.py)")
+    return f
 
 
-def save(tensors: dict, metadata: dict, path: str, use_package: bool | None = None):
-    """tensors: name -> tensor (any device; copied to CPU); metadata: str -> str."""
-    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
-    _auto = use_package is None
-    if use_package is None:
-        use_package = _have_pkg()
-    if use_package:
-        try:
-            import safetensors.torch as st
-            st.save_file(cpu, path, metadata=metadata)
-            return "safetensors"
-        except Exception:  # noqa: BLE001 - e.g. an old package without F8_E4M3: the built-in writer
-            if not _auto:
-                raise
-    header = {"__metadata__": dict(metadata)}
-    off = 0
-    order = sorted(cpu)
-    for k in order:
-        t = cpu[k]
-        n = t.numel() * t.element_size()
-        header[k] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + n]}
-        off += n
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * (-len(hb) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hb)))
-        f.write(hb)
-        for k in order:
-            t = cpu[k]
-            if t.numel():
-                f.write(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return "builtin"
+def _extra(a, step, world):
+    return {"step": int(step), "dp": int(world), "data_seed": int(a.data_seed), "markov_alpha": float(a.markov_alpha),
+            "variant": a.variant, "config": json.dumps(a.cfg, sort_keys=True)}
 
 
-def load(path: str, use_package: bool | None = None):
-    """-> (tensors: name -> CPU tensor, metadata: dict)."""
-    if use_package is None:
-        use_package = _have_pkg()
-    if use_package:
-        try:
-            from safetensors import safe_open
-            out = {}
-            with safe_open(path, framework="pt", device="cpu") as f:
-                meta = f.metadata() or {}
-                for k in f.keys():
-                    out[k] = f.get_tensor(k)
-            return out, meta
-        except Exception:  # noqa: BLE001 - fall back to the built-in reader (same format)
-            pass
-    with open(path, "rb") as f:
-        raw = f.read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n].decode())
-    meta = header.pop("__metadata__", {}) or {}
-    base = 8 + n
+def save(path, model, opt, step, a, world):
+    _lib("save_checkpoint")(path, model, opt, extra=_extra(a, step, world))
+
+
+def load(path, model, opt, a):
+    """Loads (the library rebuilds the primaries from the masters and compares
+    them byte for byte with the saved ones: a mismatch raises) and checks that the
+    data settings match. Returns (step, saved extra)."""
+    extra = _lib("load_checkpoint")(path, model, opt)
+    want = _extra(a, 0, 0)
+    for k in ("data_seed", "markov_alpha", "variant", "config"):
+        if extra.get(k) != want[k]:
+            raise SystemExit(f"checkpoint {path}: {k}={extra.get(k)!r}, this run has {want[k]!r}")
+    return int(extra["step"]), extra
+
+
+def export(path, model):
+    _lib("export_safetensors")(path, model)
+
+
+def read_dcp(path):
+    """Every entry of a torch.distributed.checkpoint directory, in one process
+    (no process group), nested containers flattened: {dotted key: value}."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    with tempfile.TemporaryDirectory() as tmp:
+        f = os.path.join(tmp, "ckpt.pt")
+        dcp_to_torch_save(path, f)
+        sd = torch.load(f, map_location="cpu", weights_only=False)
     out = {}
-    for k, h in header.items():
-        a, b = h["data_offsets"]
-        dt = DTYPES[h["dtype"]]
-        buf = bytearray(raw[base + a:base + b])
-        t = torch.frombuffer(buf, dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
-        out[k] = t.view(dt).reshape(h["shape"]).clone()
-    return out, meta
+
+    def walk(prefix, v):
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), x)
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, (dict, torch.Tensor)) for x in v):
+            for i, x in enumerate(v):
+                walk(f"{prefix}.{i}", x)
+        else:
+            out[prefix] = v
+    walk("", sd)
+    return out

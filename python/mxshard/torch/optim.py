@@ -110,9 +110,11 @@ the group's elements).
 Checkpoints: state_dict() holds this rank's master shards and the inner
 optimizer's state (clones); load_state_dict() needs the same world, rank and
 configuration (fingerprint) and rebuilds the primaries and dense parameters
-from the loaded masters (a collective: every rank calls it). Resharding to
-another world size is not supported yet; layout.locate / shard_to_items map
-shards to item elements for that.
+from the loaded masters (a collective: every rank calls it). Resharding
+checkpoints (any DP size, through torch.distributed.checkpoint) are
+mxshard.torch.checkpoint's save_checkpoint / load_checkpoint: they address
+the inner state per view through ``_inner_params()`` and load through
+load_state_dict() with shards they assembled for this rank.
 """
 from __future__ import annotations
 
@@ -274,6 +276,7 @@ class ShardedOptimizer:
         self.steps = 0
         self._buckets = []
         self._views = []          # (view, grad view)
+        self._view_at = []        # per view: (bucket index, shard lo, shard hi, group)
         self._hook_errors = []
         self._late = []
         self._sync = True
@@ -470,6 +473,7 @@ class ShardedOptimizer:
                 v = b.master[lo:hi]
                 groups[g]["params"].append(v)
                 self._views.append((v, b.grad_shard[lo:hi]))
+                self._view_at.append((bs.index, lo, hi, g))
         inner = factory(groups)
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"optimizer_factory returned {type(inner).__name__}, not a torch.optim.Optimizer")
@@ -675,12 +679,13 @@ class ShardedOptimizer:
         for it, a, gview in self._expect:
             if it.module is not None:
                 m = it.module
+                bufs = m._buffers  # the module's buffers ARE the primary's planes (its primary property)
                 for k, v in a.items():
-                    for where, t in ((f"{k}", getattr(m, k, None)), (f"primary.{k}", getattr(m.primary, k, None))):
-                        if t is None or t.data_ptr() != v.data_ptr() or tuple(t.shape) != tuple(v.shape):
-                            errs.append(f"{it.name}: module {where} was replaced or reshaped after the optimizer "
-                                        f"was built")
-                mg = getattr(m, "main_grad", None)
+                    t = bufs.get(k)
+                    if t is None or (t is not v and (t.data_ptr() != v.data_ptr() or t.shape != v.shape)):
+                        errs.append(f"{it.name}: module {k} was replaced or reshaped after the optimizer "
+                                    f"was built")
+                mg = m.__dict__.get("main_grad")
                 if mg is None or mg.data_ptr() != gview.data_ptr() or tuple(mg.shape) != it.shape:
                     errs.append(f"{it.name}: module main_grad was replaced (write into it in place)")
             else:
@@ -941,6 +946,18 @@ class ShardedOptimizer:
                                  f"{tuple(b.master.shape)}")
         if not isinstance(sd.get("step"), int) or "inner" not in sd:
             raise ValueError("load_state_dict: missing 'step' or 'inner'")
+
+    def _inner_params(self):
+        """The inner optimizer's parameters in its state_dict() order:
+        [(index, group, bucket index, shard lo, shard hi, view)] (each a view
+        master[lo:hi] of one bucket's master shard)."""
+        at = {id(v): a for (v, _), a in zip(self._views, self._view_at)}
+        out = []
+        for g, grp in enumerate(self.inner.param_groups):
+            for p in grp["params"]:
+                b, lo, hi, _ = at[id(p)]
+                out.append((len(out), g, b, lo, hi, p))
+        return out
 
     # ---- humans ----------------------------------------------------------------
 
