@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* bench/bench_util.h - timing, same-mix ceilings and report tables for
- * bench/cuda_bench.cu (a program, not part of the library).
+ * bench/cuda_bench.cu and bench/nvfp4_bench.cu (programs, not part of the
+ * library).
  *
  * Timing modes (all on one non-blocking stream, CUDA events):
  *   single  one call between two events, the L2 flushed before each call (a
@@ -139,6 +140,46 @@ __global__ void __launch_bounds__(256)
                     __byte_perm(__byte_perm(v[k].x, v[k].y, 0x0073), __byte_perm(v[k].z, v[k].w, 0x0073), 0x5410);
                 reinterpret_cast<uint32_t *>(o0)[j] = o;
                 if (PL == 2) reinterpret_cast<uint32_t *>(o1)[j] = o;
+            }
+        }
+    }
+    for (int64_t j = tid; j < nsvec; j += stride) {
+        uint4 z = make_uint4((uint32_t)j, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
+        s0[j] = z;
+        if (PL == 2) s1[j] = z;
+    }
+}
+
+/* The NVFP4 same-mix ceiling: as bench_mix, but each output plane takes HALF
+ * a byte per element (packed nibbles): 8 bf16 -> 4 bytes, 4 f32 -> 2 bytes
+ * per 16-byte input vector (bytes of the input, one XOR, no arithmetic on
+ * values), and nsvec 16-byte vectors to each of PL scale planes. */
+template <int IB, int PL>
+__global__ void __launch_bounds__(256)
+    bench_mix_fp4(const uint4 *__restrict__ in, int64_t nvec, uint8_t *__restrict__ o0, uint8_t *__restrict__ o1,
+                  uint4 *__restrict__ s0, uint4 *__restrict__ s1, int64_t nsvec) {
+    constexpr int U = 4;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (int64_t base = tid; base < nvec; base += U * stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int64_t j = base + k * stride;
+            if (j < nvec) v[k] = in[j];
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            int64_t j = base + k * stride;
+            if (j >= nvec) continue;
+            if (IB == 2) { /* 8 elements -> 4 bytes */
+                uint32_t o = __byte_perm(v[k].x, v[k].y, 0x7531) ^ __byte_perm(v[k].z, v[k].w, 0x7531);
+                reinterpret_cast<uint32_t *>(o0)[j] = o;
+                if (PL == 2) reinterpret_cast<uint32_t *>(o1)[j] = o;
+            } else { /* 4 elements -> 2 bytes */
+                uint16_t o = (uint16_t)(__byte_perm(v[k].x, v[k].y, 0x0073) ^ __byte_perm(v[k].z, v[k].w, 0x0073));
+                reinterpret_cast<uint16_t *>(o0)[j] = o;
+                if (PL == 2) reinterpret_cast<uint16_t *>(o1)[j] = o;
             }
         }
     }
@@ -295,7 +336,7 @@ struct bench_mix_job {
     int64_t scale_bytes;
 };
 
-static mxs_status bench_mix_launch(const bench_mix_job &j, int grid, cudaStream_t s) {
+static inline mxs_status bench_mix_launch(const bench_mix_job &j, int grid, cudaStream_t s) {
     const int64_t nvec = j.elems * j.in_bytes / 16, nsvec = (j.scale_bytes + 15) / 16;
     const uint4 *in = (const uint4 *)j.in;
     uint4 *s0 = (uint4 *)j.s0, *s1 = (uint4 *)j.s1;
@@ -310,14 +351,36 @@ static mxs_status bench_mix_launch(const bench_mix_job &j, int grid, cudaStream_
     return bench_launch_status();
 }
 
+/* The NVFP4 ceiling stream (bench_mix_fp4): the same fields as
+ * bench_mix_job, but each output plane holds elems/2 bytes (packed nibbles).
+ * Build one as bench_fp4_job{{in, elems, in_bytes, planes, o0, o1, s0, s1,
+ * scale_bytes}}; o0/o1 must be 4-byte (bf16 in) or 2-byte (f32 in) aligned. */
+struct bench_fp4_job : bench_mix_job {};
+
+static inline mxs_status bench_mix_launch(const bench_fp4_job &j, int grid, cudaStream_t s) {
+    const int64_t nvec = j.elems * j.in_bytes / 16, nsvec = (j.scale_bytes + 15) / 16;
+    const uint4 *in = (const uint4 *)j.in;
+    uint4 *s0 = (uint4 *)j.s0, *s1 = (uint4 *)j.s1;
+    if (j.in_bytes == 2 && j.planes == 1)
+        bench_mix_fp4<2, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    else if (j.in_bytes == 2)
+        bench_mix_fp4<2, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    else if (j.planes == 1)
+        bench_mix_fp4<4, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    else
+        bench_mix_fp4<4, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+    return bench_launch_status();
+}
+
 /* Times the jobs (used in rotation, like a case's calls) with two grid
  * shapes - persistent (8 CTAs of 256 per SM) and one pass of U vectors per
- * thread - and keeps the faster of the two in each mode. */
-static bench_times bench_ceiling(bench_ctx &B, const std::vector<bench_mix_job> &jobs, const char *what) {
+ * thread - and keeps the faster of the two in each mode. Job: bench_mix_job
+ * (one byte per element per plane) or bench_fp4_job (half a byte). */
+template <class Job> static bench_times bench_ceiling_of(bench_ctx &B, const std::vector<Job> &jobs, const char *what) {
     bench_times best;
     for (int variant = 0; variant < 2; variant++) {
         std::vector<bench_call> calls;
-        for (const bench_mix_job &j : jobs) {
+        for (const Job &j : jobs) {
             int64_t nvec = j.elems * j.in_bytes / 16;
             int64_t one_pass = std::max<int64_t>(1, (nvec + 256 * 4 - 1) / (256 * 4));
             int grid = variant == 0 ? B.sms * 8 : (int)std::min<int64_t>(one_pass, 1 << 30);
@@ -328,6 +391,13 @@ static bench_times bench_ceiling(bench_ctx &B, const std::vector<bench_mix_job> 
         if (best.b2b < 0 || t.b2b < best.b2b) best.b2b = t.b2b;
     }
     return best;
+}
+
+static inline bench_times bench_ceiling(bench_ctx &B, const std::vector<bench_mix_job> &jobs, const char *what) {
+    return bench_ceiling_of(B, jobs, what);
+}
+static inline bench_times bench_ceiling_fp4(bench_ctx &B, const std::vector<bench_fp4_job> &jobs, const char *what) {
+    return bench_ceiling_of(B, jobs, what);
 }
 
 #endif /* MXS_BENCH_UTIL_H */

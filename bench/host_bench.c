@@ -5,8 +5,9 @@
  *
  * Quantizes a rows x cols bf16 weight (default 4096 x 4096) with
  * mxs_host_quantize into row-only and bidirectional primaries, and runs a
- * single-rank fused writeback (f32 master) for both; prints the median of
- * `reps` runs. Timings are CPU wall-clock (CLOCK_MONOTONIC).
+ * single-rank fused writeback (f32 master) for both; then NVFP4 host quantize
+ * (mxs_host_nvfp4_quantize, bf16 in, COMPACT scales) for 1x16 and 16x16
+ * blocks, row-only and both; prints the median of `reps` runs. Timings are CPU wall-clock (CLOCK_MONOTONIC).
  */
 #define _POSIX_C_SOURCE 199309L
 #include <stdio.h>
@@ -27,18 +28,60 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+static uint64_t rng(uint64_t *state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
 }
 
 /* A random normal-ish weight: magnitudes spread over ~12 binades. */
-static float random_weight(void) {
-    uint32_t bits = (uint32_t)(rng() & 0x807FFFFFu) | ((uint32_t)(115 + rng() % 12) << 23);
+static float random_weight(uint64_t *state) {
+    uint32_t bits = (uint32_t)(rng(state) & 0x807FFFFFu) | ((uint32_t)(115 + rng(state) % 12) << 23);
     return mxs_f32_from_bits(bits);
+}
+
+/* NVFP4 host quantize of the bf16 weight into `dirs` (COMPACT scales) with
+ * `block`: median seconds of reps runs, -1 on an error. */
+static double nvfp4_quantize_time(const uint16_t *bf16, int64_t rows, int64_t cols, unsigned dirs,
+                                  mxs_nvfp4_block block, int reps, double *times) {
+    mxs_nvfp4_tensor t;
+    float amax = 0;
+    double med = -1;
+    int64_t db, rs, cs;
+    int rep, ok;
+    memset(&t, 0, sizeof t);
+    t.rows = rows;
+    t.cols = cols;
+    t.dirs = dirs;
+    t.scale_layout = MXS_SCALES_COMPACT;
+    t.block = block;
+    t.amax = &amax;
+    db = mxs_nvfp4_data_bytes(&t);
+    rs = mxs_nvfp4_scale_bytes(&t, MXS_ROWWISE);
+    cs = dirs & MXS_COLWISE ? mxs_nvfp4_scale_bytes(&t, MXS_COLWISE) : 0;
+    if (db <= 0 || rs <= 0 || cs < 0) return -1;
+    t.row_data = malloc((size_t)db);
+    t.row_scale = malloc((size_t)rs);
+    if (dirs & MXS_COLWISE) {
+        t.col_data = malloc((size_t)db);
+        t.col_scale = malloc((size_t)cs);
+    }
+    ok = t.row_data && t.row_scale && (!(dirs & MXS_COLWISE) || (t.col_data && t.col_scale));
+    for (rep = 0; rep < reps && ok; rep++) {
+        double t0 = now_s();
+        ok = mxs_host_nvfp4_quantize(&t, bf16, MXS_BF16, MXS_F32) == MXS_OK;
+        times[rep] = now_s() - t0;
+    }
+    if (ok) {
+        qsort(times, (size_t)reps, sizeof(double), cmp_double);
+        med = times[reps / 2];
+    }
+    free(t.row_data);
+    free(t.row_scale);
+    free(t.col_data);
+    free(t.col_scale);
+    return med;
 }
 
 typedef struct {
@@ -53,11 +96,12 @@ int main(int argc, char **argv) {
     float *master = malloc((size_t)n * sizeof(float));
     uint16_t *bf16 = malloc((size_t)n * sizeof(uint16_t));
     double *times = malloc((size_t)reps * sizeof(double));
-    result results[4];
+    result results[8];
     int nres = 0;
+    uint64_t state = 0x9E3779B97F4A7C15ull;
     if (!master || !bf16 || !times) return 1;
     for (i = 0; i < n; i++) {
-        master[i] = random_weight();
+        master[i] = random_weight(&state);
         bf16[i] = mxs_bf16_from_f32(master[i]);
     }
     printf("host_bench: %lld x %lld, one core, median of %d\n", (long long)rows, (long long)cols, reps);
@@ -114,6 +158,24 @@ int main(int argc, char **argv) {
         free(t.row_scale);
         free(t.col_data);
         free(t.col_scale);
+    }
+    { /* NVFP4 (nvfp4_quantize.h): row-only 1x16, both 16x16 */
+        static const struct {
+            const char *name;
+            unsigned dirs;
+            mxs_nvfp4_block block;
+        } nv[] = {
+            {"NVFP4 quantize bf16, 1x16, row-only", MXS_ROWWISE, MXS_NVFP4_1X16},
+            {"NVFP4 quantize bf16, 1x16, both", MXS_BOTH, MXS_NVFP4_1X16},
+            {"NVFP4 quantize bf16, 16x16, row-only", MXS_ROWWISE, MXS_NVFP4_16X16},
+            {"NVFP4 quantize bf16, 16x16, both", MXS_BOTH, MXS_NVFP4_16X16},
+        };
+        size_t k;
+        for (k = 0; k < sizeof nv / sizeof nv[0]; k++) {
+            results[nres].name = nv[k].name;
+            results[nres].seconds = nvfp4_quantize_time(bf16, rows, cols, nv[k].dirs, nv[k].block, reps, times);
+            if (results[nres++].seconds < 0) return 6;
+        }
     }
     printf("| variant | ms | M elements/s |\n| --- | ---: | ---: |\n");
     for (i = 0; i < nres; i++)

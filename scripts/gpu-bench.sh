@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # The benchmark on the GPU machine, in one call: configure + build only what
-# bench/cuda_bench needs (sm_90 machine code, release, no tests), then run it.
-#   ${OUT:-/tmp}/bench.md   the tables (markdown, for bench/RESULTS.md)
-#   ${OUT:-/tmp}/bench.csv  one line per measurement
-#   ${OUT:-/tmp}/bench.log  everything printed (build, nvidia-smi, bench)
-# Extra arguments go to cuda_bench (e.g. --shapes 8192x8192 --reps 10).
-# Build dir: ${MXS_BENCH_BUILDDIR:-build-bench}. Exit status: the bench's
-# (1 on an error or a failed byte check), or the failing build step's.
+# the selected benches need (sm_90 machine code, release, no tests), then run
+# them.
+#   MXS_BENCH_PARTS="mxfp8 nvfp4" (default; comma or space separated):
+#     mxfp8  bench/cuda_bench   -> ${OUT:-/tmp}/bench.md, bench.csv
+#     nvfp4  bench/nvfp4_bench  -> ${OUT:-/tmp}/nvfp4.md, nvfp4.csv (builds
+#            only mxs_nvfp4.cu of the library; about 20 s to build on 16
+#            cores and under 80 s to run on an H200 (--budget 75 caps it):
+#            MXS_BENCH_PARTS=nvfp4 scripts/gpu-bench.sh)
+#   ${OUT:-/tmp}/bench.log  everything printed (build, nvidia-smi, benches)
+# Extra arguments go to every selected bench (both take --shapes RxC,...
+# --reps N --k K --no-graph; nvfp4_bench also --budget SECONDS).
+# Build dir: ${MXS_BENCH_BUILDDIR:-build-bench}. Exit status: 0, or the first
+# failing bench's (1 on an error or a failed byte check), or the failing
+# build step's.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
@@ -36,9 +43,29 @@ if [ -f "$builddir/build.ninja" ]; then
 else
   run meson setup "$builddir" "${opts[@]}" || exit 1
 fi
-run ninja -C "$builddir" bench/cuda_bench || exit 1
+parts=${MXS_BENCH_PARTS:-mxfp8 nvfp4}
+parts=${parts//,/ }
+targets=()
+for p in $parts; do
+  case $p in
+    mxfp8) targets+=(bench/cuda_bench) ;;
+    nvfp4) targets+=(bench/nvfp4_bench) ;;
+    *) echo "gpu-bench.sh: unknown part '$p' in MXS_BENCH_PARTS (want mxfp8, nvfp4)" | tee -a "$log" >&2; exit 2 ;;
+  esac
+done
+[ ${#targets[@]} -gt 0 ] || { echo "gpu-bench.sh: MXS_BENCH_PARTS is empty" | tee -a "$log" >&2; exit 2; }
+run ninja -C "$builddir" "${targets[@]}" || exit 1
 
-run timeout 600 "$builddir/bench/cuda_bench" --out "$out/bench.md" --csv "$out/bench.csv" "$@"
-rc=$?
-echo "=== results: $out/bench.md, $out/bench.csv, $log" | tee -a "$log"
+rc=0
+results=()
+for p in $parts; do
+  case $p in
+    mxfp8) run timeout 600 "$builddir/bench/cuda_bench" --out "$out/bench.md" --csv "$out/bench.csv" "$@"
+           r=$?; results+=("$out/bench.md" "$out/bench.csv") ;;
+    nvfp4) run timeout 300 "$builddir/bench/nvfp4_bench" --out "$out/nvfp4.md" --csv "$out/nvfp4.csv" "$@"
+           r=$?; results+=("$out/nvfp4.md" "$out/nvfp4.csv") ;;
+  esac
+  [ "$rc" = 0 ] && rc=$r
+done
+echo "=== results: ${results[*]}, $log" | tee -a "$log"
 exit $rc

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* tools/demo.h - what the CPU demo (demo.c) and its CUDA/NCCL backend
- * (demo_cuda.c) share: options, the Llama-style bucket, formatting. */
+/* tools/demo.h - what the CPU demo (demo.c), its CUDA/NCCL backend
+ * (demo_cuda.c) and its NVFP4 run (demo_nvfp4.c) share: options, the
+ * Llama-style bucket, formatting. */
 #ifndef MXSHARD_TOOLS_DEMO_H
 #define MXSHARD_TOOLS_DEMO_H
 
@@ -23,6 +24,8 @@ typedef struct demo_opts {
     int json;
     int cuda;
     int ranks_set; /* --ranks was given (caps the GPU count with --device cuda) */
+    int nvfp4;     /* --format nvfp4 (default mxfp8) */
+    mxs_nvfp4_block nvfp4_block; /* --block 1x16|16x16 (default 16x16, as TE) */
 } demo_opts;
 
 /* Fills w[] with the bucket (7 weights per layer); returns the count. */
@@ -33,6 +36,10 @@ int64_t demo_te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs);
 const char *demo_fmt_int(int64_t v, char *buf, size_t n);
 const char *demo_fmt_mib(int64_t v, char *buf, size_t n);
 double demo_now_ms(void);
+
+/* --format nvfp4: the NVFP4 writeback on the simulated group, with the
+ * NVFP4 / MXFP8 / BF16 memory and wire tables (demo_nvfp4.c). */
+int demo_nvfp4_run(const demo_opts *o);
 
 /* --device cuda: one process per GPU over NCCL (demo_cuda.c). */
 int demo_cuda_run(const demo_opts *o);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -53,12 +54,30 @@ def _same(a, b):
         return repr(a) == repr(b)
 
 
+def _safetensors(path):
+    """(header dict, data bytes) of a safetensors file."""
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    return json.loads(raw[8:8 + n]), raw[8 + n:], raw
+
+
 def compare_files(pa, pb):
-    """Two files, byte for byte (the exported safetensors)."""
-    da, db = open(pa, "rb").read(), open(pb, "rb").read()
+    """Two exported safetensors files: the parsed headers (tensor names, dtypes,
+    shapes, offsets, metadata) and the data bytes must be equal; whether the
+    whole files are byte-identical is reported too (the safetensors writer
+    serializes the metadata map in hash order, so its header bytes may differ
+    between processes for the same content)."""
+    ha, da, ra = _safetensors(pa)
+    hb, db, rb = _safetensors(pb)
     n = next((i for i, (x, y) in enumerate(zip(da, db)) if x != y), None)
-    return {"bytes_a": len(da), "bytes_b": len(db), "first_difference": n,
-            "identical": da == db and len(da) > 0}
+    meta_a, meta_b = ha.get("__metadata__", {}), hb.get("__metadata__", {})
+    meta_same = {k: (json.loads(v) if k == "mxshard" else v) for k, v in meta_a.items()} == \
+        {k: (json.loads(v) if k == "mxshard" else v) for k, v in meta_b.items()}
+    tensors_a = {k: v for k, v in ha.items() if k != "__metadata__"}
+    tensors_b = {k: v for k, v in hb.items() if k != "__metadata__"}
+    return {"tensors": len(tensors_a), "data_bytes": len(da), "first_data_difference": n,
+            "header_same": tensors_a == tensors_b and meta_same, "file_bytes_identical": ra == rb,
+            "identical": tensors_a == tensors_b and meta_same and da == db and len(da) > 0}
 
 
 def compare_losses(ja, jb, from_step=0):

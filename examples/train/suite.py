@@ -58,6 +58,7 @@ def main():
     p.add_argument("--scale-dp", type=int, default=1, help="data-parallel size of the scale runs")
     p.add_argument("--launchers", default="mp.spawn",
                    help="launchers of the DP=2 resumes: mp.spawn and/or torchrun (comma list)")
+    p.add_argument("--ckpt-dir", default=None, help="where the checkpoints go (default: OUT/ckpt)")
     p.add_argument("--extra", default="", help="extra train.py arguments for every run (space separated)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="wall-clock budget: later runs get what is left, or are skipped")
@@ -73,7 +74,7 @@ def main():
         if x not in ("mp.spawn", "torchrun"):
             p.error(f"--launchers: {x!r} is not mp.spawn or torchrun")
     os.makedirs(a.out, exist_ok=True)
-    ck = os.path.join(a.out, "ckpt")
+    ck = a.ckpt_dir or os.path.join(a.out, "ckpt")
     os.makedirs(ck, exist_ok=True)
     plot_path = a.plot
     parts = set(a.parts.split(","))
@@ -159,7 +160,9 @@ def main():
         from compare import compare_ckpts, compare_files, compare_losses
         C = R["checks"]
         for kind, fn, x, y in (("ckpt", compare_ckpts, ref_ckpt, ckpt), ("export", compare_files, ref_exp, exp)):
-            if x and y:
+            if x and y and not (os.path.exists(x) and os.path.exists(y)):
+                C[f"{key}_{kind}"] = {"skipped": f"{x if not os.path.exists(x) else y} was not written"}
+            elif x and y:
                 try:
                     C[f"{key}_{kind}"] = fn(x, y)
                 except Exception as e:  # noqa: BLE001 - reported
@@ -246,7 +249,8 @@ def _pts(r):
 def all_ok(R):
     ok = True
     for key, c in R["checks"].items():
-        if key.startswith("same_") and (key.endswith(("_ckpt", "_export")) and not c.get("identical")):
+        if key.startswith("same_") and key.endswith(("_ckpt", "_export")) and not (c.get("identical") or
+                                                                                  c.get("skipped")):
             ok = False
         if key.startswith("same_") and key.endswith("_losses") and not c.get("bitwise_identical"):
             ok = False
@@ -359,12 +363,15 @@ def summary(R):
         c = C[key]
         if key.startswith("same_"):
             what = key.replace("same_", "").replace("_", " ")
-            if key.endswith("_ckpt"):
+            if c.get("skipped"):
+                L.append(f"| {what} | skipped: {c['skipped']} |")
+            elif key.endswith("_ckpt"):
                 res = ("identical (%d tensors, %s bytes)" % (c["tensors"], f"{c['bytes']:,}") if c.get("identical")
                        else "DIFFERS: %s" % {x: c.get(x) for x in ("differing", "other_differing", "missing", "error")})
                 L.append(f"| {what}: final checkpoint vs the uninterrupted run's | {res} |")
             elif key.endswith("_export"):
-                res = (f"byte-identical ({c['bytes_a']:,} bytes)" if c.get("identical") else f"DIFFERS: {c}")
+                res = (f"identical ({c['tensors']} tensors, {c['data_bytes']:,} data bytes; whole file byte-identical: "
+                       f"{c['file_bytes_identical']})" if c.get("identical") else f"DIFFERS: {c}")
                 L.append(f"| {what}: exported safetensors vs the uninterrupted run's | {res} |")
             elif c.get("steps"):
                 L.append(f"| {what} (steps {c['first']}..{c['last']}) | "

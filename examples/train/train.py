@@ -478,10 +478,14 @@ def run(rank, world, backend, device, a, counter, trace):
         save(model, opt, a, world, a.steps, a.save_final, trace)
         res["final_path"] = a.save_final
     if a.export:
-        ckpt.export(a.export, model)
+        try:
+            ckpt.export(a.export, model)
+            res["export"] = a.export
+        except ImportError as e:     # the safetensors package is missing: every rank gets here
+            res["export_error"] = str(e)
+            log(f"export skipped: {e}")
         if world > 1:
             dist.barrier()
-        res["export"] = a.export
     res["losses"] = losses
     res["final_loss"] = losses[-1][1] if losses else None
     tail = [l[1] for l in losses[-max(1, len(losses) // 10):]]      # mean of the last 10% of steps

@@ -13,9 +13,13 @@
 Under torch.distributed (gloo or NCCL) every rank runs the same script;
 without it the optimizer is a world of one. MXFP8Linear, convert and
 is_mxfp8 live in mxshard.torch.linear, ShardedOptimizer in
-mxshard.torch.optim, the pure bucket geometry in mxshard.torch.layout.
+mxshard.torch.optim, the pure bucket geometry in mxshard.torch.layout,
+resharding DCP checkpoints and the safetensors export in
+mxshard.torch.checkpoint.
 """
 from .linear import MXFP8Linear, convert, is_mxfp8
 from .optim import ShardedOptimizer
+from .checkpoint import CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint, save_checkpoint
 
-__all__ = ["MXFP8Linear", "convert", "is_mxfp8", "ShardedOptimizer"]
+__all__ = ["MXFP8Linear", "convert", "is_mxfp8", "ShardedOptimizer", "save_checkpoint", "load_checkpoint",
+           "export_safetensors", "CheckpointError", "CheckpointMismatchError"]

@@ -1,0 +1,184 @@
+# SPDX-License-Identifier: MIT
+"""mxshard.torch.checkpoint (DCP): a gloo group of 2, one of 3 and one of 1
+process, started at once from a forkserver that imported torch once, run
+every case of torch_ckpt_cases.plan(): DP=2 trains and saves, DP=3 and DP=1
+load (resharding) and go on; damaged and mismatched checkpoints are rejected
+on every rank; the safetensors export reads back. Skips without torch or
+gloo. A rank that hangs or dies fails the tests within DEADLINE (its
+process is killed), it never blocks the run."""
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+
+import pytest
+
+from conftest import torch_or_skip
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORLDS = (2, 3, 1)
+DEADLINE = 120  # seconds for all groups
+
+
+def _torch_dist_or_skip():
+    torch = torch_or_skip()
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    return torch
+
+
+def spawn(worlds, plan):
+    """Every case of `plan` in one gloo group per world size, all groups at once; never blocks past DEADLINE."""
+    import torch
+    import torch_dist_cases as DC
+    import torch_ckpt_cases as C
+    fork_ok = "forkserver" in mp.get_all_start_methods() and not torch.cuda.is_available()
+    method = "forkserver" if fork_ok else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch_dist_cases", "torch_ckpt_cases"])
+    q = ctx.Queue()
+    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE)] + [p for p in sys.path if p])
+    procs = {}
+    for world in worlds:
+        port = DC.free_port()
+        for r in range(world):
+            procs[(world, r)] = ctx.Process(target=C.worker, args=(r, world, port, q, plan), daemon=True)
+    t0 = time.time()
+    os.environ["MXS_TORCH_CASES_WARM_UP"] = "1"
+    try:
+        for p in procs.values():
+            p.start()
+    finally:
+        del os.environ["MXS_TORCH_CASES_WARM_UP"]
+    res, done = {}, set()
+    want = set(procs)
+    while done != want and time.time() < t0 + DEADLINE:
+        try:
+            world, rank, cid, status, payload = q.get(timeout=0.5)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs.values()):
+                break
+            continue
+        if cid == "<done>":
+            done.add((world, rank))
+        else:
+            res[(world, rank, cid)] = (status, payload)
+    hung, codes = [], {}
+    for key, p in procs.items():
+        p.join(timeout=10 if key in done else 0.1)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+            if key not in done:
+                hung.append(key)
+        codes[key] = p.exitcode
+    return {"res": res, "hung": hung, "codes": codes, "seconds": time.time() - t0, "worlds": worlds}
+
+
+@pytest.fixture(scope="module")
+def ckpt_results(tmp_path_factory):
+    _torch_dist_or_skip()
+    import torch_ckpt_cases as C
+    root = str(tmp_path_factory.mktemp("dcp"))
+    for tag in ("padded", "swizzled", "curve"):
+        os.makedirs(os.path.join(root, tag), exist_ok=True)
+    return spawn(WORLDS, C.plan(root))
+
+
+def _case(res, cid, worlds=WORLDS):
+    out, errors = {}, []
+    for w in worlds:
+        for r in range(w):
+            got = res["res"].get((w, r, cid))
+            if got is None:
+                errors.append(f"world {w} rank {r}: no result (hung or died, exit code {res['codes'].get((w, r))}; "
+                              f"unfinished ranks: {res['hung']})")
+            elif got[0] != "ok":
+                errors.append(f"world {w} rank {r}:\n{got[1]}")
+            else:
+                out[(w, r)] = got[1]
+    assert not errors, "\n".join(errors)
+    return out
+
+
+def test_reshard_2_to_3_and_1_byte_identical(ckpt_results):
+    for cid in ("reshard_padded_both", "reshard_swizzled_row"):
+        out = _case(ckpt_results, cid)
+        print(f"{cid}: save at DP=2 {out[(2, 0)]['save_s']:.2f} s, load at DP=3 {out[(3, 0)]['load_s']:.2f} s, "
+              f"at DP=1 {out[(1, 0)]['load_s']:.2f} s")
+
+
+def test_resume_other_dp_stays_on_curve(ckpt_results):
+    out = _case(ckpt_results, "curve")
+    for w in WORLDS:
+        o = out[(w, 0)]
+        print(f"resume at DP={w} of a DP=2 checkpoint, next steps: max |master - uninterrupted DP=2| = "
+              f"{['%.3g' % x for x in o['max_diff']]}, |loss diff| = {['%.3g' % x for x in o['loss_diff']]}"
+              + (f" (one step moves masters by up to {o['moved']:.3g})" if "moved" in o else " (bit-identical)"))
+
+
+def test_corrupted_and_mismatched_rejected_everywhere(ckpt_results):
+    out = _case(ckpt_results, "reject", worlds=(3,))
+    kinds = set(out[(3, 0)]) - {"seconds", "save_bad_extra"}
+    assert kinds == {"truncated", "flipped", "flipped_primary", "missing_key", "no_metadata", "record", "badprim",
+                     "shape", "layout", "inner", "rng_other_dp"}, kinds
+    assert [out[(3, r)]["save_bad_extra"] for r in range(3)] == ["remote", "local", "remote"]
+    for (w, r), o in out.items():
+        assert set(o) - {"seconds", "save_bad_extra"} == kinds, (w, r)   # every rank rejected every one
+    for k in sorted(kinds):
+        print(f"{k}: {out[(3, 0)][k][:160]}")
+
+
+def test_export_safetensors(ckpt_results):
+    out = _case(ckpt_results, "export", worlds=(1,))
+    if "skipped" in out[(1, 0)]:
+        pytest.skip(out[(1, 0)]["skipped"])
+    assert out[(1, 0)]["tensors"] > 10
+
+
+def test_no_hang_and_runtime(ckpt_results):
+    assert not ckpt_results["hung"], f"ranks (world, rank) never finished: {ckpt_results['hung']}"
+    print(f"gloo groups of {WORLDS}: {ckpt_results['seconds']:.1f} s")
+
+
+# ---- a world of one, in this process -------------------------------------------------
+
+def test_world_of_one_and_bad_arguments(tmp_path):
+    torch = _torch_dist_or_skip()
+    import torch.distributed as dist
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in the test process")
+    import torch_ckpt_cases as CC
+    from mxshard.torch import CheckpointError, load_checkpoint, save_checkpoint
+    m, o = CC.make("compact", "both", seed=0, bucket_size=3000)
+    CC.train(m, o, range(2))
+    d = str(tmp_path / "w1")
+    before = CC.local_digest(m, o)
+    for call, exc, words in [
+            (lambda: save_checkpoint(d, m, o, extra={"x": {1, 2}}), TypeError, "extra['x']"),
+            (lambda: save_checkpoint(d, m, o, extra={"a/b": 1}), ValueError, "without '/'"),
+            (lambda: save_checkpoint(d, m, o, extra=[1]), TypeError, "extra must be a dict"),
+            (lambda: save_checkpoint(d, m, o, rng=1), TypeError, "rng must be a bool"),
+            (lambda: save_checkpoint(3, m, o), TypeError, "path must be"),
+            (lambda: save_checkpoint(d, torch.nn.Linear(2, 2), o), ValueError, "not part of this model"),
+            (lambda: save_checkpoint(d, m, object()), TypeError, "ShardedOptimizer"),
+            (lambda: load_checkpoint(d, m, o), CheckpointError, "is not a directory"),
+            (lambda: load_checkpoint(str(tmp_path), m, o), CheckpointError, "no .metadata"),
+            (lambda: load_checkpoint(d, m, o, strict=None), TypeError, "strict must be a bool")]:
+        with pytest.raises(exc) as ei:
+            call()
+        assert words in str(ei.value), (words, str(ei.value))
+    assert not os.path.exists(d)
+    assert CC.local_digest(m, o) == before
+    # a round trip without torch.distributed: byte-identical into another bucket geometry, then the same steps
+    save_checkpoint(d, m, o, extra={"step": 2}, rng=True)
+    snap = CC.snapshot(m, o)
+    m2, o2 = CC.make("compact", "both", seed=3, bucket_size=10 ** 6)
+    assert load_checkpoint(d, m2, o2, rng=True) == {"step": 2}
+    CC.compare(CC.snapshot(m2, o2), snap, "world of one")
+    CC.train(m, o, range(2, 4))
+    CC.train(m2, o2, range(2, 4))
+    CC.compare(CC.snapshot(m2, o2), CC.snapshot(m, o), "world of one, continued")
