@@ -23,8 +23,8 @@ typedef struct demo_opts {
     uint64_t seed;
     int json;
     int cuda;
-    int ranks_set; /* --ranks was given (caps the GPU count with --device cuda) */
-    int nvfp4;     /* --format nvfp4 (default mxfp8) */
+    int ranks_set;               /* --ranks was given (caps the GPU count with --device cuda) */
+    int nvfp4;                   /* --format nvfp4 (default mxfp8) */
     mxs_nvfp4_block nvfp4_block; /* --block 1x16|16x16 (default 16x16, as TE) */
 } demo_opts;
 

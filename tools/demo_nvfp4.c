@@ -53,9 +53,9 @@ typedef struct nv_demo {
     const mxs_sim_weight *w;
     int n, nranks;
     int64_t *offset, bucket_elems, used;
-    float **master;         /* the whole f32 master of each weight; rank r's shard is a slice of it */
+    float **master; /* the whole f32 master of each weight; rank r's shard is a slice of it */
     nv_rank *ranks;
-    mxs_nvfp4_tensor *ref;  /* whole-tensor quantize, the verification's reference */
+    mxs_nvfp4_tensor *ref; /* whole-tensor quantize, the verification's reference */
     float *ref_amax;
     mxs_nvfp4_wb_slot *slots;
     int64_t reduce_calls, reduce_bytes, gather_calls, gather_bytes;
@@ -403,8 +403,8 @@ static void print_tables(const nv_demo *d) {
            bn, o->nvfp4_block == MXS_NVFP4_16X16 ? " (tile; stored per row)" : "");
 
     printf("memory per rank, primaries (bytes):\n");
-    printf("%-10s %13s  %-7s %13s %13s %13s %13s %13s\n", "weight", "shape", "planes", "NVFP4", "NVFP4 bidir",
-           "MXFP8", "MXFP8 bidir", "BF16");
+    printf("%-10s %13s  %-7s %13s %13s %13s %13s %13s\n", "weight", "shape", "planes", "NVFP4", "NVFP4 bidir", "MXFP8",
+           "MXFP8 bidir", "BF16");
     for (w = 0; w < d->n; w++) {
         const mxs_sim_weight *x = &d->w[w];
         mxs_nvfp4_tensor t = nv_shape(x, x->dirs, o->nvfp4_block), tb = nv_shape(x, MXS_BOTH, o->nvfp4_block);
@@ -412,8 +412,9 @@ static void print_tables(const nv_demo *d) {
                 m2 = mx_bytes(x, MXS_BOTH), h = 2 * x->rows * x->cols;
         char shape[40];
         snprintf(shape, sizeof shape, "%lld x %lld", (long long)x->rows, (long long)x->cols);
-        printf("%-10s %13s  %-7s %13s %13s %13s %13s %13s\n", x->name, shape, x->dirs == MXS_ROWWISE ? "row" : "row+col",
-               demo_fmt_int(a, b[0], sizeof b[0]), demo_fmt_int(a2, b[1], sizeof b[1]), demo_fmt_int(m, b[2], sizeof b[2]),
+        printf("%-10s %13s  %-7s %13s %13s %13s %13s %13s\n", x->name, shape,
+               x->dirs == MXS_ROWWISE ? "row" : "row+col", demo_fmt_int(a, b[0], sizeof b[0]),
+               demo_fmt_int(a2, b[1], sizeof b[1]), demo_fmt_int(m, b[2], sizeof b[2]),
                demo_fmt_int(m2, b[3], sizeof b[3]), demo_fmt_int(h, b[4], sizeof b[4]));
         nv_p += a;
         nv_b += a2;
@@ -446,9 +447,9 @@ static void print_tables(const nv_demo *d) {
                 mt = demo_te_amax_bytes(x->rows, x->cols, x->dirs), gn = nv_gather_bytes(d, w), gm = mx_gather_bytes(x),
                 gb = 2 * x->rows * x->cols;
         printf("%-10s %13s %13s %13s %13s %13s %13s %13s\n", x->name, demo_fmt_int(a, b[0], sizeof b[0]),
-               demo_fmt_int(t, b[1], sizeof b[1]), demo_fmt_int(m, b[2], sizeof b[2]), demo_fmt_int(mt, b[3], sizeof b[3]),
-               demo_fmt_int(gn, b[4], sizeof b[4]), demo_fmt_int(gm, b[5], sizeof b[5]),
-               demo_fmt_int(gb, b[6], sizeof b[6]));
+               demo_fmt_int(t, b[1], sizeof b[1]), demo_fmt_int(m, b[2], sizeof b[2]),
+               demo_fmt_int(mt, b[3], sizeof b[3]), demo_fmt_int(gn, b[4], sizeof b[4]),
+               demo_fmt_int(gm, b[5], sizeof b[5]), demo_fmt_int(gb, b[6], sizeof b[6]));
         r_nv += a;
         r_te += t;
         r_mx += m;
@@ -465,10 +466,16 @@ static void print_tables(const nv_demo *d) {
            demo_fmt_int(g_mx, b[5], sizeof b[5]), demo_fmt_int(g_bf, b[6], sizeof b[6]));
     printf("collectives per update: NVFP4 ONE MAX all-reduce (%s B, uint16 entries, status entry included) "
            "vs TE* TWO (%s B);\n"
-           "  MXFP8 ONE uint8 MAX all-reduce (%s B); BF16 none. NVFP4 reduce = %.2fx TE's bytes, %.2fx MXFP8's\n",
+           "  MXFP8 ONE uint8 MAX all-reduce (%s B); BF16 none. ",
            demo_fmt_int(r_nv, b[0], sizeof b[0]), demo_fmt_int(r_te, b[1], sizeof b[1]),
-           demo_fmt_int(r_mx, b[2], sizeof b[2]), r_te ? (double)r_nv / (double)r_te : 0.0,
-           r_mx ? (double)r_nv / (double)r_mx : 0.0);
+           demo_fmt_int(r_mx, b[2], sizeof b[2]));
+    if (o->nvfp4_block == MXS_NVFP4_16X16)
+        printf("NVFP4 reduce = %.2fx TE's bytes, %.2fx MXFP8's\n", r_te ? (double)r_nv / (double)r_te : 0.0,
+               r_mx ? (double)r_nv / (double)r_mx : 0.0);
+    else
+        printf("NVFP4 reduce = %.2fx MXFP8's (TE has no sharded 1x16 cast:\n"
+               "  its column is its 16x16 cast, for scale; 1x16 reduces one entry per 16 elements of each plane)\n",
+               r_mx ? (double)r_nv / (double)r_mx : 0.0);
     printf("  NVFP4 reduce: %s, one 2-byte entry (the bf16 pattern of the block amax) per %s; sent as ncclBfloat16 by "
            "the NCCL glue (exact),\n"
            "  widened to int32 (x2 bytes) by the Python package on gloo. Global amax: local max of the reduced "
@@ -479,9 +486,10 @@ static void print_tables(const nv_demo *d) {
            o->nvfp4_block == MXS_NVFP4_16X16
                ? "row-wise planes only; column-wise planes by a local transpose (16x16 tiles share scales)"
                : "row-wise planes + column stages of the weights with both planes; then a local transpose");
-    printf("  * TE's sharded NVFP4 master cast (2D 16x16 only): fp32 amax per 16x16 tile, then a per-tensor global\n"
-           "    amax, in two all-reduces (as issue 18 reads TE's quantize_master_weights); shown for 16x16 tiles.\n"
-           "  ** assumption, as in the MXFP8 demo: one bf16 amax per 32-element block over TE's padded scale shape.\n\n");
+    printf(
+        "  * TE's sharded NVFP4 master cast (2D 16x16 only): fp32 amax per 16x16 tile, then a per-tensor global\n"
+        "    amax, in two all-reduces (as issue 18 reads TE's quantize_master_weights); shown for 16x16 tiles.\n"
+        "  ** assumption, as in the MXFP8 demo: one bf16 amax per 32-element block over TE's padded scale shape.\n\n");
     printf("collectives (%d updates): all-reduce MAX uint16 %lld calls, %s bytes; all-gather uint8 %lld calls, %s "
            "bytes\n\n",
            DEMO_UPDATES, (long long)d->reduce_calls, demo_fmt_int(d->reduce_bytes, b[0], sizeof b[0]),
