@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -112,8 +113,11 @@ __global__ void bench_l2_flush(const uint4 *p, int64_t n, uint32_t *sink) {
  * (bf16: 8 per vector, f32: 4), writes one byte per element to each of PL
  * output planes (a byte of the input, no arithmetic) and nsvec 16-byte
  * vectors to each of PL scale planes. Coalesced 16-byte loads, U of them in
- * flight per thread before the first store. */
-template <int IB, int PL>
+ * flight per thread before the first store.
+ * FP4: the NVFP4 same-mix ceiling - each output plane takes HALF a byte per
+ * element (packed nibbles): 8 bf16 -> 4 bytes, 4 f32 -> 2 bytes per 16-byte
+ * input vector (bytes of the input, one XOR, no arithmetic on values). */
+template <int IB, int PL, bool FP4>
 __global__ void __launch_bounds__(256)
     bench_mix(const uint4 *__restrict__ in, int64_t nvec, uint8_t *__restrict__ o0, uint8_t *__restrict__ o1,
               uint4 *__restrict__ s0, uint4 *__restrict__ s1, int64_t nsvec) {
@@ -131,7 +135,15 @@ __global__ void __launch_bounds__(256)
         for (int k = 0; k < U; k++) {
             int64_t j = base + k * stride;
             if (j >= nvec) continue;
-            if (IB == 2) { /* the high byte of each of the 8 bf16 */
+            if (FP4 && IB == 2) { /* 8 elements -> 4 bytes */
+                uint32_t o = __byte_perm(v[k].x, v[k].y, 0x7531) ^ __byte_perm(v[k].z, v[k].w, 0x7531);
+                reinterpret_cast<uint32_t *>(o0)[j] = o;
+                if (PL == 2) reinterpret_cast<uint32_t *>(o1)[j] = o;
+            } else if (FP4) { /* 4 elements -> 2 bytes */
+                uint16_t o = (uint16_t)(__byte_perm(v[k].x, v[k].y, 0x0073) ^ __byte_perm(v[k].z, v[k].w, 0x0073));
+                reinterpret_cast<uint16_t *>(o0)[j] = o;
+                if (PL == 2) reinterpret_cast<uint16_t *>(o1)[j] = o;
+            } else if (IB == 2) { /* the high byte of each of the 8 bf16 */
                 uint2 o = make_uint2(__byte_perm(v[k].x, v[k].y, 0x7531), __byte_perm(v[k].z, v[k].w, 0x7531));
                 reinterpret_cast<uint2 *>(o0)[j] = o;
                 if (PL == 2) reinterpret_cast<uint2 *>(o1)[j] = o;
@@ -140,46 +152,6 @@ __global__ void __launch_bounds__(256)
                     __byte_perm(__byte_perm(v[k].x, v[k].y, 0x0073), __byte_perm(v[k].z, v[k].w, 0x0073), 0x5410);
                 reinterpret_cast<uint32_t *>(o0)[j] = o;
                 if (PL == 2) reinterpret_cast<uint32_t *>(o1)[j] = o;
-            }
-        }
-    }
-    for (int64_t j = tid; j < nsvec; j += stride) {
-        uint4 z = make_uint4((uint32_t)j, 0x7F7F7F7Fu, 0x7F7F7F7Fu, 0x7F7F7F7Fu);
-        s0[j] = z;
-        if (PL == 2) s1[j] = z;
-    }
-}
-
-/* The NVFP4 same-mix ceiling: as bench_mix, but each output plane takes HALF
- * a byte per element (packed nibbles): 8 bf16 -> 4 bytes, 4 f32 -> 2 bytes
- * per 16-byte input vector (bytes of the input, one XOR, no arithmetic on
- * values), and nsvec 16-byte vectors to each of PL scale planes. */
-template <int IB, int PL>
-__global__ void __launch_bounds__(256)
-    bench_mix_fp4(const uint4 *__restrict__ in, int64_t nvec, uint8_t *__restrict__ o0, uint8_t *__restrict__ o1,
-                  uint4 *__restrict__ s0, uint4 *__restrict__ s1, int64_t nsvec) {
-    constexpr int U = 4;
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    for (int64_t base = tid; base < nvec; base += U * stride) {
-        uint4 v[U];
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            int64_t j = base + k * stride;
-            if (j < nvec) v[k] = in[j];
-        }
-#pragma unroll
-        for (int k = 0; k < U; k++) {
-            int64_t j = base + k * stride;
-            if (j >= nvec) continue;
-            if (IB == 2) { /* 8 elements -> 4 bytes */
-                uint32_t o = __byte_perm(v[k].x, v[k].y, 0x7531) ^ __byte_perm(v[k].z, v[k].w, 0x7531);
-                reinterpret_cast<uint32_t *>(o0)[j] = o;
-                if (PL == 2) reinterpret_cast<uint32_t *>(o1)[j] = o;
-            } else { /* 4 elements -> 2 bytes */
-                uint16_t o = (uint16_t)(__byte_perm(v[k].x, v[k].y, 0x0073) ^ __byte_perm(v[k].z, v[k].w, 0x0073));
-                reinterpret_cast<uint16_t *>(o0)[j] = o;
-                if (PL == 2) reinterpret_cast<uint16_t *>(o1)[j] = o;
             }
         }
     }
@@ -336,40 +308,35 @@ struct bench_mix_job {
     int64_t scale_bytes;
 };
 
-static inline mxs_status bench_mix_launch(const bench_mix_job &j, int grid, cudaStream_t s) {
+/* Launches bench_mix<., ., FP4> for job j: one byte (FP4 false) or half a
+ * byte (FP4 true) per element per output plane. */
+template <bool FP4> static inline mxs_status bench_mix_launch_as(const bench_mix_job &j, int grid, cudaStream_t s) {
     const int64_t nvec = j.elems * j.in_bytes / 16, nsvec = (j.scale_bytes + 15) / 16;
     const uint4 *in = (const uint4 *)j.in;
     uint4 *s0 = (uint4 *)j.s0, *s1 = (uint4 *)j.s1;
     if (j.in_bytes == 2 && j.planes == 1)
-        bench_mix<2, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+        bench_mix<2, 1, FP4><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
     else if (j.in_bytes == 2)
-        bench_mix<2, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+        bench_mix<2, 2, FP4><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
     else if (j.planes == 1)
-        bench_mix<4, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+        bench_mix<4, 1, FP4><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
     else
-        bench_mix<4, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
+        bench_mix<4, 2, FP4><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
     return bench_launch_status();
 }
 
-/* The NVFP4 ceiling stream (bench_mix_fp4): the same fields as
+static inline mxs_status bench_mix_launch(const bench_mix_job &j, int grid, cudaStream_t s) {
+    return bench_mix_launch_as<false>(j, grid, s);
+}
+
+/* The NVFP4 ceiling stream (bench_mix<., ., true>): the same fields as
  * bench_mix_job, but each output plane holds elems/2 bytes (packed nibbles).
  * Build one as bench_fp4_job{{in, elems, in_bytes, planes, o0, o1, s0, s1,
  * scale_bytes}}; o0/o1 must be 4-byte (bf16 in) or 2-byte (f32 in) aligned. */
 struct bench_fp4_job : bench_mix_job {};
 
 static inline mxs_status bench_mix_launch(const bench_fp4_job &j, int grid, cudaStream_t s) {
-    const int64_t nvec = j.elems * j.in_bytes / 16, nsvec = (j.scale_bytes + 15) / 16;
-    const uint4 *in = (const uint4 *)j.in;
-    uint4 *s0 = (uint4 *)j.s0, *s1 = (uint4 *)j.s1;
-    if (j.in_bytes == 2 && j.planes == 1)
-        bench_mix_fp4<2, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
-    else if (j.in_bytes == 2)
-        bench_mix_fp4<2, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
-    else if (j.planes == 1)
-        bench_mix_fp4<4, 1><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
-    else
-        bench_mix_fp4<4, 2><<<grid, 256, 0, s>>>(in, nvec, j.o0, j.o1, s0, s1, nsvec);
-    return bench_launch_status();
+    return bench_mix_launch_as<true>(j, grid, s);
 }
 
 /* Times the jobs (used in rotation, like a case's calls) with two grid
@@ -398,6 +365,270 @@ static inline bench_times bench_ceiling(bench_ctx &B, const std::vector<bench_mi
 }
 static inline bench_times bench_ceiling_fp4(bench_ctx &B, const std::vector<bench_fp4_job> &jobs, const char *what) {
     return bench_ceiling_of(B, jobs, what);
+}
+
+/* ---- the benches' shared report, device and flag handling ---------------- */
+
+static inline double bench_pct(double ceil_us, double op_us) {
+    return ceil_us > 0 && op_us > 0 ? 100.0 * ceil_us / op_us : -1;
+}
+
+/* v formatted with f; "–" when v < 0 (not measured). */
+static inline std::string bench_fmt(const char *f, double v) {
+    if (v < 0) return "–";
+    char buf[64];
+    snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+static inline std::string bench_csvq(const std::string &x) {
+    std::string q = "\"";
+    for (char c : x) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+}
+
+static const char *const bench_ceil_header =
+    "| shape | same-mix ceiling | MB | single µs | b2b µs | GB/s b2b | % copy |\n"
+    "|---|---|---:|---:|---:|---:|---:|\n";
+
+/* Prints line (flushed) and appends it to *md. */
+static inline void bench_emit(std::string *md, const std::string &line) {
+    fputs(line.c_str(), stdout);
+    fflush(stdout);
+    *md += line;
+}
+
+static inline double bench_us_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+static inline int64_t bench_align256(int64_t x) { return (x + 255) / 256 * 256; }
+
+/* ---- tensors in device memory (mxs_tensor or mxs_nvfp4_tensor) ----------- */
+
+/* A tensor of the shape, no pointers (the rest zero). */
+template <class T>
+static inline T bench_tensor_shape(int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout) {
+    T t;
+    memset(&t, 0, sizeof t);
+    t.rows = rows;
+    t.cols = cols;
+    t.dirs = dirs;
+    t.scale_layout = layout;
+    return t;
+}
+
+static inline int64_t bench_data_bytes(const mxs_tensor *t) { return t->rows * t->cols; }
+static inline int64_t bench_data_bytes(const mxs_nvfp4_tensor *t) { return mxs_nvfp4_data_bytes(t); }
+static inline int64_t bench_scale_bytes(const mxs_tensor *t, mxs_dirs pl) { return mxs_scale_bytes(t, pl); }
+static inline int64_t bench_scale_bytes(const mxs_nvfp4_tensor *t, mxs_dirs pl) { return mxs_nvfp4_scale_bytes(t, pl); }
+
+/* Bytes of t's present planes, each data and scale plane 256-aligned. */
+template <class T> static inline int64_t bench_planes_bytes(const T &t) {
+    int64_t b = 0;
+    for (int pl = 1; pl <= 2; pl++)
+        if (t.dirs & (unsigned)pl)
+            b += bench_align256(bench_data_bytes(&t)) + bench_align256(bench_scale_bytes(&t, (mxs_dirs)pl));
+    return b;
+}
+
+/* Places t's present planes at base + *off and advances *off. */
+template <class T> static inline void bench_planes_place(T *t, uint8_t *base, int64_t *off) {
+    for (int pl = 1; pl <= 2; pl++) {
+        if (!(t->dirs & (unsigned)pl)) continue;
+        uint8_t *d = base + *off;
+        *off += bench_align256(bench_data_bytes(t));
+        uint8_t *s = base + *off;
+        *off += bench_align256(bench_scale_bytes(t, (mxs_dirs)pl));
+        if (pl == 1) {
+            t->row_data = d;
+            t->row_scale = s;
+        } else {
+            t->col_data = d;
+            t->col_scale = s;
+        }
+    }
+}
+
+/* How many of the first `bytes` bytes of a and b differ (on stream s). */
+static inline int64_t bench_count_diff(const uint8_t *a, const uint8_t *b, int64_t bytes, unsigned long long *dcount,
+                                       cudaStream_t s) {
+    unsigned long long h = 0;
+    CK(cudaMemsetAsync(dcount, 0, sizeof h, s));
+    bench_diff<<<1024, 256, 0, s>>>(a, b, bytes, dcount);
+    CK(cudaGetLastError());
+    CK(cudaMemcpyAsync(&h, dcount, sizeof h, cudaMemcpyDeviceToHost, s));
+    CK(cudaStreamSynchronize(s));
+    return (int64_t)h;
+}
+
+/* One row of a ceiling table per entry (name: a format with one %d, the
+ * plane count), printed and kept in *lines. */
+struct bench_ceil_entry {
+    const char *name;
+    const bench_times *t;
+    double bytes;
+};
+
+static inline void bench_ceiling_rows(const std::string &shape, int planes, const bench_ceil_entry *list, size_t n,
+                                      double copy_gbs, std::vector<std::string> *lines) {
+    for (size_t i = 0; i < n; i++) {
+        const bench_ceil_entry &c = list[i];
+        char name[96], line[400];
+        snprintf(name, sizeof name, c.name, planes);
+        double gbs = c.t->b2b > 0 ? c.bytes / c.t->b2b / 1e3 : -1;
+        snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.1f | %.0f | %.1f %% |\n", shape.c_str(), name,
+                 c.bytes / 1e6, c.t->single, c.t->b2b, gbs, 100.0 * gbs / copy_gbs);
+        lines->push_back(line);
+        fputs(line, stdout);
+    }
+}
+
+/* A case that threw: the error line (stderr and *errors); true when the
+ * CUDA context is broken (the caller rethrows: stop). */
+static inline bool bench_case_error(const char *prog, const std::string &m, std::vector<std::string> *errors) {
+    fprintf(stderr, "%s: ERROR %s\n", prog, m.c_str());
+    errors->push_back(m);
+    cudaError_t st = cudaDeviceSynchronize();
+    cudaGetLastError();
+    return st != cudaSuccess;
+}
+
+/* The run stopped on e: the error line (stderr and *errors). */
+static inline void bench_run_stopped(const char *prog, const bench_error &e, std::vector<std::string> *errors) {
+    std::string m = std::string("run stopped (CUDA context broken?): ") + e.what();
+    fprintf(stderr, "%s: %s\n", prog, m.c_str());
+    errors->push_back(m);
+}
+
+/* The flags both benches take. */
+struct bench_args {
+    std::string out, csv, shapes;
+};
+
+/* Consumes argv[*i] (and its value) when it is a shared flag: --reps N (at
+ * least min_reps), --k K (at least min_k), --out, --csv, --shapes,
+ * --no-graph. False when it is none of them. */
+static inline bool bench_parse_flag(int argc, char **argv, int *i, int min_reps, int min_k, bench_ctx &B,
+                                    bench_args *args) {
+    std::string a = argv[*i];
+    bool has = *i + 1 < argc;
+    if (a == "--reps" && has)
+        B.single_reps = std::max(min_reps, atoi(argv[++*i]));
+    else if (a == "--k" && has)
+        B.b2b_k = std::max(min_k, atoi(argv[++*i]));
+    else if (a == "--out" && has)
+        args->out = argv[++*i];
+    else if (a == "--csv" && has)
+        args->csv = argv[++*i];
+    else if (a == "--shapes" && has)
+        args->shapes = argv[++*i];
+    else if (a == "--no-graph")
+        B.graphs = false;
+    else
+        return false;
+    return true;
+}
+
+/* The CSV file next to the markdown one (FILE.md -> FILE.csv) unless --csv
+ * named one. */
+static inline void bench_default_csv(bench_args *args) {
+    if (args->csv.empty() && !args->out.empty()) {
+        args->csv = args->out;
+        size_t dot = args->csv.rfind('.');
+        if (dot != std::string::npos && args->csv.find('/', dot) == std::string::npos) args->csv.resize(dot);
+        args->csv += ".csv";
+    }
+}
+
+/* The device the run measures and its versions. */
+struct bench_device {
+    cudaDeviceProp prop;
+    int rt = 0, drv = 0;
+};
+
+/* Opens device 0 and initialises B; *t_start is taken once a device is
+ * known to exist. False (after saying so) when there is no CUDA device. */
+static inline bool bench_open_device(const char *prog, bench_ctx &B, bench_device *d,
+                                     std::chrono::steady_clock::time_point *t_start) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("%s: no CUDA device, nothing measured\n", prog);
+        return false;
+    }
+    *t_start = std::chrono::steady_clock::now();
+    CK(cudaGetDeviceProperties(&d->prop, 0));
+    CK(cudaRuntimeGetVersion(&d->rt));
+    CK(cudaDriverGetVersion(&d->drv));
+    B.init(d->prop);
+    return true;
+}
+
+/* The copy ceiling in GB/s: 1 GiB device to device (cudaMemcpyAsync),
+ * bytes read + written, b2b time with B's repetition counts. */
+static inline double bench_copy_gbs(bench_ctx &B) {
+    const size_t bytes = (size_t)1 << 30;
+    void *ca, *cb;
+    CK(cudaMalloc(&ca, bytes));
+    CK(cudaMalloc(&cb, bytes));
+    CK(cudaMemset(ca, 1, bytes));
+    bench_times t = bench_measure(B, {[&](cudaStream_t s) {
+                                      return cudaMemcpyAsync(cb, ca, bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess
+                                                 ? MXS_OK
+                                                 : MXS_ERR_CUDA;
+                                  }},
+                                  "copy", false);
+    double gbs = 2.0 * (double)bytes / t.b2b / 1e3;
+    CK(cudaFree(ca));
+    CK(cudaFree(cb));
+    return gbs;
+}
+
+/* The markdown's first sections - run header, same-mix ceilings,
+ * operations (each title + suffix: "" or " (NVFP4)") - the operation rows
+ * being `rows` (markdown). */
+static inline std::string bench_md_head(const char *suffix, const char *head, const std::vector<std::string> &ceilings,
+                                        const char *row_header, const std::string &rows) {
+    std::string md = std::string("### Run header") + suffix + "\n\n";
+    md += head;
+    md += std::string("\n### Same-mix ceilings") + suffix + "\n\n";
+    md += bench_ceil_header;
+    for (auto &l : ceilings) md += l;
+    md += std::string("\n### Operations") + suffix + "\n\n";
+    md += row_header;
+    md += rows;
+    return md;
+}
+
+/* The tables' end: the error list, the byte-check and wall-time line. */
+static inline void bench_emit_end(std::string *md, const std::vector<std::string> &errors, int failed_checks,
+                                  std::chrono::steady_clock::time_point t_start) {
+    if (!errors.empty()) {
+        bench_emit(md, "\n### Errors\n\n");
+        for (auto &e : errors) bench_emit(md, "* " + e + "\n");
+    }
+    char tail[200];
+    snprintf(tail, sizeof tail, "\nbyte checks: %s; bench wall time %.0f s\n",
+             failed_checks ? (std::to_string(failed_checks) + " FAILED").c_str() : "all ok",
+             bench_us_since(t_start) / 1e6);
+    bench_emit(md, tail);
+}
+
+/* Opens path for writing; NULL after saying so on stderr. */
+static inline FILE *bench_open_out(const char *prog, const std::string &path) {
+    FILE *f = fopen(path.c_str(), "w");
+    if (!f) fprintf(stderr, "%s: cannot write %s\n", prog, path.c_str());
+    return f;
+}
+
+/* Writes the markdown (when --out named a file); false when it cannot. */
+static inline bool bench_write_md(const char *prog, const std::string &out, const std::string &md) {
+    if (out.empty()) return true;
+    FILE *f = bench_open_out(prog, out);
+    if (!f) return false;
+    fputs(md.c_str(), f);
+    fclose(f);
+    return true;
 }
 
 #endif /* MXS_BENCH_UTIL_H */

@@ -74,26 +74,12 @@ struct report {
     int failed_checks = 0;
 };
 
-static double pct(double ceil_us, double op_us) { return ceil_us > 0 && op_us > 0 ? 100.0 * ceil_us / op_us : -1; }
 static double ratio(double a, double b) { return a > 0 && b > 0 ? a / b : -1; }
 
-static std::string csvq(const std::string &x) {
-    std::string q = "\"";
-    for (char c : x) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-    return q + "\"";
-}
-
-static std::string fmt(const char *f, double v) {
-    if (v < 0) return "–";
-    char buf[64];
-    snprintf(buf, sizeof buf, f, v);
-    return buf;
-}
-
-static std::string row_target(const result_row &r) { return r.min_pct < 0 ? "–" : fmt("≥ %.0f %%", r.min_pct); }
+static std::string row_target(const result_row &r) { return r.min_pct < 0 ? "–" : bench_fmt("≥ %.0f %%", r.min_pct); }
 static std::string row_verdict(const result_row &r) {
     if (r.min_pct < 0) return "";
-    return pct(r.ceil.b2b, r.t.b2b) >= r.min_pct ? "PASS" : "MISS";
+    return bench_pct(r.ceil.b2b, r.t.b2b) >= r.min_pct ? "PASS" : "MISS";
 }
 static std::string ratio_verdict(const ratio_row &q) {
     if (q.max_ratio < 0) return "";
@@ -108,11 +94,12 @@ static const char *k_row_header =
 static std::string row_md(const report &R, const result_row &r) {
     double gbs = r.t.b2b > 0 ? r.bytes / r.t.b2b / 1e3 : -1;
     std::string s = "| " + r.shape + " | " + r.op + " | " + r.planes + " | " + r.layout + " | " + r.shard + " | " +
-                    r.api + " | " + fmt("%.1f", r.t.single) + " | " + fmt("%.1f", r.t.b2b) + " | " +
-                    fmt("%.1f", r.t.graph) + " | " + fmt("%.1f", r.ceil.b2b) + " | " +
-                    fmt("%.1f %%", pct(r.ceil.single, r.t.single)) + " | " + fmt("%.1f %%", pct(r.ceil.b2b, r.t.b2b)) +
-                    " | " + fmt("%.1f %%", pct(r.ceil.b2b, r.t.graph)) + " | " + fmt("%.0f", gbs) + " | " +
-                    fmt("%.1f %%", gbs > 0 ? 100.0 * gbs / R.copy_gbs : -1) + " | " + row_target(r) + " | " +
+                    r.api + " | " + bench_fmt("%.1f", r.t.single) + " | " + bench_fmt("%.1f", r.t.b2b) + " | " +
+                    bench_fmt("%.1f", r.t.graph) + " | " + bench_fmt("%.1f", r.ceil.b2b) + " | " +
+                    bench_fmt("%.1f %%", bench_pct(r.ceil.single, r.t.single)) + " | " +
+                    bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.b2b)) + " | " +
+                    bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.graph)) + " | " + bench_fmt("%.0f", gbs) + " | " +
+                    bench_fmt("%.1f %%", gbs > 0 ? 100.0 * gbs / R.copy_gbs : -1) + " | " + row_target(r) + " | " +
                     row_verdict(r) + " | " + r.check + " | " + r.note + " |\n";
     return s;
 }
@@ -121,59 +108,22 @@ static const char *k_ratio_header = "| shape | ratio | single | b2b | graph | ta
                                     "|---|---|---:|---:|---:|---|---|\n";
 
 static std::string ratio_md(const ratio_row &q) {
-    return "| " + q.shape + " | " + q.what + " | " + fmt("%.2fx", q.single) + " | " + fmt("%.2fx", q.b2b) + " | " +
-           fmt("%.2fx", q.graph) + " | " + (q.max_ratio < 0 ? std::string("–") : fmt("≤ %.2fx", q.max_ratio)) + " | " +
-           ratio_verdict(q) + " |\n";
-}
-
-static const char *k_ceil_header = "| shape | same-mix ceiling | MB | single µs | b2b µs | GB/s b2b | % copy |\n"
-                                   "|---|---|---:|---:|---:|---:|---:|\n";
-
-static void emit(std::string *md, const std::string &line) {
-    fputs(line.c_str(), stdout);
-    fflush(stdout);
-    *md += line;
+    return "| " + q.shape + " | " + q.what + " | " + bench_fmt("%.2fx", q.single) + " | " + bench_fmt("%.2fx", q.b2b) +
+           " | " + bench_fmt("%.2fx", q.graph) + " | " +
+           (q.max_ratio < 0 ? std::string("–") : bench_fmt("≤ %.2fx", q.max_ratio)) + " | " + ratio_verdict(q) + " |\n";
 }
 
 /* ---- device memory for tensors ------------------------------------------ */
 
-static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
-
 static mxs_tensor tensor_shape(int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout) {
-    mxs_tensor t;
-    memset(&t, 0, sizeof t);
-    t.rows = rows;
-    t.cols = cols;
-    t.dirs = dirs;
-    t.scale_layout = layout;
-    return t;
+    return bench_tensor_shape<mxs_tensor>(rows, cols, dirs, layout);
 }
 
 /* Bytes for one tensor's planes, each data and scale plane 256-aligned. */
-static int64_t tensor_bytes(const mxs_tensor &t) {
-    int64_t b = 0;
-    for (int pl = 1; pl <= 2; pl++)
-        if (t.dirs & (unsigned)pl) b += align256(t.rows * t.cols) + align256(mxs_scale_bytes(&t, (mxs_dirs)pl));
-    return b;
-}
+static int64_t tensor_bytes(const mxs_tensor &t) { return bench_planes_bytes(t); }
 
 /* Places t's planes at base + *off and advances *off. */
-static void tensor_place(mxs_tensor *t, uint8_t *base, int64_t *off) {
-    for (int pl = 1; pl <= 2; pl++) {
-        if (!(t->dirs & (unsigned)pl)) continue;
-        uint8_t *d = base + *off;
-        *off += align256(t->rows * t->cols);
-        uint8_t *s = base + *off;
-        *off += align256(mxs_scale_bytes(t, (mxs_dirs)pl));
-        if (pl == 1) {
-            t->row_data = d;
-            t->row_scale = s;
-        } else {
-            t->col_data = d;
-            t->col_scale = s;
-        }
-    }
-}
+static void tensor_place(mxs_tensor *t, uint8_t *base, int64_t *off) { bench_planes_place(t, base, off); }
 
 /* A set of tensors in one zeroed allocation (gaps stay 0, so two arenas of
  * the same shapes compare byte for byte). */
@@ -194,13 +144,7 @@ struct arena {
 };
 
 static int64_t arena_diff(const arena &a, const arena &b, unsigned long long *dcount, cudaStream_t s) {
-    unsigned long long h = 0;
-    CK(cudaMemsetAsync(dcount, 0, sizeof h, s));
-    bench_diff<<<1024, 256, 0, s>>>(a.mem, b.mem, std::min(a.bytes, b.bytes), dcount);
-    CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(&h, dcount, sizeof h, cudaMemcpyDeviceToHost, s));
-    CK(cudaStreamSynchronize(s));
-    return (int64_t)h;
+    return bench_count_diff(a.mem, b.mem, std::min(a.bytes, b.bytes), dcount, s);
 }
 
 /* ---- one writeback batch ------------------------------------------------ */
@@ -284,10 +228,6 @@ struct host_cost {
     double prepare = -1, partial = -1, apply = -1, oneshot_partial = -1, oneshot_apply = -1;
 };
 
-static double us_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-}
-
 static host_cost measure_host(wb_set &w, cudaStream_t s, int reps) {
     host_cost h;
     std::vector<double> a, b;
@@ -295,10 +235,10 @@ static host_cost measure_host(wb_set &w, cudaStream_t s, int reps) {
         CK(cudaStreamSynchronize(s));
         auto t0 = std::chrono::steady_clock::now();
         MK(mxs_cuda_wb_partial(&w.b, &w.plan, w.packed, w.ws, w.wsb, s));
-        a.push_back(us_since(t0));
+        a.push_back(bench_us_since(t0));
         t0 = std::chrono::steady_clock::now();
         MK(mxs_cuda_wb_apply(&w.b, &w.plan, w.packed, w.ws, w.wsb, s));
-        b.push_back(us_since(t0));
+        b.push_back(bench_us_since(t0));
     }
     h.oneshot_partial = bench_median(a);
     h.oneshot_apply = bench_median(b);
@@ -310,10 +250,10 @@ static host_cost measure_host(wb_set &w, cudaStream_t s, int reps) {
             CK(cudaStreamSynchronize(s));
             auto t0 = std::chrono::steady_clock::now();
             MK(mxs_cuda_wb_bucket_partial(&w.bucket, s));
-            a.push_back(us_since(t0));
+            a.push_back(bench_us_since(t0));
             t0 = std::chrono::steady_clock::now();
             MK(mxs_cuda_wb_bucket_apply(&w.bucket, s));
-            b.push_back(us_since(t0));
+            b.push_back(bench_us_since(t0));
         }
         h.partial = bench_median(a);
         h.apply = bench_median(b);
@@ -322,7 +262,7 @@ static host_cost measure_host(wb_set &w, cudaStream_t s, int reps) {
             MK(mxs_cuda_wb_bucket_release(&w.bucket));
             auto t0 = std::chrono::steady_clock::now();
             MK(mxs_cuda_wb_prepare(&w.bucket, &w.b, &w.plan, w.packed, w.bws, w.bwsb, s));
-            p.push_back(us_since(t0));
+            p.push_back(bench_us_since(t0));
         }
         h.prepare = bench_median(p);
     }
@@ -401,19 +341,14 @@ struct shape_run {
         try {
             return f();
         } catch (const bench_error &e) {
-            std::string m = shape + " " + what + ": " + e.what();
-            fprintf(stderr, "cuda_bench: ERROR %s\n", m.c_str());
-            R.errors.push_back(m);
-            cudaError_t st = cudaDeviceSynchronize();
-            cudaGetLastError();
-            if (st != cudaSuccess) throw;
+            if (bench_case_error("cuda_bench", shape + " " + what + ": " + e.what(), &R.errors)) throw;
             return bench_times();
         }
     }
 
     void ceilings() {
         const int64_t sc = n / 32, n8 = n / 8;
-        printf("\n#### %s\n\n%s", shape.c_str(), k_ceil_header);
+        printf("\n#### %s\n\n%s", shape.c_str(), bench_ceil_header);
         for (int planes = 1; planes <= 2; planes++) {
             bench_mix_job q = {src, n, 2, planes, co0, co1, cs0, cs1, sc};
             bench_mix_job w = {master, n, 4, planes, co0, co1, cs0, cs1, sc};
@@ -423,25 +358,13 @@ struct shape_run {
             ceil_q[planes] = guard("ceiling bf16", [&] { return bench_ceiling(B, {q}, "ceiling bf16"); });
             ceil_w[planes] = guard("ceiling f32", [&] { return bench_ceiling(B, {w}, "ceiling f32"); });
             ceil_d[planes] = guard("ceiling f32 DP=8", [&] { return bench_ceiling(B, d, "ceiling f32 DP=8"); });
-            struct {
-                const char *name;
-                const bench_times *t;
-                double bytes;
-            } list[] = {
+            const bench_ceil_entry list[] = {
                 {"bf16 -> %d B/elem + scales (quantize)", &ceil_q[planes], 2.0 * n + planes * (double)(n + sc)},
                 {"f32 -> %d B/elem + scales (writeback DP=1)", &ceil_w[planes], 4.0 * n + planes * (double)(n + sc)},
                 {"f32 shard n/8 -> %d B/elem + all scales (DP=8 rank)", &ceil_d[planes],
                  4.0 * n8 + planes * (double)(n8 + sc)},
             };
-            for (auto &c : list) {
-                char name[96], line[400];
-                snprintf(name, sizeof name, c.name, planes);
-                double gbs = c.t->b2b > 0 ? c.bytes / c.t->b2b / 1e3 : -1;
-                snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.1f | %.0f | %.1f %% |\n", shape.c_str(), name,
-                         c.bytes / 1e6, c.t->single, c.t->b2b, gbs, 100.0 * gbs / R.copy_gbs);
-                R.ceilings.push_back(line);
-                fputs(line, stdout);
-            }
+            bench_ceiling_rows(shape, planes, list, sizeof list / sizeof list[0], R.copy_gbs, &R.ceilings);
         }
         printf("\n%s", k_row_header);
         fflush(stdout);
@@ -580,9 +503,9 @@ struct shape_run {
         }
         char line[512];
         snprintf(line, sizeof line, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", shape.c_str(), r.planes.c_str(),
-                 r.layout.c_str(), fmt("%.1f", h.prepare).c_str(), fmt("%.1f", h.partial).c_str(),
-                 fmt("%.1f", h.apply).c_str(), fmt("%.1f", h.oneshot_partial).c_str(),
-                 fmt("%.1f", h.oneshot_apply).c_str());
+                 r.layout.c_str(), bench_fmt("%.1f", h.prepare).c_str(), bench_fmt("%.1f", h.partial).c_str(),
+                 bench_fmt("%.1f", h.apply).c_str(), bench_fmt("%.1f", h.oneshot_partial).c_str(),
+                 bench_fmt("%.1f", h.oneshot_apply).c_str());
         R.host.push_back(line);
         return r.t;
     }
@@ -635,24 +558,10 @@ static const struct {
 };
 
 static int bench_main(int argc, char **argv) {
-    std::string out, csv, only;
+    bench_args args;
     bench_ctx B;
     for (int i = 1; i < argc; i++) {
-        std::string a = argv[i];
-        bool has = i + 1 < argc;
-        if (a == "--reps" && has)
-            B.single_reps = std::max(1, atoi(argv[++i]));
-        else if (a == "--k" && has)
-            B.b2b_k = std::max(1, atoi(argv[++i]));
-        else if (a == "--out" && has)
-            out = argv[++i];
-        else if (a == "--csv" && has)
-            csv = argv[++i];
-        else if (a == "--shapes" && has)
-            only = argv[++i];
-        else if (a == "--no-graph")
-            B.graphs = false;
-        else {
+        if (!bench_parse_flag(argc, argv, &i, 1, 1, B, &args)) {
             fprintf(stderr,
                     "usage: %s [--out FILE.md] [--csv FILE.csv] [--reps N] [--k K] [--shapes RxC,...] "
                     "[--no-graph]\n",
@@ -660,47 +569,19 @@ static int bench_main(int argc, char **argv) {
             return 2;
         }
     }
+    const std::string &only = args.shapes;
     const char *env_md = getenv("MXS_BENCH_MD");
-    if (out.empty() && env_md && *env_md) out = env_md;
-    if (csv.empty() && !out.empty()) {
-        csv = out;
-        size_t dot = csv.rfind('.');
-        if (dot != std::string::npos && csv.find('/', dot) == std::string::npos) csv.resize(dot);
-        csv += ".csv";
-    }
+    if (args.out.empty() && env_md && *env_md) args.out = env_md;
+    bench_default_csv(&args);
 
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("cuda_bench: no CUDA device, nothing measured\n");
-        return 77;
-    }
-    auto t_start = std::chrono::steady_clock::now();
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    int rt = 0, drv = 0;
-    CK(cudaRuntimeGetVersion(&rt));
-    CK(cudaDriverGetVersion(&drv));
-    B.init(prop);
+    std::chrono::steady_clock::time_point t_start;
+    bench_device dev;
+    if (!bench_open_device("cuda_bench", B, &dev, &t_start)) return 77;
+    const cudaDeviceProp &prop = dev.prop;
     report R;
 
     /* copy ceiling: 1 GiB device to device, bytes read + written */
-    {
-        const size_t bytes = (size_t)1 << 30;
-        void *ca, *cb;
-        CK(cudaMalloc(&ca, bytes));
-        CK(cudaMalloc(&cb, bytes));
-        CK(cudaMemset(ca, 1, bytes));
-        bench_times t =
-            bench_measure(B, {[&](cudaStream_t s) {
-                              return cudaMemcpyAsync(cb, ca, bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess
-                                         ? MXS_OK
-                                         : MXS_ERR_CUDA;
-                          }},
-                          "copy", false);
-        R.copy_gbs = 2.0 * (double)bytes / t.b2b / 1e3;
-        CK(cudaFree(ca));
-        CK(cudaFree(cb));
-    }
+    R.copy_gbs = bench_copy_gbs(B);
     char head[1024];
     snprintf(head, sizeof head,
              "device: %s, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d; library %d\n"
@@ -708,8 +589,8 @@ static int bench_main(int argc, char **argv) {
              "timing: single = 1 call, L2 flushed (a 3x-L2 read) before it, median of %d; b2b = K = %d calls in a row "
              "(rounded up to a multiple of the rotation: 24 for the DP=8 ranks) / K, median of %d windows; graph = "
              "each call captured once (cudaStreamCaptureModeGlobal), K replays in a row / K, median of %d windows\n\n",
-             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, rt, drv, mxs_cuda_version(), R.copy_gbs,
-             B.single_reps, B.b2b_k, B.b2b_reps, B.b2b_reps);
+             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, dev.rt, dev.drv, mxs_cuda_version(),
+             R.copy_gbs, B.single_reps, B.b2b_k, B.b2b_reps, B.b2b_reps);
     fputs(head, stdout);
 
     static const int64_t shapes[][2] = {{8192, 8192}, {16384, 6144}, {4096, 14336}, {28672, 4096}};
@@ -722,31 +603,26 @@ static int bench_main(int argc, char **argv) {
             S.run_all();
         }
     } catch (const bench_error &e) {
-        std::string m = std::string("run stopped (CUDA context broken?): ") + e.what();
-        fprintf(stderr, "cuda_bench: %s\n", m.c_str());
-        R.errors.push_back(m);
+        bench_run_stopped("cuda_bench", e, &R.errors);
     }
 
     /* ---- tables ---- */
-    std::string md = "### Run header\n\n";
-    md += head;
-    md += "\n### Same-mix ceilings\n\n";
-    md += k_ceil_header;
-    for (auto &l : R.ceilings) md += l;
-    md += "\n### Operations\n\n";
-    md += k_row_header;
-    for (auto &r : R.rows) md += row_md(R, r);
+    std::string rows;
+    for (auto &r : R.rows) rows += row_md(R, r);
+    std::string md = bench_md_head("", head, R.ceilings, k_row_header, rows);
     printf("\n");
-    emit(&md, "\n### Ratios\n\n");
-    emit(&md, k_ratio_header);
-    for (auto &q : R.ratios) emit(&md, ratio_md(q));
-    emit(&md, "\n### Host cost per phase, 200-item bucket (µs per call, enqueue only, median of 50)\n\n"
-              "| shape | planes | layout | prepare | bucket partial | bucket apply | one-shot partial | one-shot apply "
-              "|\n|---|---|---|---:|---:|---:|---:|---:|\n");
-    for (auto &l : R.host) emit(&md, l);
-    emit(&md, "\nTarget for bucket partial / apply: ≤ 5 µs each.\n");
+    bench_emit(&md, "\n### Ratios\n\n");
+    bench_emit(&md, k_ratio_header);
+    for (auto &q : R.ratios) bench_emit(&md, ratio_md(q));
+    bench_emit(
+        &md, "\n### Host cost per phase, 200-item bucket (µs per call, enqueue only, median of 50)\n\n"
+             "| shape | planes | layout | prepare | bucket partial | bucket apply | one-shot partial | one-shot apply "
+             "|\n|---|---|---|---:|---:|---:|---:|---:|\n");
+    for (auto &l : R.host) bench_emit(&md, l);
+    bench_emit(&md, "\nTarget for bucket partial / apply: ≤ 5 µs each.\n");
 
-    emit(&md, "\n### Targets (issue 9, judged on b2b)\n\n| target | PASS | MISS | worst |\n|---|---:|---:|---|\n");
+    bench_emit(&md,
+               "\n### Targets (issue 9, judged on b2b)\n\n| target | PASS | MISS | worst |\n|---|---:|---:|---|\n");
     for (auto &tg : k_targets) {
         int pass = 0, miss = 0;
         std::string worst;
@@ -756,12 +632,12 @@ static int bench_main(int argc, char **argv) {
             bool is_q = std::string(tg.id) == "quantize" && r.op == "quantize bf16";
             bool is_w = std::string(tg.id) == "writeback" && r.shard == "DP=1" && r.min_pct > 0;
             if (!is_q && !is_w) continue;
-            double v = pct(r.ceil.b2b, r.t.b2b);
+            double v = bench_pct(r.ceil.b2b, r.t.b2b);
             (row_verdict(r) == "PASS" ? pass : miss)++;
             if (!have || v < worst_v) {
                 have = true;
                 worst_v = v;
-                worst = fmt("%.1f %%", v) + " (" + r.shape + " " + r.planes + " " + r.layout + ")";
+                worst = bench_fmt("%.1f %%", v) + " (" + r.shape + " " + r.planes + " " + r.layout + ")";
             }
         }
         for (auto &q : R.ratios) {
@@ -770,51 +646,34 @@ static int bench_main(int argc, char **argv) {
             if (!have || q.b2b > worst_v) {
                 have = true;
                 worst_v = q.b2b;
-                worst = fmt("%.2fx", q.b2b) + " (" + q.shape + " " + q.what + ")";
+                worst = bench_fmt("%.2fx", q.b2b) + " (" + q.shape + " " + q.what + ")";
             }
         }
         char line[600];
         snprintf(line, sizeof line, "| %s | %d | %d | %s |\n", tg.text, pass, miss, worst.c_str());
-        emit(&md, line);
+        bench_emit(&md, line);
     }
-    if (!R.errors.empty()) {
-        emit(&md, "\n### Errors\n\n");
-        for (auto &e : R.errors) emit(&md, "* " + e + "\n");
-    }
-    double secs = us_since(t_start) / 1e6;
-    char tail[200];
-    snprintf(tail, sizeof tail, "\nbyte checks: %s; bench wall time %.0f s\n",
-             R.failed_checks ? (std::to_string(R.failed_checks) + " FAILED").c_str() : "all ok", secs);
-    emit(&md, tail);
+    bench_emit_end(&md, R.errors, R.failed_checks, t_start);
 
-    if (!out.empty()) {
-        FILE *f = fopen(out.c_str(), "w");
-        if (!f) {
-            fprintf(stderr, "cuda_bench: cannot write %s\n", out.c_str());
-            return 1;
-        }
-        fputs(md.c_str(), f);
-        fclose(f);
-    }
-    if (!csv.empty()) {
-        FILE *f = fopen(csv.c_str(), "w");
-        if (!f) {
-            fprintf(stderr, "cuda_bench: cannot write %s\n", csv.c_str());
-            return 1;
-        }
+    if (!bench_write_md("cuda_bench", args.out, md)) return 1;
+    if (!args.csv.empty()) {
+        FILE *f = bench_open_out("cuda_bench", args.csv);
+        if (!f) return 1;
         fprintf(f, "kind,shape,op,planes,layout,shard,api,single_us,b2b_us,graph_us,ceil_single_us,ceil_b2b_us,"
                    "pct_ceil_single,pct_ceil_b2b,pct_ceil_graph,bytes,target,verdict,check\n");
         for (auto &r : R.rows)
             fprintf(f, "op,%s,%s,%s,%s,%s,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.0f,%s,%s,%s\n",
-                    csvq(r.shape).c_str(), csvq(r.op).c_str(), csvq(r.planes).c_str(), csvq(r.layout).c_str(),
-                    csvq(r.shard).c_str(), csvq(r.api).c_str(), r.t.single, r.t.b2b, r.t.graph, r.ceil.single,
-                    r.ceil.b2b, pct(r.ceil.single, r.t.single), pct(r.ceil.b2b, r.t.b2b), pct(r.ceil.b2b, r.t.graph),
-                    r.bytes, csvq(r.min_pct < 0 ? "" : fmt(">=%.0f%%", r.min_pct)).c_str(),
-                    csvq(row_verdict(r)).c_str(), csvq(r.check).c_str());
+                    bench_csvq(r.shape).c_str(), bench_csvq(r.op).c_str(), bench_csvq(r.planes).c_str(),
+                    bench_csvq(r.layout).c_str(), bench_csvq(r.shard).c_str(), bench_csvq(r.api).c_str(), r.t.single,
+                    r.t.b2b, r.t.graph, r.ceil.single, r.ceil.b2b, bench_pct(r.ceil.single, r.t.single),
+                    bench_pct(r.ceil.b2b, r.t.b2b), bench_pct(r.ceil.b2b, r.t.graph), r.bytes,
+                    bench_csvq(r.min_pct < 0 ? "" : bench_fmt(">=%.0f%%", r.min_pct)).c_str(),
+                    bench_csvq(row_verdict(r)).c_str(), bench_csvq(r.check).c_str());
         for (auto &q : R.ratios)
-            fprintf(f, "ratio,%s,%s,,,,,%.4f,%.4f,%.4f,,,,,,,%s,%s,\n", csvq(q.shape).c_str(), csvq(q.what).c_str(),
-                    q.single, q.b2b, q.graph, csvq(q.max_ratio < 0 ? "" : fmt("<=%.2fx", q.max_ratio)).c_str(),
-                    csvq(ratio_verdict(q)).c_str());
+            fprintf(f, "ratio,%s,%s,,,,,%.4f,%.4f,%.4f,,,,,,,%s,%s,\n", bench_csvq(q.shape).c_str(),
+                    bench_csvq(q.what).c_str(), q.single, q.b2b, q.graph,
+                    bench_csvq(q.max_ratio < 0 ? "" : bench_fmt("<=%.2fx", q.max_ratio)).c_str(),
+                    bench_csvq(ratio_verdict(q)).c_str());
         fclose(f);
     }
     return R.failed_checks || !R.errors.empty() ? 1 : 0;

@@ -30,7 +30,7 @@
  *              from the column stage (1x16) or the row-wise plane (16x16,
  *              which needs no stage and gathers half the bytes).
  *
- * Ceilings (bench_mix_fp4, bench_util.h): read the input, write its packed
+ * Ceilings (bench_mix FP4, bench_util.h): read the input, write its packed
  * nibbles (half a byte per element per plane) and all scale bytes per plane
  * (COMPACT size; equal to PADDED / SWIZZLED for the default shapes):
  *   quantize   bf16 n -> planes * (n/2 + scales)
@@ -102,22 +102,7 @@ struct nv_report {
     int failed_checks = 0;
 };
 
-static double pct(double ceil_us, double op_us) { return ceil_us > 0 && op_us > 0 ? 100.0 * ceil_us / op_us : -1; }
-
-static std::string fmt(const char *f, double v) {
-    if (v < 0) return "–";
-    char buf[64];
-    snprintf(buf, sizeof buf, f, v);
-    return buf;
-}
-
 static std::string fmt_bytes(int64_t v) { return v < 0 ? std::string("n/a") : std::to_string((long long)v); }
-
-static std::string csvq(const std::string &x) {
-    std::string q = "\"";
-    for (char c : x) q += c == '"' ? std::string("\"\"") : std::string(1, c);
-    return q + "\"";
-}
 
 static const char *k_row_header =
     "| shape | block | layout | planes | op | shard | single µs | b2b µs | graph µs | ceiling b2b µs | % ceil single "
@@ -129,11 +114,13 @@ static std::string row_md(const nv_row &r) {
     double gbs = r.t.b2b > 0 ? r.bytes / r.t.b2b / 1e3 : -1;
     bool wb = r.op == "writeback";
     return "| " + r.shape + " | " + r.block + " | " + r.layout + " | " + r.planes + " | " + r.op + " | " + r.shard +
-           " | " + fmt("%.1f", r.t.single) + " | " + fmt("%.1f", r.t.b2b) + " | " + fmt("%.1f", r.t.graph) + " | " +
-           fmt("%.1f", r.ceil.b2b) + " | " + fmt("%.1f %%", pct(r.ceil.single, r.t.single)) + " | " +
-           fmt("%.1f %%", pct(r.ceil.b2b, r.t.b2b)) + " | " + fmt("%.1f %%", pct(r.ceil.b2b, r.t.graph)) + " | " +
-           fmt("%.0f", gbs) + " | " + (wb ? fmt_bytes(r.ours) : std::string("")) + " | " +
-           (wb ? fmt_bytes(r.te) : std::string("")) + " | " + r.check + " | " + r.note + " |\n";
+           " | " + bench_fmt("%.1f", r.t.single) + " | " + bench_fmt("%.1f", r.t.b2b) + " | " +
+           bench_fmt("%.1f", r.t.graph) + " | " + bench_fmt("%.1f", r.ceil.b2b) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.ceil.single, r.t.single)) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.b2b)) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.graph)) + " | " + bench_fmt("%.0f", gbs) + " | " +
+           (wb ? fmt_bytes(r.ours) : std::string("")) + " | " + (wb ? fmt_bytes(r.te) : std::string("")) + " | " +
+           r.check + " | " + r.note + " |\n";
 }
 
 static const char *k_summary_header =
@@ -142,65 +129,26 @@ static const char *k_summary_header =
     "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|\n";
 
 static std::string summary_md(const nv_summary &s) {
-    return "| " + s.shape + " | " + s.block + " | " + s.layout + " | " + s.planes + " | " + fmt("%.0f %%", s.q) +
-           " | " + fmt("%.0f %%", s.w1) + " | " + fmt("%.0f %%", s.w8) + " | " + fmt("%.0f %%", s.fin) + " | " +
-           fmt_bytes(s.ours) + " | " + fmt_bytes(s.te) + " | " + s.check + " |\n";
-}
-
-static const char *k_ceil_header = "| shape | same-mix ceiling | MB | single µs | b2b µs | GB/s b2b | % copy |\n"
-                                   "|---|---|---:|---:|---:|---:|---:|\n";
-
-static void emit(std::string *md, const std::string &line) {
-    fputs(line.c_str(), stdout);
-    fflush(stdout);
-    *md += line;
-}
-
-static double us_since(std::chrono::steady_clock::time_point t0) {
-    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    return "| " + s.shape + " | " + s.block + " | " + s.layout + " | " + s.planes + " | " + bench_fmt("%.0f %%", s.q) +
+           " | " + bench_fmt("%.0f %%", s.w1) + " | " + bench_fmt("%.0f %%", s.w8) + " | " +
+           bench_fmt("%.0f %%", s.fin) + " | " + fmt_bytes(s.ours) + " | " + fmt_bytes(s.te) + " | " + s.check + " |\n";
 }
 
 /* ---- NVFP4 tensors in device memory ------------------------------------------ */
 
-static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
-
 static mxs_nvfp4_tensor nv_shape(int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout,
                                  mxs_nvfp4_block block) {
-    mxs_nvfp4_tensor t;
-    memset(&t, 0, sizeof t);
-    t.rows = rows;
-    t.cols = cols;
-    t.dirs = dirs;
-    t.scale_layout = layout;
+    mxs_nvfp4_tensor t = bench_tensor_shape<mxs_nvfp4_tensor>(rows, cols, dirs, layout);
     t.block = block;
     return t;
 }
 
 /* Data and scale plane of every present plane, each 256-aligned, then the
  * amax (256 bytes, so arenas of one shape compare whole). */
-static int64_t nv_tensor_bytes(const mxs_nvfp4_tensor &t) {
-    int64_t b = 256;
-    for (int pl = 1; pl <= 2; pl++)
-        if (t.dirs & (unsigned)pl)
-            b += align256(mxs_nvfp4_data_bytes(&t)) + align256(mxs_nvfp4_scale_bytes(&t, (mxs_dirs)pl));
-    return b;
-}
+static int64_t nv_tensor_bytes(const mxs_nvfp4_tensor &t) { return 256 + bench_planes_bytes(t); }
 
 static void nv_tensor_place(mxs_nvfp4_tensor *t, uint8_t *base, int64_t *off) {
-    for (int pl = 1; pl <= 2; pl++) {
-        if (!(t->dirs & (unsigned)pl)) continue;
-        uint8_t *d = base + *off;
-        *off += align256(mxs_nvfp4_data_bytes(t));
-        uint8_t *s = base + *off;
-        *off += align256(mxs_nvfp4_scale_bytes(t, (mxs_dirs)pl));
-        if (pl == 1) {
-            t->row_data = d;
-            t->row_scale = s;
-        } else {
-            t->col_data = d;
-            t->col_scale = s;
-        }
-    }
+    bench_planes_place(t, base, off);
     t->amax = (float *)(base + *off);
     *off += 256;
 }
@@ -223,13 +171,7 @@ struct nv_arena {
 };
 
 static int64_t nv_arena_diff(const nv_arena &a, const nv_arena &b, unsigned long long *dcount, cudaStream_t s) {
-    unsigned long long h = 0;
-    CK(cudaMemsetAsync(dcount, 0, sizeof h, s));
-    bench_diff<<<1024, 256, 0, s>>>(a.mem, b.mem, std::min(a.bytes, b.bytes), dcount);
-    CK(cudaGetLastError());
-    CK(cudaMemcpyAsync(&h, dcount, sizeof h, cudaMemcpyDeviceToHost, s));
-    CK(cudaStreamSynchronize(s));
-    return (int64_t)h;
+    return bench_count_diff(a.mem, b.mem, std::min(a.bytes, b.bytes), dcount, s);
 }
 
 /* acc[i] = max(acc[i], x[i]) over uint16 entries: the MAX all-reduce of the
@@ -333,7 +275,7 @@ struct nv_shape_run {
         cudaFree(dcount);
     }
 
-    bool over_budget() const { return us_since(t_start) / 1e6 > budget_s; }
+    bool over_budget() const { return bench_us_since(t_start) / 1e6 > budget_s; }
 
     /* Repetition counts for a case whose call takes about t_us: about
      * 0.1 s of single calls, of b2b windows and of graph windows each. */
@@ -385,17 +327,12 @@ struct nv_shape_run {
         try {
             f();
         } catch (const bench_error &e) {
-            std::string m = shape + " " + what + ": " + e.what();
-            fprintf(stderr, "nvfp4_bench: ERROR %s\n", m.c_str());
-            R.errors.push_back(m);
-            cudaError_t st = cudaDeviceSynchronize();
-            cudaGetLastError();
-            if (st != cudaSuccess) throw;
+            if (bench_case_error("nvfp4_bench", shape + " " + what + ": " + e.what(), &R.errors)) throw;
         }
     }
 
     void ceilings() {
-        printf("\n#### %s\n\n%s", shape.c_str(), k_ceil_header);
+        printf("\n#### %s\n\n%s", shape.c_str(), bench_ceil_header);
         for (int planes = 1; planes <= 2; planes++) {
             const mxs_nvfp4_tensor one = nv_shape(rows, cols, MXS_ROWWISE, MXS_SCALES_COMPACT, MXS_NVFP4_1X16);
             /* the row-wise count for both planes (equal to the column-wise one
@@ -415,25 +352,13 @@ struct nv_shape_run {
             guard("ceiling bf16", [&] { ceil_q[planes] = bench_ceiling_fp4(B, {q}, "ceiling bf16"); });
             guard("ceiling f32", [&] { ceil_w[planes] = bench_ceiling_fp4(B, {w}, "ceiling f32"); });
             guard("ceiling f32 DP=8", [&] { ceil_d[planes] = bench_ceiling_fp4(B, d, "ceiling f32 DP=8"); });
-            struct {
-                const char *name;
-                const bench_times *t;
-                double bytes;
-            } list[] = {
+            const bench_ceil_entry list[] = {
                 {"bf16 -> %d x (nibbles + scales) (quantize)", &ceil_q[planes], 2.0 * n + planes * (double)(half + sc)},
                 {"f32 -> %d x (nibbles + scales) (writeback DP=1)", &ceil_w[planes],
                  4.0 * n + planes * (double)(half + sc)},
                 {"f32 shard -> %d x (its nibbles + all scales) (DP=8 rank)", &ceil_d[planes], (double)dbytes / k_dp},
             };
-            for (auto &c : list) {
-                char name[96], line[400];
-                snprintf(name, sizeof name, c.name, planes);
-                double gbs = c.t->b2b > 0 ? c.bytes / c.t->b2b / 1e3 : -1;
-                snprintf(line, sizeof line, "| %s | %s | %.1f | %.1f | %.1f | %.0f | %.1f %% |\n", shape.c_str(), name,
-                         c.bytes / 1e6, c.t->single, c.t->b2b, gbs, 100.0 * gbs / R.copy_gbs);
-                R.ceilings.push_back(line);
-                fputs(line, stdout);
-            }
+            bench_ceiling_rows(shape, planes, list, sizeof list / sizeof list[0], R.copy_gbs, &R.ceilings);
         }
         guard("ceiling copy", [&] {
             uint8_t *a = co0, *b = co1;
@@ -504,7 +429,7 @@ struct nv_shape_run {
             r.ceil = ceil_q[planes];
             r.bytes = 2.0 * n + planes * (double)half + (double)sbytes;
             r.note = "bf16 in; amax + scale + cast passes";
-            sum.q = pct(r.ceil.b2b, r.t.b2b);
+            sum.q = bench_pct(r.ceil.b2b, r.t.b2b);
             add(r);
         });
 
@@ -534,7 +459,7 @@ struct nv_shape_run {
                 checked(r, nv_arena_diff(a, *ref, dcount, B.s));
                 checks.push_back("DP=1 " + r.check);
             }
-            sum.w1 = pct(r.ceil.b2b, r.t.b2b);
+            sum.w1 = bench_pct(r.ceil.b2b, r.t.b2b);
             add(r);
         });
 
@@ -568,7 +493,7 @@ struct nv_shape_run {
                 checked(r, nv_arena_diff(a, *ref, dcount, B.s));
                 checks.push_back("DP=8 " + r.check);
             }
-            sum.w8 = pct(r.ceil.b2b, r.t.b2b);
+            sum.w8 = bench_pct(r.ceil.b2b, r.t.b2b);
             add(r);
         });
 
@@ -585,7 +510,7 @@ struct nv_shape_run {
                 r.bytes = 2.0 * (double)half;
                 r.note = block == MXS_NVFP4_1X16 ? "column stage -> column-wise plane (local transpose)"
                                                  : "row-wise plane -> column-wise plane (no stage; local transpose)";
-                sum.fin = pct(r.ceil.b2b, r.t.b2b);
+                sum.fin = bench_pct(r.ceil.b2b, r.t.b2b);
                 add(r);
             });
 
@@ -615,29 +540,17 @@ static bool parse_shape(const std::string &s, int64_t *r, int64_t *c) {
 }
 
 static int bench_main(int argc, char **argv) {
-    std::string out, csv, shapes_arg = "8192x8192,4096x14336";
+    bench_args args;
+    args.shapes = "8192x8192,4096x14336";
     double budget = 75;
     bench_ctx B;
     B.single_reps = 20;
     B.b2b_k = 10;
     B.b2b_reps = 7;
     for (int i = 1; i < argc; i++) {
-        std::string a = argv[i];
-        bool has = i + 1 < argc;
-        if (a == "--reps" && has)
-            B.single_reps = std::max(3, atoi(argv[++i]));
-        else if (a == "--k" && has)
-            B.b2b_k = std::max(2, atoi(argv[++i]));
-        else if (a == "--out" && has)
-            out = argv[++i];
-        else if (a == "--csv" && has)
-            csv = argv[++i];
-        else if (a == "--shapes" && has)
-            shapes_arg = argv[++i];
-        else if (a == "--budget" && has)
+        if (bench_parse_flag(argc, argv, &i, 3, 2, B, &args)) continue;
+        if (std::string(argv[i]) == "--budget" && i + 1 < argc)
             budget = atof(argv[++i]);
-        else if (a == "--no-graph")
-            B.graphs = false;
         else {
             fprintf(stderr,
                     "usage: %s [--out FILE.md] [--csv FILE.csv] [--shapes RxC,...] [--reps N] [--k K] "
@@ -646,6 +559,7 @@ static int bench_main(int argc, char **argv) {
             return 2;
         }
     }
+    const std::string &shapes_arg = args.shapes;
     std::vector<std::pair<int64_t, int64_t>> shapes;
     for (size_t p = 0; p <= shapes_arg.size();) {
         size_t q = shapes_arg.find(',', p);
@@ -659,47 +573,20 @@ static int bench_main(int argc, char **argv) {
         shapes.push_back({r, c});
         p = q + 1;
     }
-    if (csv.empty() && !out.empty()) {
-        csv = out;
-        size_t dot = csv.rfind('.');
-        if (dot != std::string::npos && csv.find('/', dot) == std::string::npos) csv.resize(dot);
-        csv += ".csv";
-    }
+    bench_default_csv(&args);
 
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        printf("nvfp4_bench: no CUDA device, nothing measured\n");
-        return 77;
-    }
-    auto t_start = std::chrono::steady_clock::now();
-    cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
-    int rt = 0, drv = 0;
-    CK(cudaRuntimeGetVersion(&rt));
-    CK(cudaDriverGetVersion(&drv));
-    B.init(prop);
+    std::chrono::steady_clock::time_point t_start;
+    bench_device dev;
+    if (!bench_open_device("nvfp4_bench", B, &dev, &t_start)) return 77;
+    const cudaDeviceProp &prop = dev.prop;
     nv_report R;
 
     { /* copy ceiling: 1 GiB device to device, bytes read + written */
-        const size_t bytes = (size_t)1 << 30;
-        void *ca, *cb;
-        CK(cudaMalloc(&ca, bytes));
-        CK(cudaMalloc(&cb, bytes));
-        CK(cudaMemset(ca, 1, bytes));
         bench_ctx c = B;
         c.single_reps = 5;
         c.b2b_reps = 5;
         c.b2b_k = 5;
-        bench_times t =
-            bench_measure(c, {[&](cudaStream_t s) {
-                              return cudaMemcpyAsync(cb, ca, bytes, cudaMemcpyDeviceToDevice, s) == cudaSuccess
-                                         ? MXS_OK
-                                         : MXS_ERR_CUDA;
-                          }},
-                          "copy", false);
-        R.copy_gbs = 2.0 * (double)bytes / t.b2b / 1e3;
-        CK(cudaFree(ca));
-        CK(cudaFree(cb));
+        R.copy_gbs = bench_copy_gbs(c);
     }
     char head[1400];
     snprintf(head, sizeof head,
@@ -713,7 +600,7 @@ static int bench_main(int argc, char **argv) {
              "B/step = the one uint16 MAX all-reduce's bytes (ncclBfloat16 in the NCCL glue; the Python package "
              "on gloo widens to int32: x2); TE = 4 B per 16x16 tile + 4 B per tensor in two fp32 all-reduces "
              "(16x16 only)\n\n",
-             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, rt, drv, mxs_cuda_version(),
+             prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, dev.rt, dev.drv, mxs_cuda_version(),
              prop.major >= 10 ? "hardware cvt where built for sm_100a/f, else software" : "software (exact rule)",
              R.copy_gbs, B.single_reps, B.b2b_k, B.b2b_reps, budget);
     fputs(head, stdout);
@@ -724,60 +611,35 @@ static int bench_main(int argc, char **argv) {
             S.run_all();
         }
     } catch (const bench_error &e) {
-        std::string m = std::string("run stopped (CUDA context broken?): ") + e.what();
-        fprintf(stderr, "nvfp4_bench: %s\n", m.c_str());
-        R.errors.push_back(m);
+        bench_run_stopped("nvfp4_bench", e, &R.errors);
     }
 
-    std::string md = "### Run header (NVFP4)\n\n";
-    md += head;
-    md += "\n### Same-mix ceilings (NVFP4)\n\n";
-    md += k_ceil_header;
-    for (auto &l : R.ceilings) md += l;
-    md += "\n### Operations (NVFP4)\n\n";
-    md += k_row_header;
-    for (auto &r : R.rows) md += row_md(r);
+    std::string rows;
+    for (auto &r : R.rows) rows += row_md(r);
+    std::string md = bench_md_head(" (NVFP4)", head, R.ceilings, k_row_header, rows);
     printf("\n");
-    emit(&md, "\n### NVFP4 summary: % of the same-mix ceiling (b2b), reduced bytes per step\n\n");
-    emit(&md, k_summary_header);
-    for (auto &s : R.summary) emit(&md, summary_md(s));
+    bench_emit(&md, "\n### NVFP4 summary: % of the same-mix ceiling (b2b), reduced bytes per step\n\n");
+    bench_emit(&md, k_summary_header);
+    for (auto &s : R.summary) bench_emit(&md, summary_md(s));
     if (!R.skipped.empty()) {
-        emit(&md, "\n### Skipped (time budget)\n\n");
-        for (auto &s : R.skipped) emit(&md, "* " + s + "\n");
+        bench_emit(&md, "\n### Skipped (time budget)\n\n");
+        for (auto &s : R.skipped) bench_emit(&md, "* " + s + "\n");
     }
-    if (!R.errors.empty()) {
-        emit(&md, "\n### Errors\n\n");
-        for (auto &e : R.errors) emit(&md, "* " + e + "\n");
-    }
-    char tail[200];
-    snprintf(tail, sizeof tail, "\nbyte checks: %s; bench wall time %.0f s\n",
-             R.failed_checks ? (std::to_string(R.failed_checks) + " FAILED").c_str() : "all ok",
-             us_since(t_start) / 1e6);
-    emit(&md, tail);
+    bench_emit_end(&md, R.errors, R.failed_checks, t_start);
 
-    if (!out.empty()) {
-        FILE *f = fopen(out.c_str(), "w");
-        if (!f) {
-            fprintf(stderr, "nvfp4_bench: cannot write %s\n", out.c_str());
-            return 1;
-        }
-        fputs(md.c_str(), f);
-        fclose(f);
-    }
-    if (!csv.empty()) {
-        FILE *f = fopen(csv.c_str(), "w");
-        if (!f) {
-            fprintf(stderr, "nvfp4_bench: cannot write %s\n", csv.c_str());
-            return 1;
-        }
+    if (!bench_write_md("nvfp4_bench", args.out, md)) return 1;
+    if (!args.csv.empty()) {
+        FILE *f = bench_open_out("nvfp4_bench", args.csv);
+        if (!f) return 1;
         fprintf(f, "shape,block,layout,planes,op,shard,single_us,b2b_us,graph_us,ceil_single_us,ceil_b2b_us,"
                    "pct_ceil_single,pct_ceil_b2b,pct_ceil_graph,bytes,reduced_ours,reduced_te,check\n");
         for (auto &r : R.rows)
             fprintf(f, "%s,%s,%s,%s,%s,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.0f,%lld,%lld,%s\n",
-                    csvq(r.shape).c_str(), csvq(r.block).c_str(), csvq(r.layout).c_str(), csvq(r.planes).c_str(),
-                    csvq(r.op).c_str(), csvq(r.shard).c_str(), r.t.single, r.t.b2b, r.t.graph, r.ceil.single,
-                    r.ceil.b2b, pct(r.ceil.single, r.t.single), pct(r.ceil.b2b, r.t.b2b), pct(r.ceil.b2b, r.t.graph),
-                    r.bytes, (long long)r.ours, (long long)r.te, csvq(r.check).c_str());
+                    bench_csvq(r.shape).c_str(), bench_csvq(r.block).c_str(), bench_csvq(r.layout).c_str(),
+                    bench_csvq(r.planes).c_str(), bench_csvq(r.op).c_str(), bench_csvq(r.shard).c_str(), r.t.single,
+                    r.t.b2b, r.t.graph, r.ceil.single, r.ceil.b2b, bench_pct(r.ceil.single, r.t.single),
+                    bench_pct(r.ceil.b2b, r.t.b2b), bench_pct(r.ceil.b2b, r.t.graph), r.bytes, (long long)r.ours,
+                    (long long)r.te, bench_csvq(r.check).c_str());
         fclose(f);
     }
     return R.failed_checks || !R.errors.empty() ? 1 : 0;

@@ -287,7 +287,19 @@ const char *demo_fmt_mib(int64_t v, char *buf, size_t n) {
     return buf;
 }
 
-static const char *plural(int64_t n) { return n == 1 ? "" : "s"; }
+const char *demo_plural(int64_t n) { return n == 1 ? "" : "s"; }
+
+void demo_print_phase_ms(const char *who, const char *const *names, int n_phases, const double *ms, int decimals) {
+    int u, p;
+    printf("time per phase, %s, ms:", who);
+    for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
+    printf("\n");
+    for (p = 0; p < n_phases; p++) {
+        printf("  %-30s", names[p]);
+        for (u = 0; u < DEMO_UPDATES; u++) printf(" %10.*f", decimals, ms[u * n_phases + p]);
+        printf("\n");
+    }
+}
 
 /* One progress line, columns aligned: "[update 1/2] partial    4 ranks      97.1 ms". */
 static void progress_line(FILE *out, const char *label, const char *phase, int ranks, double ms) {
@@ -307,6 +319,7 @@ int main(int argc, char **argv) {
     const demo_backend *be = &cpu_backend;
     int64_t kv, ffn, elems = 0, primary = 0, bidir = 0, te_bytes = 0, mismatch = 0, row_only = 0;
     double ms[DEMO_UPDATES][PH_COUNT], t0;
+    char who[64];
     int n, u, w, rc = parse_args(argc, argv, &o);
     FILE *progress;
     mxs_status s;
@@ -350,8 +363,8 @@ int main(int argc, char **argv) {
 
     if (!o.json)
         fprintf(progress, "mxshard-demo: %d rank%s (simulated, %s), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
-                o.ranks, plural(o.ranks), be->name, o.layers, plural(o.layers), (long long)o.hidden, (long long)kv,
-                (long long)ffn);
+                o.ranks, demo_plural(o.ranks), be->name, o.layers, demo_plural(o.layers), (long long)o.hidden,
+                (long long)kv, (long long)ffn);
     t0 = demo_now_ms();
     s = mxs_sim_create(&sim, &d);
     if (s != MXS_OK) {
@@ -440,11 +453,10 @@ int main(int argc, char **argv) {
         printf("},\n  \"verified\": %s,\n  \"mismatching_bytes\": %lld\n}\n", mismatch ? "false" : "true",
                (long long)mismatch);
     } else {
-        int p;
         printf("\n== mxshard-demo summary ==\n");
         printf("bucket: %d weight%s, %s elements (padded to %s), distributed-optimizer sharding over %d rank%s\n", n,
-               plural(n), demo_fmt_int(elems, b1, sizeof b1), demo_fmt_int(sim.bucket_elems, b2, sizeof b2), o.ranks,
-               plural(o.ranks));
+               demo_plural(n), demo_fmt_int(elems, b1, sizeof b1), demo_fmt_int(sim.bucket_elems, b2, sizeof b2),
+               o.ranks, demo_plural(o.ranks));
         printf("masters: f32, rounded through bf16; scales: E8M0, %s rounding, padded (TE) layout\n\n",
                o.rounding == MXS_ROUND_CEIL ? "ceil" : "floor");
         printf("%-10s %15s  %-8s %16s %18s\n", "weight", "shape", "planes", "primary bytes", "if bidirectional");
@@ -484,19 +496,13 @@ int main(int argc, char **argv) {
         printf("  (verification only: all-gather bf16 %lld calls, %s bytes, for the BF16 copy-back)\n\n",
                (long long)sim.stats.gather_bf16_calls, demo_fmt_int(sim.stats.gather_bf16_bytes, b1, sizeof b1));
 
-        printf("time per phase, %d rank%s, ms:", o.ranks, plural(o.ranks));
-        for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
-        printf("\n");
-        for (p = 0; p < PH_COUNT; p++) {
-            printf("  %-30s", phase_names[p]);
-            for (u = 0; u < DEMO_UPDATES; u++) printf(" %10.1f", ms[u][p]);
-            printf("\n");
-        }
+        snprintf(who, sizeof who, "%d rank%s", o.ranks, demo_plural(o.ranks));
+        demo_print_phase_ms(who, phase_names, PH_COUNT, &ms[0][0], 1);
         printf("\n");
         if (!mismatch)
             printf("verified: bit-exact (%d updates x %d rank%s x %d weight%s, data and scales: whole-tensor "
                    "quantize and bf16 copy-back)\n",
-                   DEMO_UPDATES, o.ranks, plural(o.ranks), n, plural(n));
+                   DEMO_UPDATES, o.ranks, demo_plural(o.ranks), n, demo_plural(n));
     }
     if (mismatch) fprintf(o.json ? stderr : stdout, "verified: FAILED (%lld mismatching bytes)\n", (long long)mismatch);
     mxs_sim_destroy(&sim);

@@ -36,6 +36,11 @@ int64_t demo_te_amax_bytes(int64_t rows, int64_t cols, unsigned dirs);
 const char *demo_fmt_int(int64_t v, char *buf, size_t n);
 const char *demo_fmt_mib(int64_t v, char *buf, size_t n);
 double demo_now_ms(void);
+/* "" for 1, else "s". */
+const char *demo_plural(int64_t n);
+/* The "time per phase, <who>, ms:" table: a column per update, a line per
+ * phase (ms[u * n_phases + p], `decimals` digits after the point). */
+void demo_print_phase_ms(const char *who, const char *const *names, int n_phases, const double *ms, int decimals);
 
 /* --format nvfp4: the NVFP4 writeback on the simulated group, with the
  * NVFP4 / MXFP8 / BF16 memory and wire tables (demo_nvfp4.c). */

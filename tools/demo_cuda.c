@@ -375,14 +375,7 @@ static void rank_main(mxs_rank *r, void *user) {
                demo_fmt_int(gather_u8, b1, sizeof b1));
         printf("  (BF16 copy-back would gather %s bytes of bf16 instead)\n", demo_fmt_int(gather_bf16, b1, sizeof b1));
         printf("  high-precision values exchanged by the writeback: 0 bytes\n");
-        printf("time per phase, slowest rank, ms:");
-        for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
-        printf("\n");
-        for (p = 0; p < CP_COUNT; p++) {
-            printf("  %-30s", cp_names[p]);
-            for (u = 0; u < DEMO_UPDATES; u++) printf(" %10.3f", ms[u][p]);
-            printf("\n");
-        }
+        demo_print_phase_ms("slowest rank", cp_names, CP_COUNT, &ms[0][0], 3);
         if (!mismatch)
             printf("\nverified: bit-exact (%d updates x %d rank%s x %d weights, data and scales: whole-tensor quantize "
                    "and bf16 copy-back on GPU)\n",

@@ -210,14 +210,20 @@ static void nv_step(nv_demo *d, int u) {
     }
 }
 
-static mxs_status nv_partial(nv_demo *d) {
+/* Every rank's partial (apply 0) or apply (apply 1), in rank order. */
+static mxs_status nv_each_rank(nv_demo *d, int apply) {
     int r;
     mxs_status s;
-    for (r = 0; r < d->nranks; r++)
-        if ((s = mxs_host_nvfp4_wb_partial(&d->ranks[r].batch, &d->ranks[r].plan, d->ranks[r].packed)) != MXS_OK)
-            return s;
+    for (r = 0; r < d->nranks; r++) {
+        nv_rank *k = &d->ranks[r];
+        s = apply ? mxs_host_nvfp4_wb_apply(&k->batch, &k->plan, k->packed)
+                  : mxs_host_nvfp4_wb_partial(&k->batch, &k->plan, k->packed);
+        if (s != MXS_OK) return s;
+    }
     return MXS_OK;
 }
+
+static mxs_status nv_partial(nv_demo *d) { return nv_each_rank(d, 0); }
 
 /* The one all-reduce: MAX over the uint16 entries of every rank's buffer. */
 static mxs_status nv_reduce(nv_demo *d) {
@@ -234,14 +240,7 @@ static mxs_status nv_reduce(nv_demo *d) {
     return MXS_OK;
 }
 
-static mxs_status nv_apply(nv_demo *d) {
-    int r;
-    mxs_status s;
-    for (r = 0; r < d->nranks; r++)
-        if ((s = mxs_host_nvfp4_wb_apply(&d->ranks[r].batch, &d->ranks[r].plan, d->ranks[r].packed)) != MXS_OK)
-            return s;
-    return MXS_OK;
-}
+static mxs_status nv_apply(nv_demo *d) { return nv_each_rank(d, 1); }
 
 /* All-gather of one byte buffer of weight w (0: the row-wise plane, 1: the
  * column stage): every rank's bytes [start/2, ceil(end/2)) to every rank. */
@@ -377,8 +376,6 @@ static int64_t mx_gather_bytes(const mxs_sim_weight *w) {
     return w->rows * w->cols * ((w->dirs & MXS_ROWWISE ? 1 : 0) + (w->dirs & MXS_COLWISE ? 1 : 0));
 }
 
-static const char *plural(int64_t n) { return n == 1 ? "" : "s"; }
-
 static void progress_line(const char *label, const char *phase, int ranks, double ms) {
     printf("%-12s %-8s %3d rank%s %9.1f ms\n", label, phase, ranks, ranks == 1 ? " " : "s", ms);
 }
@@ -396,8 +393,8 @@ static void print_tables(const nv_demo *d) {
     printf("\n== mxshard-demo summary (NVFP4) ==\n");
     printf("bucket: %d weight%s, %s elements (weights at even offsets, padded to %s = a multiple of 2 x %d "
            "rank%s), distributed-optimizer sharding, every shard boundary even\n",
-           d->n, plural(d->n), demo_fmt_int(elems, b[0], sizeof b[0]), demo_fmt_int(d->bucket_elems, b[1], sizeof b[1]),
-           d->nranks, plural(d->nranks));
+           d->n, demo_plural(d->n), demo_fmt_int(elems, b[0], sizeof b[0]),
+           demo_fmt_int(d->bucket_elems, b[1], sizeof b[1]), d->nranks, demo_plural(d->nranks));
     printf("masters: f32, rounded through bf16; NVFP4: E2M1 elements, E4M3 scales per %s block%s, f32 global "
            "amax; padded (TE) scale layout\n\n",
            bn, o->nvfp4_block == MXS_NVFP4_16X16 ? " (tile; stored per row)" : "");
@@ -501,6 +498,7 @@ int demo_nvfp4_run(const demo_opts *o) {
     nv_demo d;
     int64_t kv, ffn, mismatch = 0;
     double ms[DEMO_UPDATES][NP_COUNT], t0;
+    char who[64];
     mxs_status (*const phase_fn[5])(nv_demo *) = {nv_partial, nv_reduce, nv_apply, nv_gather, nv_finish};
     int u, p;
     char label[32];
@@ -516,8 +514,8 @@ int demo_nvfp4_run(const demo_opts *o) {
     d.n = demo_make_bucket(o, weights, &kv, &ffn);
     d.w = weights;
     printf("mxshard-demo: NVFP4 (%s blocks), %d rank%s (simulated, cpu), %d layer%s, hidden %lld, kv %lld, ffn %lld\n",
-           o->nvfp4_block == MXS_NVFP4_16X16 ? "16x16" : "1x16", o->ranks, plural(o->ranks), o->layers,
-           plural(o->layers), (long long)o->hidden, (long long)kv, (long long)ffn);
+           o->nvfp4_block == MXS_NVFP4_16X16 ? "16x16" : "1x16", o->ranks, demo_plural(o->ranks), o->layers,
+           demo_plural(o->layers), (long long)o->hidden, (long long)kv, (long long)ffn);
     t0 = demo_now_ms();
     if ((s = nv_create(&d)) != MXS_OK) {
         fprintf(stderr, "mxshard-demo: cannot set up the simulated NVFP4 group (%s; out of memory?)\n",
@@ -561,19 +559,13 @@ int demo_nvfp4_run(const demo_opts *o) {
     }
 
     print_tables(&d);
-    printf("time per phase, %d rank%s, ms:", o->ranks, plural(o->ranks));
-    for (u = 0; u < DEMO_UPDATES; u++) printf("   update %d", u + 1);
-    printf("\n");
-    for (p = 0; p < NP_COUNT; p++) {
-        printf("  %-30s", np_names[p]);
-        for (u = 0; u < DEMO_UPDATES; u++) printf(" %10.1f", ms[u][p]);
-        printf("\n");
-    }
+    snprintf(who, sizeof who, "%d rank%s", o->ranks, demo_plural(o->ranks));
+    demo_print_phase_ms(who, np_names, NP_COUNT, &ms[0][0], 1);
     printf("\n");
     if (!mismatch)
         printf("verified: bit-exact (%d updates x %d rank%s x %d weight%s, data, scales and amax: whole-tensor NVFP4 "
                "quantize of the master rounded through bf16)\n",
-               DEMO_UPDATES, o->ranks, plural(o->ranks), d.n, plural(d.n));
+               DEMO_UPDATES, o->ranks, demo_plural(o->ranks), d.n, demo_plural(d.n));
     else
         printf("verified: FAILED (%lld mismatching bytes)\n", (long long)mismatch);
     nv_destroy(&d);

@@ -167,7 +167,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_quantize_check(const mxs_nvfp4_tensor
                                                           mxs_dtype src_dtype, mxs_dtype round_through) {
     const void *out[5] = {NULL, NULL, NULL, NULL, NULL};
     int64_t bytes[5] = {0, 0, 0, 0, 0}, elems, src_bytes;
-    int n = 0, p, i, j;
+    int n = 0, p;
     mxs_status s;
     if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_dtype_valid((int)round_through))
         return MXS_ERR_INVALID_ARGUMENT;
@@ -183,12 +183,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_quantize_check(const mxs_nvfp4_tensor
     }
     out[n] = dst->amax;
     bytes[n++] = (int64_t)sizeof(float);
-    for (i = 0; i < n; i++) {
-        if (mxs__overlap(out[i], bytes[i], src, src_bytes)) return MXS_ERR_ALIASING;
-        for (j = 0; j < i; j++)
-            if (mxs__overlap(out[i], bytes[i], out[j], bytes[j])) return MXS_ERR_ALIASING;
-    }
-    return MXS_OK;
+    return mxs__outputs_disjoint(out, bytes, n, src, src_bytes);
 }
 
 /* Quantizes the whole rows x cols `src` into exactly the planes dst->dirs
@@ -258,12 +253,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_dequantize(const mxs_nvfp4_tenso
                 scale[mxs_scale_geom_offset(&g, mxs_nvfp4_scale_m(plane, r, c), mxs_nvfp4_scale_k(plane, r, c))];
             uint8_t q = mxs_nvfp4_get(data, mxs_nvfp4_data_index(t->rows, t->cols, plane, r, c));
             float v = mxs_nvfp4_dequantize_elem(q, mxs_nvfp4_decode_mult(sc, amax));
-            if (dst_dtype == MXS_F32)
-                ((float *)dst)[i] = v;
-            else if (dst_dtype == MXS_BF16)
-                ((uint16_t *)dst)[i] = mxs_bf16_from_f32(v);
-            else
-                ((uint16_t *)dst)[i] = mxs_f16_from_f32(v);
+            mxs__store_elem(dst, dst_dtype, i, v);
         }
     }
     return MXS_OK;
@@ -296,14 +286,9 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_convert_scales(int64_t rows, int
                                                                mxs_scale_layout from, const uint8_t *src,
                                                                mxs_scale_layout to, uint8_t *dst) {
     mxs_scale_geom gs, gd;
-    int64_t off, bytes, m, k;
     mxs_status s = mxs_nvfp4_convert_scales_check(rows, cols, plane, from, src, to, dst, &gs, &gd);
     if (s != MXS_OK) return s;
-    bytes = mxs_scale_geom_bytes(&gd);
-    for (off = 0; off < bytes; off++) {
-        mxs_scale_geom_coords(&gd, off, &m, &k);
-        dst[off] = mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : 0;
-    }
+    mxs__convert_scales_with(&gs, src, &gd, dst);
     return MXS_OK;
 }
 

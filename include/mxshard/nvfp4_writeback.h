@@ -218,6 +218,10 @@ MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf
     return n;
 }
 
+MXS_PRIVATE int mxs__nvfp4_wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf out[6], mxs__wb_buf *master) {
+    return mxs__nvfp4_wb_item_bufs(&((const mxs_nvfp4_wb_item *)items)[i], out, master);
+}
+
 /* Validates one item: the primary (mxs_nvfp4_tensor_check: shape, flags,
  * layout, block, amax, plane pointers), master dtype, shard (with the even
  * rule: MXS_ERR_RANGE), master pointer, the column stage (required for a
@@ -227,64 +231,26 @@ MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf
 MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_item_check(const mxs_nvfp4_wb_item *it) {
     const mxs_nvfp4_tensor *t;
     mxs__wb_buf out[6], m;
-    int64_t master_bytes;
-    int n, i, j;
+    int n;
     mxs_status s;
     if (!it) return MXS_ERR_INVALID_ARGUMENT;
     t = &it->primary;
     if ((s = mxs_nvfp4_tensor_check(t)) != MXS_OK) return s;
-    if (!mxs_dtype_valid((int)it->master_dtype)) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_nvfp4_shard_check(t->rows * t->cols, it->start, it->len)) != MXS_OK) return s;
-    if (it->len > 0 && !it->master) return MXS_ERR_INVALID_ARGUMENT;
-    if (!mxs_mul_ok(it->len, mxs_dtype_bytes(it->master_dtype), &master_bytes)) return MXS_ERR_OVERFLOW;
+    s = mxs__wb_master_check(it->master, it->master_dtype, it->len,
+                             mxs_nvfp4_shard_check(t->rows * t->cols, it->start, it->len));
+    if (s != MXS_OK) return s;
     if (it->col_stage && !(t->dirs & MXS_COLWISE)) return MXS_ERR_ABSENT_PLANE;
     if ((t->dirs & MXS_COLWISE) && !it->col_stage && !(t->block == MXS_NVFP4_16X16 && (t->dirs & MXS_ROWWISE)))
         return MXS_ERR_ABSENT_PLANE;
     n = mxs__nvfp4_wb_item_bufs(it, out, &m);
-    for (i = 0; i < n; i++) {
-        if (mxs__overlap(out[i].p, out[i].n, m.p, m.n)) return MXS_ERR_ALIASING;
-        for (j = 0; j < i; j++)
-            if (mxs__overlap(out[i].p, out[i].n, out[j].p, out[j].n)) return MXS_ERR_ALIASING;
-    }
-    return MXS_OK;
+    return mxs__wb_bufs_disjoint(out, n, m);
 }
 
 /* The cross-item aliasing rules for items that passed mxs_nvfp4_wb_item_check:
  * writeback.h's allocation-free chunked sort and binary searches
  * (mxs__wb_check_overlaps), over NVFP4 items. */
 MXS_NODISCARD MXS_PRIVATE mxs_status mxs__nvfp4_wb_check_overlaps(const mxs_nvfp4_wb_batch *b) {
-    mxs__span outs[6 * MXS__WB_CHUNK], ms[MXS__WB_CHUNK];
-    uint64_t reach[MXS__WB_CHUNK];
-    int64_t c0, c1, i, k, no, nm;
-    for (c0 = 0; c0 < b->n_items; c0 = c1) {
-        c1 = b->n_items - c0 > MXS__WB_CHUNK ? c0 + MXS__WB_CHUNK : b->n_items;
-        no = nm = 0;
-        for (i = c0; i < c1; i++) {
-            mxs__wb_buf o[6], m;
-            int n = mxs__nvfp4_wb_item_bufs(&b->items[i], o, &m), q;
-            for (q = 0; q < n; q++) outs[no++] = mxs__span_of(o[q]);
-            if (m.n > 0) ms[nm++] = mxs__span_of(m);
-        }
-        mxs__span_sort(outs, no);
-        for (k = 1; k < no; k++)
-            if (outs[k].lo < outs[k - 1].hi) return MXS_ERR_ALIASING;
-        mxs__span_sort(ms, nm);
-        for (k = 0; k < nm; k++) {
-            reach[k] = k > 0 && reach[k - 1] > ms[k].hi ? reach[k - 1] : ms[k].hi;
-            if (mxs__span_hits_disjoint(outs, no, ms[k])) return MXS_ERR_ALIASING;
-        }
-        for (i = c1; i < b->n_items; i++) {
-            mxs__wb_buf o[6], m;
-            int n = mxs__nvfp4_wb_item_bufs(&b->items[i], o, &m), q;
-            for (q = 0; q < n; q++) {
-                mxs__span x = mxs__span_of(o[q]);
-                if (mxs__span_hits_disjoint(outs, no, x) || mxs__span_hits_sorted(ms, reach, nm, x))
-                    return MXS_ERR_ALIASING;
-            }
-            if (m.n > 0 && mxs__span_hits_disjoint(outs, no, mxs__span_of(m))) return MXS_ERR_ALIASING;
-        }
-    }
-    return MXS_OK;
+    return mxs__wb_overlaps_of(b->items, b->n_items, mxs__nvfp4_wb_item_bufs_at);
 }
 
 /* Whether [buf, buf + bytes) is disjoint from every buffer of the batch
@@ -292,17 +258,9 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__nvfp4_wb_check_overlaps(const mxs_nvfp
  * batch that passed mxs_nvfp4_wb_make_plan. O(n_items). */
 MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_check_buffer(const mxs_nvfp4_wb_batch *b, const void *buf,
                                                            int64_t bytes) {
-    int64_t i;
     if (!b || b->n_items < 0 || (b->n_items > 0 && !b->items)) return MXS_ERR_INVALID_ARGUMENT;
     if (!buf || bytes <= 0) return MXS_OK;
-    for (i = 0; i < b->n_items; i++) {
-        mxs__wb_buf o[6], m;
-        int n = mxs__nvfp4_wb_item_bufs(&b->items[i], o, &m), q;
-        if (mxs__overlap(buf, bytes, m.p, m.n)) return MXS_ERR_ALIASING;
-        for (q = 0; q < n; q++)
-            if (mxs__overlap(buf, bytes, o[q].p, o[q].n)) return MXS_ERR_ALIASING;
-    }
-    return MXS_OK;
+    return mxs__wb_buffer_disjoint(b->items, b->n_items, mxs__nvfp4_wb_item_bufs_at, buf, bytes);
 }
 
 /* ---- the plan ------------------------------------------------------------------ */
@@ -318,17 +276,11 @@ MXS_PRIVATE uint64_t mxs__nvfp4_wb_local_hash(const mxs_nvfp4_wb_batch *b, const
     for (i = 0; i < b->n_items; i++) {
         const mxs_nvfp4_wb_item *it = &b->items[i];
         const mxs_nvfp4_tensor *t = &it->primary;
-        const int row = (t->dirs & MXS_ROWWISE) != 0, col = (t->dirs & MXS_COLWISE) != 0;
-        uint64_t w = mxs__wb_hash_field((uint64_t)t->rows, 0) + mxs__wb_hash_field((uint64_t)t->cols, 1) +
-                     mxs__wb_hash_field((uint64_t)t->dirs | (uint64_t)t->scale_layout << 8 |
-                                            (uint64_t)it->master_dtype << 16 | (uint64_t)t->block << 24,
-                                        2) +
-                     mxs__wb_hash_field((uint64_t)it->start, 3) + mxs__wb_hash_field((uint64_t)it->len, 4) +
-                     mxs__wb_hash_field(MXS__WB_PTR(it->master), 5) +
-                     mxs__wb_hash_field(row ? MXS__WB_PTR(t->row_data) : 0, 6) +
-                     mxs__wb_hash_field(row ? MXS__WB_PTR(t->row_scale) : 0, 7) +
-                     mxs__wb_hash_field(col ? MXS__WB_PTR(t->col_data) : 0, 8) +
-                     mxs__wb_hash_field(col ? MXS__WB_PTR(t->col_scale) : 0, 9) +
+        uint64_t w = mxs__wb_hash_item(t->rows, t->cols,
+                                       (uint64_t)t->dirs | (uint64_t)t->scale_layout << 8 |
+                                           (uint64_t)it->master_dtype << 16 | (uint64_t)t->block << 24,
+                                       it->start, it->len, it->master, t->dirs, t->row_data, t->row_scale, t->col_data,
+                                       t->col_scale) +
                      mxs__wb_hash_field(MXS__WB_PTR(it->col_stage), 10) + mxs__wb_hash_field(MXS__WB_PTR(t->amax), 11);
         h = mxs__wb_hash_word(h, w);
     }

@@ -246,6 +246,31 @@ MXS_PRIVATE void mxs__host_run(const mxs__host_job *job) {
 
 /* ---- public API ---------------------------------------------------------- */
 
+/* The quantize aliasing rule (MXFP8 and NVFP4): the n outputs out[i] of
+ * bytes[i] bytes pairwise disjoint and disjoint from the source, else
+ * MXS_ERR_ALIASING. */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__outputs_disjoint(const void *const *out, const int64_t *bytes, int n,
+                                                           const void *src, int64_t src_bytes) {
+    int i, j;
+    for (i = 0; i < n; i++) {
+        if (mxs__overlap(out[i], bytes[i], src, src_bytes)) return MXS_ERR_ALIASING;
+        for (j = 0; j < i; j++)
+            if (mxs__overlap(out[i], bytes[i], out[j], bytes[j])) return MXS_ERR_ALIASING;
+    }
+    return MXS_OK;
+}
+
+/* Stores v as element i of dst in dst_dtype (F32, BF16 or F16): the
+ * dequantize output rule (MXFP8 and NVFP4). */
+MXS_PRIVATE void mxs__store_elem(void *dst, mxs_dtype dst_dtype, int64_t i, float v) {
+    if (dst_dtype == MXS_F32)
+        ((float *)dst)[i] = v;
+    else if (dst_dtype == MXS_BF16)
+        ((uint16_t *)dst)[i] = mxs_bf16_from_f32(v);
+    else
+        ((uint16_t *)dst)[i] = mxs_f16_from_f32(v);
+}
+
 /* Validates a quantize request (shared by the host and CUDA paths): the
  * arguments, the tensor (mxs_tensor_check) and the buffers. Every output
  * plane the tensor names - each data plane (rows*cols bytes) and each scale
@@ -254,9 +279,9 @@ MXS_PRIVATE void mxs__host_run(const mxs__host_job *job) {
  * MXS_ERR_ALIASING. Pointers are compared, never dereferenced. */
 MXS_NODISCARD MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const void *src, mxs_dtype src_dtype,
                                                     mxs_rounding r) {
-    const uint8_t *out[4] = {NULL, NULL, NULL, NULL};
+    const void *out[4] = {NULL, NULL, NULL, NULL};
     int64_t bytes[4] = {0, 0, 0, 0}, elems, src_bytes;
-    int n = 0, p, i, j;
+    int n = 0, p;
     mxs_status s;
     if (!dst || !src || !mxs_dtype_valid((int)src_dtype) || !mxs_rounding_valid((int)r))
         return MXS_ERR_INVALID_ARGUMENT;
@@ -270,12 +295,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_quantize_check(const mxs_tensor *dst, const
         out[n] = p == MXS_ROWWISE ? dst->row_scale : dst->col_scale;
         bytes[n++] = mxs_scale_bytes(dst, (mxs_dirs)p);
     }
-    for (i = 0; i < n; i++) {
-        if (mxs__overlap(out[i], bytes[i], src, src_bytes)) return MXS_ERR_ALIASING;
-        for (j = 0; j < i; j++)
-            if (mxs__overlap(out[i], bytes[i], out[j], bytes[j])) return MXS_ERR_ALIASING;
-    }
-    return MXS_OK;
+    return mxs__outputs_disjoint(out, bytes, n, src, src_bytes);
 }
 
 /* Quantizes the whole rows x cols `src` into exactly the planes dst->dirs
@@ -341,12 +361,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_dequantize(const mxs_tensor *t, mxs_di
         for (c = 0; c < t->cols; c++) {
             uint8_t e = scale[mxs_scale_geom_offset(&g, mxs_scale_m(&g, r, c), mxs_scale_k(&g, r, c))];
             float v = mxs_dequantize_elem(data[f + c], e);
-            if (dst_dtype == MXS_F32)
-                ((float *)dst)[f + c] = v;
-            else if (dst_dtype == MXS_BF16)
-                ((uint16_t *)dst)[f + c] = mxs_bf16_from_f32(v);
-            else
-                ((uint16_t *)dst)[f + c] = mxs_f16_from_f32(v);
+            mxs__store_elem(dst, dst_dtype, f + c, v);
         }
     }
     return MXS_OK;
@@ -378,18 +393,25 @@ MXS_NODISCARD MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t 
     return MXS_OK;
 }
 
+/* The host scale conversion of checked arguments (MXFP8 and NVFP4): every
+ * byte of dst in layout gd, logical entries from src (layout gs), padding
+ * entries 0x00. */
+MXS_PRIVATE void mxs__convert_scales_with(const mxs_scale_geom *gs, const uint8_t *src, const mxs_scale_geom *gd,
+                                          uint8_t *dst) {
+    int64_t off, bytes = mxs_scale_geom_bytes(gd), m, k;
+    for (off = 0; off < bytes; off++) {
+        mxs_scale_geom_coords(gd, off, &m, &k);
+        dst[off] = mxs_scale_geom_is_logical(gd, m, k) ? src[mxs_scale_geom_offset(gs, m, k)] : 0;
+    }
+}
+
 MXS_NODISCARD MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane,
                                                          mxs_scale_layout from, const uint8_t *src, mxs_scale_layout to,
                                                          uint8_t *dst) {
     mxs_scale_geom gs, gd;
-    int64_t off, bytes, m, k;
     mxs_status s = mxs_convert_scales_check(rows, cols, plane, from, src, to, dst, &gs, &gd);
     if (s != MXS_OK) return s;
-    bytes = mxs_scale_geom_bytes(&gd);
-    for (off = 0; off < bytes; off++) {
-        mxs_scale_geom_coords(&gd, off, &m, &k);
-        dst[off] = mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : 0;
-    }
+    mxs__convert_scales_with(&gs, src, &gd, dst);
     return MXS_OK;
 }
 

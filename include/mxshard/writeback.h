@@ -172,6 +172,40 @@ MXS_PRIVATE int mxs__wb_item_bufs(const mxs_wb_item *it, mxs__wb_buf out[6], mxs
     return n;
 }
 
+/* An item's own aliasing rule (MXFP8 and NVFP4): its n outputs pairwise
+ * disjoint and its master disjoint from them, else MXS_ERR_ALIASING. */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_bufs_disjoint(const mxs__wb_buf *out, int n, mxs__wb_buf m) {
+    int i, j;
+    for (i = 0; i < n; i++) {
+        if (mxs__overlap(out[i].p, out[i].n, m.p, m.n)) return MXS_ERR_ALIASING;
+        for (j = 0; j < i; j++)
+            if (mxs__overlap(out[i].p, out[i].n, out[j].p, out[j].n)) return MXS_ERR_ALIASING;
+    }
+    return MXS_OK;
+}
+
+/* An item's master (MXFP8 and NVFP4), after its primary: the dtype
+ * (MXS_ERR_INVALID_ARGUMENT), then shard_status (the shard rule's verdict,
+ * returned unless MXS_OK), then a non-NULL master when len > 0
+ * (MXS_ERR_INVALID_ARGUMENT) whose byte size fits (MXS_ERR_OVERFLOW). */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_master_check(const void *master, mxs_dtype dtype, int64_t len,
+                                                          mxs_status shard_status) {
+    int64_t master_bytes;
+    if (!mxs_dtype_valid((int)dtype)) return MXS_ERR_INVALID_ARGUMENT;
+    if (shard_status != MXS_OK) return shard_status;
+    if (len > 0 && !master) return MXS_ERR_INVALID_ARGUMENT;
+    if (!mxs_mul_ok(len, mxs_dtype_bytes(dtype), &master_bytes)) return MXS_ERR_OVERFLOW;
+    return MXS_OK;
+}
+
+/* The buffers of item i of an item array (mxs__wb_item_bufs of an MXFP8
+ * item, or the NVFP4 one): the shared aliasing checks below take one. */
+typedef int (*mxs__wb_bufs_fn)(const void *items, int64_t i, mxs__wb_buf out[6], mxs__wb_buf *master);
+
+MXS_PRIVATE int mxs__wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf out[6], mxs__wb_buf *master) {
+    return mxs__wb_item_bufs(&((const mxs_wb_item *)items)[i], out, master);
+}
+
 /* Validates one item: shape, flags, master dtype, shard, the pointers apply
  * and partial will use, and the item's own buffers (its outputs pairwise
  * disjoint, its master disjoint from them: MXS_ERR_ALIASING). Overlaps with
@@ -179,27 +213,20 @@ MXS_PRIVATE int mxs__wb_item_bufs(const mxs_wb_item *it, mxs__wb_buf out[6], mxs
 MXS_NODISCARD MXS_API mxs_status mxs_wb_item_check(const mxs_wb_item *it) {
     const mxs_tensor *t;
     mxs__wb_buf out[6], m;
-    int64_t master_bytes;
-    int n, i, j;
+    int n;
     mxs_status s;
     if (!it) return MXS_ERR_INVALID_ARGUMENT;
     t = &it->primary;
     if ((s = mxs_tensor_check_shape(t)) != MXS_OK) return s;
-    if (!mxs_dtype_valid((int)it->master_dtype)) return MXS_ERR_INVALID_ARGUMENT;
-    if ((s = mxs_shard_check(t->rows * t->cols, it->start, it->len)) != MXS_OK) return s;
-    if (it->len > 0 && !it->master) return MXS_ERR_INVALID_ARGUMENT;
-    if (!mxs_mul_ok(it->len, mxs_dtype_bytes(it->master_dtype), &master_bytes)) return MXS_ERR_OVERFLOW;
+    s = mxs__wb_master_check(it->master, it->master_dtype, it->len,
+                             mxs_shard_check(t->rows * t->cols, it->start, it->len));
+    if (s != MXS_OK) return s;
     if (it->row_fragment && !(t->dirs & MXS_ROWWISE)) return MXS_ERR_ABSENT_PLANE;
     if (it->col_fragment && !(t->dirs & MXS_COLWISE)) return MXS_ERR_ABSENT_PLANE;
     if ((t->dirs & MXS_ROWWISE) && (!t->row_scale || (!t->row_data && !it->row_fragment))) return MXS_ERR_ABSENT_PLANE;
     if ((t->dirs & MXS_COLWISE) && (!t->col_scale || (!t->col_data && !it->col_fragment))) return MXS_ERR_ABSENT_PLANE;
     n = mxs__wb_item_bufs(it, out, &m);
-    for (i = 0; i < n; i++) {
-        if (mxs__overlap(out[i].p, out[i].n, m.p, m.n)) return MXS_ERR_ALIASING;
-        for (j = 0; j < i; j++)
-            if (mxs__overlap(out[i].p, out[i].n, out[j].p, out[j].n)) return MXS_ERR_ALIASING;
-    }
-    return MXS_OK;
+    return mxs__wb_bufs_disjoint(out, n, m);
 }
 
 /* A byte range [lo, hi) of the address space, hi > lo (the end saturates at
@@ -280,16 +307,16 @@ MXS_PRIVATE int mxs__span_hits_sorted(const mxs__span *a, const uint64_t *reach,
  * O(n^2 / MXS__WB_CHUNK) beyond; measured for the whole mxs_wb_make_plan on
  * one core: about 45 us for 200 items, 0.6 ms for 1000, 7-15 ms for 4000 (a
  * plan is made once per bucket). */
-MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_check_overlaps(const mxs_wb_batch *b) {
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_overlaps_of(const void *items, int64_t n_items, mxs__wb_bufs_fn bufs) {
     mxs__span outs[6 * MXS__WB_CHUNK], ms[MXS__WB_CHUNK];
     uint64_t reach[MXS__WB_CHUNK];
     int64_t c0, c1, i, k, no, nm;
-    for (c0 = 0; c0 < b->n_items; c0 = c1) {
-        c1 = b->n_items - c0 > MXS__WB_CHUNK ? c0 + MXS__WB_CHUNK : b->n_items;
+    for (c0 = 0; c0 < n_items; c0 = c1) {
+        c1 = n_items - c0 > MXS__WB_CHUNK ? c0 + MXS__WB_CHUNK : n_items;
         no = nm = 0;
         for (i = c0; i < c1; i++) {
             mxs__wb_buf o[6], m;
-            int n = mxs__wb_item_bufs(&b->items[i], o, &m), q;
+            int n = bufs(items, i, o, &m), q;
             for (q = 0; q < n; q++) outs[no++] = mxs__span_of(o[q]);
             if (m.n > 0) ms[nm++] = mxs__span_of(m);
         }
@@ -301,9 +328,9 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_check_overlaps(const mxs_wb_batch *
             reach[k] = k > 0 && reach[k - 1] > ms[k].hi ? reach[k - 1] : ms[k].hi;
             if (mxs__span_hits_disjoint(outs, no, ms[k])) return MXS_ERR_ALIASING; /* a master and an output */
         }
-        for (i = c1; i < b->n_items; i++) { /* later items against this chunk */
+        for (i = c1; i < n_items; i++) { /* later items against this chunk */
             mxs__wb_buf o[6], m;
-            int n = mxs__wb_item_bufs(&b->items[i], o, &m), q;
+            int n = bufs(items, i, o, &m), q;
             for (q = 0; q < n; q++) {
                 mxs__span x = mxs__span_of(o[q]);
                 if (mxs__span_hits_disjoint(outs, no, x) || mxs__span_hits_sorted(ms, reach, nm, x))
@@ -311,6 +338,26 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_check_overlaps(const mxs_wb_batch *
             }
             if (m.n > 0 && mxs__span_hits_disjoint(outs, no, mxs__span_of(m))) return MXS_ERR_ALIASING;
         }
+    }
+    return MXS_OK;
+}
+
+/* The cross-item aliasing rules of an MXFP8 batch (above). */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_check_overlaps(const mxs_wb_batch *b) {
+    return mxs__wb_overlaps_of(b->items, b->n_items, mxs__wb_item_bufs_at);
+}
+
+/* Whether [buf, buf + bytes) (not NULL, bytes > 0) is disjoint from every
+ * buffer of n_items items (MXFP8 and NVFP4): MXS_OK, else MXS_ERR_ALIASING. */
+MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_buffer_disjoint(const void *items, int64_t n_items, mxs__wb_bufs_fn bufs,
+                                                             const void *buf, int64_t bytes) {
+    int64_t i;
+    for (i = 0; i < n_items; i++) {
+        mxs__wb_buf o[6], m;
+        int n = bufs(items, i, o, &m), q;
+        if (mxs__overlap(buf, bytes, m.p, m.n)) return MXS_ERR_ALIASING;
+        for (q = 0; q < n; q++)
+            if (mxs__overlap(buf, bytes, o[q].p, o[q].n)) return MXS_ERR_ALIASING;
     }
     return MXS_OK;
 }
@@ -323,17 +370,9 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_check_overlaps(const mxs_wb_batch *
  * that passed mxs_wb_make_plan (else MXS_ERR_INVALID_ARGUMENT for a NULL or
  * malformed batch; items are not re-validated). O(n_items), no allocation. */
 MXS_NODISCARD MXS_API mxs_status mxs_wb_check_buffer(const mxs_wb_batch *b, const void *buf, int64_t bytes) {
-    int64_t i;
     if (!b || b->n_items < 0 || (b->n_items > 0 && !b->items)) return MXS_ERR_INVALID_ARGUMENT;
     if (!buf || bytes <= 0) return MXS_OK;
-    for (i = 0; i < b->n_items; i++) {
-        mxs__wb_buf o[6], m;
-        int n = mxs__wb_item_bufs(&b->items[i], o, &m), q;
-        if (mxs__overlap(buf, bytes, m.p, m.n)) return MXS_ERR_ALIASING;
-        for (q = 0; q < n; q++)
-            if (mxs__overlap(buf, bytes, o[q].p, o[q].n)) return MXS_ERR_ALIASING;
-    }
-    return MXS_OK;
+    return mxs__wb_buffer_disjoint(b->items, b->n_items, mxs__wb_item_bufs_at, buf, bytes);
 }
 
 /* ---- the plan ------------------------------------------------------------------ */
@@ -355,6 +394,22 @@ MXS_PRIVATE uint64_t mxs__wb_hash_field(uint64_t v, uint64_t f) {
 
 #define MXS__WB_PTR(p) ((uint64_t)(uintptr_t)(p))
 
+/* The fields 0-9 of an item's word that every writeback item has (MXFP8
+ * and NVFP4): shape, the flags word (field 2), shard, master pointer and
+ * the data and scale pointers of the present planes. */
+MXS_PRIVATE uint64_t mxs__wb_hash_item(int64_t rows, int64_t cols, uint64_t flags, int64_t start, int64_t len,
+                                       const void *master, unsigned dirs, const void *row_data, const void *row_scale,
+                                       const void *col_data, const void *col_scale) {
+    const int row = (dirs & MXS_ROWWISE) != 0, col = (dirs & MXS_COLWISE) != 0;
+    return mxs__wb_hash_field((uint64_t)rows, 0) + mxs__wb_hash_field((uint64_t)cols, 1) +
+           mxs__wb_hash_field(flags, 2) + mxs__wb_hash_field((uint64_t)start, 3) +
+           mxs__wb_hash_field((uint64_t)len, 4) + mxs__wb_hash_field(MXS__WB_PTR(master), 5) +
+           mxs__wb_hash_field(row ? MXS__WB_PTR(row_data) : 0, 6) +
+           mxs__wb_hash_field(row ? MXS__WB_PTR(row_scale) : 0, 7) +
+           mxs__wb_hash_field(col ? MXS__WB_PTR(col_data) : 0, 8) +
+           mxs__wb_hash_field(col ? MXS__WB_PTR(col_scale) : 0, 9);
+}
+
 /* plan->local_hash: a rank-local hash of everything mxs_wb_make_plan
  * validated - the batch options; per item its shape, flags, layout, master
  * dtype, shard, master pointer, the data and scale pointers of its present
@@ -370,16 +425,10 @@ MXS_PRIVATE uint64_t mxs__wb_local_hash(const mxs_wb_batch *b, const mxs_wb_plan
     for (i = 0; i < b->n_items; i++) {
         const mxs_wb_item *it = &b->items[i];
         const mxs_tensor *t = &it->primary;
-        const int row = (t->dirs & MXS_ROWWISE) != 0, col = (t->dirs & MXS_COLWISE) != 0;
         uint64_t w =
-            mxs__wb_hash_field((uint64_t)t->rows, 0) + mxs__wb_hash_field((uint64_t)t->cols, 1) +
-            mxs__wb_hash_field((uint64_t)t->dirs | (uint64_t)t->scale_layout << 8 | (uint64_t)it->master_dtype << 16,
-                               2) +
-            mxs__wb_hash_field((uint64_t)it->start, 3) + mxs__wb_hash_field((uint64_t)it->len, 4) +
-            mxs__wb_hash_field(MXS__WB_PTR(it->master), 5) + mxs__wb_hash_field(row ? MXS__WB_PTR(t->row_data) : 0, 6) +
-            mxs__wb_hash_field(row ? MXS__WB_PTR(t->row_scale) : 0, 7) +
-            mxs__wb_hash_field(col ? MXS__WB_PTR(t->col_data) : 0, 8) +
-            mxs__wb_hash_field(col ? MXS__WB_PTR(t->col_scale) : 0, 9) +
+            mxs__wb_hash_item(
+                t->rows, t->cols, (uint64_t)t->dirs | (uint64_t)t->scale_layout << 8 | (uint64_t)it->master_dtype << 16,
+                it->start, it->len, it->master, t->dirs, t->row_data, t->row_scale, t->col_data, t->col_scale) +
             mxs__wb_hash_field(MXS__WB_PTR(it->row_fragment), 10) +
             mxs__wb_hash_field(MXS__WB_PTR(it->col_fragment), 11);
         h = mxs__wb_hash_word(h, w);

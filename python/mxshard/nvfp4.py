@@ -27,9 +27,12 @@ import numpy as np
 
 from . import _arrays as A
 from . import _lib as L
-from .ops import _float_empty, current_stream
+from .ops import (_check_has_plane, _convert_scales_args, _dequantize_out, _dequantize_plane, _quantize_src,
+                  current_stream)
+from .weight import _PlaneProps, _ptr, _zeros
 from .writeback import BucketWriteback as _MX
-from .writeback import _Storage, _dist, _gkey, _is_int16
+from .writeback import (_WithClose, _add_region, _build_then_setup, _dist, _item_shard, _merged_regions,
+                        _run_group_protocol)
 
 __all__ = ["NVFP4Weight", "NVFP4BucketWriteback", "NVFP4WritebackItem", "quantize_nvfp4", "dequantize_nvfp4",
            "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape"]
@@ -89,7 +92,7 @@ def _check_amax(a: A.Arr):
     return a
 
 
-class NVFP4Weight:
+class NVFP4Weight(_PlaneProps):
     """A rows x cols NVFP4 tensor: row-wise and/or column-wise planes, one
     block shape ('1x16' or '16x16'), one scale layout, one global amax.
 
@@ -164,27 +167,11 @@ class NVFP4Weight:
         return cls(rows, cols, block=block, layout=layout, row_data=row_data, row_scale=row_scale,
                    col_data=col_data, col_scale=col_scale, amax=amax)
 
-    # ---- properties --------------------------------------------------------
-
-    @property
-    def planes(self):
-        return A.PLANES_STR[self.dirs]
+    # ---- properties (planes, has_row, has_col, shape: _PlaneProps) ----------
 
     @property
     def block_shape(self):
         return BLOCK_STR[self.block]
-
-    @property
-    def has_row(self):
-        return bool(self.dirs & L.ROWWISE)
-
-    @property
-    def has_col(self):
-        return bool(self.dirs & L.COLWISE)
-
-    @property
-    def shape(self):
-        return (self.rows, self.cols)
 
     @property
     def numel(self):
@@ -253,21 +240,6 @@ class NVFP4Weight:
                 f"layout={A.LAYOUT_STR[self.layout]}, device={self.device}, {'torch' if self.is_torch else 'numpy'})")
 
 
-def _zeros(shape, device, dtype="uint8"):
-    if device is None:
-        return np.zeros(shape, dtype=dtype)
-    t = A.torch_mod()
-    if t is None:
-        import torch as t  # noqa: F811  (device= asks for torch tensors)
-    return t.zeros(shape, dtype=getattr(t, dtype), device=device)
-
-
-def _ptr(x):
-    if x is None:
-        return None
-    return x.ctypes.data if isinstance(x, np.ndarray) else x.data_ptr()
-
-
 def nvfp4_struct(w: NVFP4Weight) -> L.Nvfp4Tensor:
     t = L.Nvfp4Tensor()
     t.rows, t.cols, t.dirs, t.scale_layout, t.block = w.rows, w.cols, w.dirs, w.layout, w.block
@@ -295,12 +267,7 @@ def quantize_nvfp4(primary: NVFP4Weight, src, round_through=None, src_dtype=None
     amax. round_through='bf16' rounds every value to bf16 first (TE's master
     cast). In place; returns `primary`."""
     rt = A.round_through_code(round_through)
-    s = A.arr(src, "src")
-    dt = A.float_dtype(s, src_dtype)
-    outs = _weight_arrs(primary)
-    if s.numel != primary.numel:
-        raise ValueError(f"src: {s.numel} elements, the primary is {primary.rows}x{primary.cols}")
-    dev = A.same_device(outs + [s], "quantize_nvfp4")
+    s, dt, dev = _quantize_src(primary, src, src_dtype, _weight_arrs, "quantize_nvfp4")
     t = nvfp4_struct(primary)
     if dev == "cpu":
         L.check(L.nvfp4_host().quantize(ctypes.byref(t), s.ptr, dt, rt), "mxs_host_nvfp4_quantize")
@@ -316,22 +283,10 @@ def dequantize_nvfp4(primary: NVFP4Weight, plane=None, dtype="bf16", out=None):
     dequantize). plane: 'row' or 'col' (default: row when present). Returns out."""
     if not isinstance(primary, NVFP4Weight):
         raise TypeError(f"expected an NVFP4Weight, got {type(primary).__name__}")
-    if plane is None:
-        plane = "row" if primary.has_row else "col"
-    p = A.dirs_code(plane, allow_both=False)
-    dt = A.dtype_code(dtype)
+    p, dt = _dequantize_plane(primary, plane, dtype)
     ins = _weight_arrs(primary, writable=False)
-    if not primary.dirs & p:
-        raise ValueError(f"dequantize_nvfp4: the primary has no {A.PLANES_STR[p]}-wise plane "
-                         f"(it is {primary.planes})")
-    if out is None:
-        out = _float_empty(primary.is_torch, primary.device if primary.is_torch else None,
-                           (primary.rows, primary.cols), dt)
-    o = A.arr(out, "out").writable()
-    A.float_dtype(o, dt)
-    if o.numel != primary.numel:
-        raise ValueError(f"out: {o.numel} elements, the primary is {primary.rows}x{primary.cols}")
-    dev = A.same_device(ins + [o], "dequantize_nvfp4")
+    _check_has_plane(primary, p, "dequantize_nvfp4")
+    out, o, dev = _dequantize_out(primary, out, dt, ins, "dequantize_nvfp4")
     t = nvfp4_struct(primary)
     if dev == "cpu":
         L.check(L.nvfp4_host().dequantize(ctypes.byref(t), p, o.ptr, dt), "mxs_host_nvfp4_dequantize")
@@ -345,25 +300,9 @@ def convert_nvfp4_scales(rows, cols, plane, src, from_layout, to_layout, out=Non
     """One NVFP4 scale plane of a rows x cols tensor from `from_layout` to
     `to_layout` ('compact', 'padded', 'swizzled'); padding becomes 0x00.
     Returns out (allocated in the target's shape when None)."""
-    rows, cols = A.check_shape(rows, cols)
-    p = A.dirs_code(plane, allow_both=False)
-    fl, tl = A.layout_code(from_layout), A.layout_code(to_layout)
-    s = A.check_bytes(A.arr(src, "src"), "scale")
-    need_src = int(np.prod(nvfp4_scale_shape(rows, cols, p, fl)))
-    if s.numel != need_src:
-        raise ValueError(f"src: {s.numel} bytes, the {A.LAYOUT_STR[fl]} NVFP4 scale plane needs {need_src}")
-    shape = nvfp4_scale_shape(rows, cols, p, tl)
-    if out is None:
-        if s.kind == "torch":
-            t = A.torch_mod()
-            out = t.empty(shape, dtype=t.uint8, device=src.device)
-        else:
-            out = np.empty(shape, np.uint8)
-    o = A.check_bytes(A.arr(out, "out").writable(), "scale")
-    if o.numel != int(np.prod(shape)):
-        raise ValueError(f"out: {o.numel} bytes, the {A.LAYOUT_STR[tl]} NVFP4 scale plane needs "
-                         f"{int(np.prod(shape))}")
-    dev = A.same_device([s, o], "convert_nvfp4_scales")
+    rows, cols, p, fl, tl, s, out, o, dev = _convert_scales_args(
+        rows, cols, plane, src, from_layout, to_layout, out, nvfp4_scale_shape, "NVFP4 scale plane",
+        "convert_nvfp4_scales")
     if dev == "cpu":
         L.check(L.nvfp4_host().convert_scales(rows, cols, p, fl, s.ptr, tl, o.ptr), "mxs_host_nvfp4_convert_scales")
     else:
@@ -407,7 +346,7 @@ def _wire_plan(entry_bytes):
     return (entry_bytes == 4, "int32")
 
 
-class NVFP4BucketWriteback:
+class NVFP4BucketWriteback(_WithClose):
     """One bucket of NVFP4 weights written back together: sharded masters ->
     NVFP4 primaries, every rank ending with data, scales and amax equal to a
     whole-tensor quantize_nvfp4 of the full master.
@@ -445,15 +384,8 @@ class NVFP4BucketWriteback:
         self._fault = None  # tests: a rank-local failure before partial's C call
         self._setups = {}
         self._gather_enabled = bool(gather)
-        err = None
-        try:
-            self._build([_as_item(x, i) for i, x in enumerate(items)], round_through, raw16)
-        except Exception as e:  # noqa: BLE001 - re-raised after the group learnt of it
-            if group is None:
-                raise
-            err = e
-        if group is not None:
-            self._setup_group(group, local_error=err)
+        _build_then_setup(self, group,
+                          lambda: self._build([_as_item(x, i) for i, x in enumerate(items)], round_through, raw16))
 
     # ---- build --------------------------------------------------------------
 
@@ -464,15 +396,7 @@ class NVFP4BucketWriteback:
             w = it.primary
             if not isinstance(w, NVFP4Weight):
                 raise TypeError(f"item {i}: primary must be an NVFP4Weight, got {type(w).__name__}")
-            m = A.arr(it.master, f"item {i} master")
-            mdt = A.float_dtype(m, raw16 if _is_int16(m) else None)
-            length = m.numel if it.length is None else int(it.length)
-            start = int(it.start)
-            if length < 0 or start < 0 or start + length > w.numel:
-                raise ValueError(f"item {i}: shard [{start}, {start + length}) lies outside the "
-                                 f"{w.rows}x{w.cols} weight")
-            if m.numel != length:
-                raise ValueError(f"item {i}: master has {m.numel} elements, the shard length is {length}")
+            m, mdt, start, length = _item_shard(i, it, w, raw16)
             stage = None
             if it.col_stage is not None:
                 if not w.has_col:
@@ -673,36 +597,7 @@ class NVFP4BucketWriteback:
             if self._tdev.index is not None and self._tdev.index != t.cuda.current_device():
                 with t.cuda.device(self._tdev):
                     return self.run(group, gather)
-        dist = _dist()
-        distributed = dist is not None and dist.is_initialized()
-        if group is not None and not distributed:
-            raise ValueError("run(group): torch.distributed is not initialised")
-        setup = None
-        if distributed:
-            setup = self._setups.get(_gkey(group))
-            if setup is None:
-                setup = self._setup_group(group)
-        err = None
-        try:
-            self.partial()
-        except Exception as e:  # noqa: BLE001 - raised after the all-reduce
-            err = e
-        if distributed:
-            self.all_reduce(group)
-        if err is not None:
-            raise err
-        if self.status() != 0:
-            raise L.remote_error("NVFP4BucketWriteback.run")
-        try:
-            self.apply()
-        except Exception as e:  # noqa: BLE001 - join the gathers first, then raise
-            err = e
-        do_gather = distributed and (gather if gather is not None else self._gather_enabled)
-        if do_gather:
-            self._gather(setup, group)
-        if err is not None:
-            raise err
-        if do_gather or not distributed:
+        if _run_group_protocol(self, group, gather, "NVFP4BucketWriteback", self.partial, self.apply):
             self.finish()
 
     # ---- the gathered byte ranges (BucketWriteback's group setup reads them) ----
@@ -719,35 +614,14 @@ class NVFP4BucketWriteback:
             if self._stages[i] is not None:
                 bufs.append(("stage", self._stages[i]))
             for kind, a in bufs:
-                base, flat, off = _Storage.of(a)
-                key = (kind, base)
-                if key not in regions:
-                    regions[key] = {"flat": flat, "iv": [], "first": i}
-                    order.append(key)
-                if c.len > 0:
-                    regions[key]["iv"].append((off + c.start // 2, off + (c.start + c.len + 1) // 2))
-        out = []
-        for key in order:
-            merged = []
-            for lo, hi in sorted(regions[key]["iv"]):
-                if merged and lo <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
-            r = regions[key]
-            out.append({"plane": key[0], "first": r["first"], "flat": r["flat"], "iv": merged})
-        return out
+                _add_region(regions, order, kind, a, i, c.len > 0,
+                            lambda off: (off + c.start // 2, off + (c.start + c.len + 1) // 2))
+        return _merged_regions(regions, order)
 
     # ---- lifetime -------------------------------------------------------------
 
     def close(self):
         self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return (f"NVFP4BucketWriteback({self.n_items} items, {self.packed_count} x {self.entry_bytes} B entries)"

@@ -45,18 +45,49 @@ def quantize(primary: MXFP8Weight, src, rounding="ceil", src_dtype=None):
     exactly the planes `primary` has, scales in its layout. In place; returns
     `primary`. CUDA tensors: asynchronous on the current stream."""
     r = A.rounding_code(rounding)
-    s = A.arr(src, "src")
-    dt = A.float_dtype(s, src_dtype)
-    outs = _weight_arrs(primary)
-    if s.numel != primary.rows * primary.cols:
-        raise ValueError(f"src: {s.numel} elements, the primary is {primary.rows}x{primary.cols}")
-    dev = A.same_device(outs + [s], "quantize")
+    s, dt, dev = _quantize_src(primary, src, src_dtype, _weight_arrs, "quantize")
     t = tensor_struct(primary)
     if dev == "cpu":
         L.check(L.host_lib().quantize(ctypes.byref(t), s.ptr, dt, r), "mxs_host_quantize")
     else:
         L.check(L.cuda_lib().quantize(ctypes.byref(t), s.ptr, dt, r, current_stream(dev)), "mxs_cuda_quantize")
     return primary
+
+
+def _quantize_src(primary, src, src_dtype, weight_arrs, name):
+    """quantize's checks of `src` against `primary` (MXFP8 or NVFP4; weight_arrs(primary) checks its
+    type and buffers): returns (src Arr, its dtype code, the device of them all)."""
+    s = A.arr(src, "src")
+    dt = A.float_dtype(s, src_dtype)
+    outs = weight_arrs(primary)
+    if s.numel != primary.rows * primary.cols:
+        raise ValueError(f"src: {s.numel} elements, the primary is {primary.rows}x{primary.cols}")
+    return s, dt, A.same_device(outs + [s], name)
+
+
+def _dequantize_plane(primary, plane, dtype):
+    """dequantize's (plane code, dtype code): plane None = row when present, else col."""
+    if plane is None:
+        plane = "row" if primary.has_row else "col"
+    return A.dirs_code(plane, allow_both=False), A.dtype_code(dtype)
+
+
+def _check_has_plane(primary, p, name):
+    if not primary.dirs & p:
+        raise ValueError(f"{name}: the primary has no {A.PLANES_STR[p]}-wise plane (it is {primary.planes})")
+
+
+def _dequantize_out(primary, out, dt, ins, name):
+    """dequantize's output: `out` (allocated rows x cols like the primary when None) checked
+    against dt and the primary's size. Returns (out, its writable Arr, the device of them all)."""
+    if out is None:
+        out = _float_empty(primary.is_torch, primary.device if primary.is_torch else None,
+                           (primary.rows, primary.cols), dt)
+    o = A.arr(out, "out").writable()
+    A.float_dtype(o, dt)
+    if o.numel != primary.rows * primary.cols:
+        raise ValueError(f"out: {o.numel} elements, the primary is {primary.rows}x{primary.cols}")
+    return out, o, A.same_device(ins + [o], name)
 
 
 def _float_empty(like_torch, device, shape, dt):
@@ -79,24 +110,12 @@ def dequantize(primary: MXFP8Weight, plane=None, dtype="bf16", out=None):
     """One plane of `primary` back to `dtype` ('bf16', 'f16', 'f32'), rows x
     cols. plane: 'row' or 'col' (default: row when present). numpy bf16 is
     ml_dtypes.bfloat16 when installed, else uint16 bit patterns. Returns out."""
-    if plane is None:
-        plane = "row" if primary.has_row else "col"
-    p = A.dirs_code(plane, allow_both=False)
-    dt = A.dtype_code(dtype)
+    p, dt = _dequantize_plane(primary, plane, dtype)
     ins = _weight_arrs(primary, need_data=False)
-    if not primary.dirs & p:
-        raise ValueError(f"dequantize: the primary has no {A.PLANES_STR[p]}-wise plane "
-                         f"(it is {primary.planes})")
+    _check_has_plane(primary, p, "dequantize")
     if getattr(primary, f"{A.PLANES_STR[p]}_data") is None:
         raise ValueError(f"dequantize: the {A.PLANES_STR[p]}-wise plane has no data buffer")
-    if out is None:
-        out = _float_empty(primary.is_torch, primary.device if primary.is_torch else None,
-                           (primary.rows, primary.cols), dt)
-    o = A.arr(out, "out").writable()
-    A.float_dtype(o, dt)
-    if o.numel != primary.rows * primary.cols:
-        raise ValueError(f"out: {o.numel} elements, the primary is {primary.rows}x{primary.cols}")
-    dev = A.same_device(ins + [o], "dequantize")
+    out, o, dev = _dequantize_out(primary, out, dt, ins, "dequantize")
     t = tensor_struct(primary)
     if dev == "cpu":
         L.check(L.host_lib().dequantize(ctypes.byref(t), p, o.ptr, dt), "mxs_host_dequantize")
@@ -105,18 +124,18 @@ def dequantize(primary: MXFP8Weight, plane=None, dtype="bf16", out=None):
     return out
 
 
-def convert_scales(rows, cols, plane, src, from_layout, to_layout, out=None):
-    """One scale plane of a rows x cols tensor from `from_layout` to
-    `to_layout` ('compact', 'padded', 'swizzled'). Returns out (allocated in
-    the target's shape when None)."""
+def _convert_scales_args(rows, cols, plane, src, from_layout, to_layout, out, shape_of, what, name):
+    """convert_scales' checks (MXFP8 or NVFP4: shape_of(rows, cols, plane, layout) is the scale
+    plane's shape, `what` names it in errors); allocates `out` when None. Returns (rows, cols,
+    plane code, from code, to code, src Arr, out, out Arr, the device)."""
     rows, cols = A.check_shape(rows, cols)
     p = A.dirs_code(plane, allow_both=False)
     fl, tl = A.layout_code(from_layout), A.layout_code(to_layout)
     s = A.check_bytes(A.arr(src, "src"), "scale")
-    need_src = int(np.prod(A.scale_shape(rows, cols, p, fl)))
+    need_src = int(np.prod(shape_of(rows, cols, p, fl)))
     if s.numel != need_src:
-        raise ValueError(f"src: {s.numel} bytes, the {A.LAYOUT_STR[fl]} plane needs {need_src}")
-    shape = A.scale_shape(rows, cols, p, tl)
+        raise ValueError(f"src: {s.numel} bytes, the {A.LAYOUT_STR[fl]} {what} needs {need_src}")
+    shape = shape_of(rows, cols, p, tl)
     if out is None:
         if s.kind == "torch":
             t = A.torch_mod()
@@ -125,8 +144,16 @@ def convert_scales(rows, cols, plane, src, from_layout, to_layout, out=None):
             out = np.empty(shape, np.uint8)
     o = A.check_bytes(A.arr(out, "out").writable(), "scale")
     if o.numel != int(np.prod(shape)):
-        raise ValueError(f"out: {o.numel} bytes, the {A.LAYOUT_STR[tl]} plane needs {int(np.prod(shape))}")
-    dev = A.same_device([s, o], "convert_scales")
+        raise ValueError(f"out: {o.numel} bytes, the {A.LAYOUT_STR[tl]} {what} needs {int(np.prod(shape))}")
+    return rows, cols, p, fl, tl, s, out, o, A.same_device([s, o], name)
+
+
+def convert_scales(rows, cols, plane, src, from_layout, to_layout, out=None):
+    """One scale plane of a rows x cols tensor from `from_layout` to
+    `to_layout` ('compact', 'padded', 'swizzled'). Returns out (allocated in
+    the target's shape when None)."""
+    rows, cols, p, fl, tl, s, out, o, dev = _convert_scales_args(rows, cols, plane, src, from_layout, to_layout,
+                                                                 out, A.scale_shape, "plane", "convert_scales")
     if dev == "cpu":
         L.check(L.host_lib().convert_scales(rows, cols, p, fl, s.ptr, tl, o.ptr), "mxs_host_convert_scales")
     else:

@@ -21,7 +21,28 @@ from . import _arrays as A
 from . import _lib as L
 
 
-class MXFP8Weight:
+class _PlaneProps:
+    """The plane and shape properties of a weight with rows, cols and dirs
+    (MXFP8Weight, NVFP4Weight)."""
+
+    @property
+    def planes(self):
+        return A.PLANES_STR[self.dirs]
+
+    @property
+    def has_row(self):
+        return bool(self.dirs & L.ROWWISE)
+
+    @property
+    def has_col(self):
+        return bool(self.dirs & L.COLWISE)
+
+    @property
+    def shape(self):
+        return (self.rows, self.cols)
+
+
+class MXFP8Weight(_PlaneProps):
     """A rows x cols MXFP8 tensor: row-wise and/or column-wise planes.
 
     Buffers are numpy arrays (``device=None``) or torch tensors (``device``
@@ -89,23 +110,7 @@ class MXFP8Weight:
         return cls(rows, cols, layout=layout, row_data=row_data, row_scale=row_scale, col_data=col_data,
                    col_scale=col_scale)
 
-    # ---- properties --------------------------------------------------------
-
-    @property
-    def planes(self):
-        return A.PLANES_STR[self.dirs]
-
-    @property
-    def has_row(self):
-        return bool(self.dirs & L.ROWWISE)
-
-    @property
-    def has_col(self):
-        return bool(self.dirs & L.COLWISE)
-
-    @property
-    def shape(self):
-        return (self.rows, self.cols)
+    # ---- properties (planes, has_row, has_col, shape: _PlaneProps) ----------
 
     def fp8_view(self, plane="row"):
         """The plane's data as a torch.float8_e4m3fn view (torch buffers), or
@@ -179,13 +184,14 @@ class MXFP8Weight:
                 f"{'torch' if self.is_torch else 'numpy'})")
 
 
-def _zeros(shape, device):
+def _zeros(shape, device, dtype="uint8"):
+    """Zeros of `dtype` (a name numpy and torch share): numpy for device None, else torch on `device`."""
     if device is None:
-        return np.zeros(shape, dtype=np.uint8)
+        return np.zeros(shape, dtype=dtype)
     t = A.torch_mod()
     if t is None:
         import torch as t  # noqa: F811  (device= asks for torch tensors)
-    return t.zeros(shape, dtype=t.uint8, device=device)
+    return t.zeros(shape, dtype=getattr(t, dtype), device=device)
 
 
 def tensor_struct(w: MXFP8Weight) -> L.Tensor:

@@ -95,7 +95,112 @@ class _Storage:
         return base, root.reshape(-1).view(np.uint8), a.ptr - base
 
 
-class BucketWriteback:
+def _build_then_setup(wb, group, build):
+    """build(); with a group, the collective group setup follows and a local build error is raised
+    only there, after every rank learnt of it (each rank raises)."""
+    err = None
+    try:
+        build()
+    except Exception as e:  # noqa: BLE001 - re-raised after the group learnt of it
+        if group is None:
+            raise
+        err = e
+    if group is not None:
+        wb._setup_group(group, local_error=err)
+
+
+def _item_shard(i, it, w, raw16):
+    """Item i's master shard checked against its rows x cols primary `w`: returns (master Arr,
+    its dtype code, start, length)."""
+    m = A.arr(it.master, f"item {i} master")
+    mdt = A.float_dtype(m, raw16 if _is_int16(m) else None)
+    length = m.numel if it.length is None else int(it.length)
+    start = int(it.start)
+    if length < 0 or start < 0 or start + length > w.rows * w.cols:
+        raise ValueError(f"item {i}: shard [{start}, {start + length}) lies outside the "
+                         f"{w.rows}x{w.cols} weight")
+    if m.numel != length:
+        raise ValueError(f"item {i}: master has {m.numel} elements, the shard length is {length}")
+    return m, mdt, start, length
+
+
+def _add_region(regions, order, plane, a, first, written, interval):
+    """Notes item `first`'s buffer `a` of `plane` under its storage in `regions` (first sight:
+    appended to `order`) and, when `written`, the byte interval interval(offset of `a` in its
+    storage) this rank writes there."""
+    base, flat, off = _Storage.of(a)
+    key = (plane, base)
+    if key not in regions:
+        regions[key] = {"flat": flat, "iv": [], "first": first}
+        order.append(key)
+    if written:
+        regions[key]["iv"].append(interval(off))
+
+
+def _merged_regions(regions, order):
+    """The _plane_regions() list: per (plane, storage) in `order`, its intervals sorted and merged."""
+    out = []
+    for key in order:
+        r = regions[key]
+        merged = []
+        for lo, hi in sorted(r["iv"]):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        out.append({"plane": key[0], "first": r["first"], "flat": r["flat"], "iv": merged})
+    return out
+
+
+def _run_group_protocol(wb, group, gather, name, partial, apply):
+    """The collective sequence of run() shared by BucketWriteback and NVFP4BucketWriteback:
+    the group setup (once per group), partial() -> wb.all_reduce(MAX) -> local error ->
+    status check (RemoteError) -> apply() -> the byte gathers -> apply's error. Without
+    torch.distributed initialised and group None: a world of one (no collectives). Returns True
+    when the planes are complete here (gathered, or a world of one)."""
+    dist = _dist()
+    distributed = dist is not None and dist.is_initialized()
+    if group is not None and not distributed:
+        raise ValueError("run(group): torch.distributed is not initialised")
+    setup = None
+    if distributed:
+        setup = wb._setups.get(_gkey(group))
+        if setup is None:
+            setup = wb._setup_group(group)
+    err = None
+    try:
+        partial()
+    except Exception as e:  # noqa: BLE001 - raised after the all-reduce
+        err = e
+    if distributed:
+        wb.all_reduce(group)
+    if err is not None:
+        raise err
+    if wb.status() != 0:
+        raise L.remote_error(f"{name}.run")
+    try:
+        apply()
+    except Exception as e:  # noqa: BLE001 - join the gathers first, then raise
+        err = e
+    do_gather = distributed and (gather if gather is not None else wb._gather_enabled)
+    if do_gather:
+        wb._gather(setup, group)
+    if err is not None:
+        raise err
+    return do_gather or not distributed
+
+
+class _WithClose:
+    """`with` support for the writebacks: leaving the block calls close()."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class BucketWriteback(_WithClose):
     """One bucket of weights written back together (see the module doc).
 
     items: (primary, master, start[, length[, (row_fragment, col_fragment)]])
@@ -123,15 +228,8 @@ class BucketWriteback:
         self._cuda_bucket = None
         self._setups = {}
         self._gather_enabled = bool(gather)
-        err = None
-        try:
-            self._build([_as_item(x, i) for i, x in enumerate(items)], rounding, round_through, mode, raw16)
-        except Exception as e:  # noqa: BLE001 - re-raised after the group learnt of it
-            if group is None:
-                raise
-            err = e
-        if group is not None:
-            self._setup_group(group, local_error=err)
+        _build_then_setup(self, group, lambda: self._build([_as_item(x, i) for i, x in enumerate(items)], rounding,
+                                                          round_through, mode, raw16))
 
     # ---- build --------------------------------------------------------------
 
@@ -146,15 +244,7 @@ class BucketWriteback:
             w = it.primary
             if not isinstance(w, MXFP8Weight):
                 raise TypeError(f"item {i}: primary must be an MXFP8Weight, got {type(w).__name__}")
-            m = A.arr(it.master, f"item {i} master")
-            mdt = A.float_dtype(m, raw16 if _is_int16(m) else None)
-            length = m.numel if it.length is None else int(it.length)
-            start = int(it.start)
-            if length < 0 or start < 0 or start + length > w.rows * w.cols:
-                raise ValueError(f"item {i}: shard [{start}, {start + length}) lies outside the "
-                                 f"{w.rows}x{w.cols} weight")
-            if m.numel != length:
-                raise ValueError(f"item {i}: master has {m.numel} elements, the shard length is {length}")
+            m, mdt, start, length = _item_shard(i, it, w, raw16)
             frags = {}
             for pn, f in (("row", it.row_fragment), ("col", it.col_fragment)):
                 if f is None:
@@ -340,36 +430,13 @@ class BucketWriteback:
                 with t.cuda.device(self._tdev):
                     return self.run(group, gather)
             stream = t.cuda.current_stream(self._tdev).cuda_stream
-        dist = _dist()
-        distributed = dist is not None and dist.is_initialized()
-        if group is not None and not distributed:
-            raise ValueError("run(group): torch.distributed is not initialised")
-        setup = None
-        if distributed:
-            setup = self._setups.get(_gkey(group))
-            if setup is None:
-                setup = self._setup_group(group)
-        err = None
-        try:
-            self.partial(stream)
-        except Exception as e:  # noqa: BLE001 - raised after the all-reduce
-            err = e
-        if distributed:
-            dist.all_reduce(self._comm_packed(), op=dist.ReduceOp.MAX, group=group)
-        if err is not None:
-            raise err
-        if self.status() != 0:
-            raise L.remote_error("BucketWriteback.run")
-        try:
-            if self._closed:
-                raise ValueError("BucketWriteback: closed")
-            self._apply(stream)
-        except Exception as e:  # noqa: BLE001 - join the gathers first, then raise
-            err = e
-        if distributed and (gather if gather is not None else self._gather_enabled):
-            self._gather(setup, group)
-        if err is not None:
-            raise err
+        _run_group_protocol(self, group, gather, "BucketWriteback", lambda: self.partial(stream),
+                            lambda: self._apply_open(stream))
+
+    def _apply_open(self, stream):
+        if self._closed:
+            raise ValueError("BucketWriteback: closed")
+        self._apply(stream)
 
     # ---- group setup and the plane gathers --------------------------------------
 
@@ -384,25 +451,8 @@ class BucketWriteback:
                 if not getattr(w, f"has_{pn}") or pn in self._frags[i]:
                     continue
                 a = A.arr(getattr(w, f"{pn}_data"), f"item {i} {pn}_data")
-                base, flat, off = _Storage.of(a)
-                key = (pn, base)
-                if key not in regions:
-                    regions[key] = {"flat": flat, "iv": [], "first": i}
-                    order.append(key)
-                if c.len > 0:
-                    regions[key]["iv"].append((off + c.start, off + c.start + c.len))
-        out = []
-        for key in order:
-            r = regions[key]
-            iv = sorted(r["iv"])
-            merged = []
-            for lo, hi in iv:
-                if merged and lo <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
-            out.append({"plane": key[0], "first": r["first"], "flat": r["flat"], "iv": merged})
-        return out
+                _add_region(regions, order, pn, a, i, c.len > 0, lambda off: (off + c.start, off + c.start + c.len))
+        return _merged_regions(regions, order)
 
     def _setup_group(self, group, local_error=None):
         """Collective (all_gather of small int64 vectors): every rank learns
@@ -531,12 +581,6 @@ class BucketWriteback:
             self._cu.bucket_release(self._cuda_bucket)
             self._cuda_bucket = None
         self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         return (f"BucketWriteback({self.n_items} items, {self.packed_bytes} packed bytes, device={self.device})"

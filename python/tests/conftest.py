@@ -36,6 +36,21 @@ def torch_or_skip():
     return torch
 
 
+def gloo_or_skip(host_lib=False):
+    """torch with torch.distributed over gloo, else skip; host_lib=True: also libmxshard_host."""
+    torch = torch_or_skip()
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    if host_lib:
+        import mxshard
+        try:
+            mxshard.library_info()
+        except mxshard.LibraryNotFoundError as e:
+            pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+    return torch
+
+
 def cuda_or_skip():
     torch = torch_or_skip()
     if not torch.cuda.is_available():

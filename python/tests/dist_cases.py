@@ -4,7 +4,6 @@ by every rank: under torchrun (NCCL, one GPU per rank: test_torchrun.py) and
 in processes spawned by test_dist.py (gloo, CPU tensors, numpy arrays, or
 CUDA tensors of one device). Each case returns a small summary or raises."""
 import os
-import socket
 import traceback
 
 import numpy as np
@@ -13,12 +12,6 @@ import mxshard
 
 SHAPES = [(40, 70), (65, 97), (1, 1), (33, 1), (129, 64), (7, 300), (64, 64)]
 PLANES = ["row", "both", "both", "row", "col", "both", "row"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _full(step, numel):

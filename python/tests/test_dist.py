@@ -2,15 +2,11 @@
 """The bucket writeback through torch.distributed with 2 processes over
 gloo on this machine: CPU tensors and numpy arrays (host library), and CUDA
 tensors of one device when there is one. Skips without torch."""
-import multiprocessing as mp
-import os
-import sys
-
 import pytest
 
 from conftest import torch_or_skip
+from torch_harness import spawn_ranks
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORLD = 2
 TIMEOUT = 180
 
@@ -18,41 +14,9 @@ TIMEOUT = 180
 def spawn(cases, backend="torch", device="cpu", world=WORLD):
     torch_or_skip()
     import dist_cases
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    env_pp = os.pathsep.join([HERE, os.path.dirname(HERE)] + [p for p in sys.path if p])
-    os.environ["PYTHONPATH"] = env_pp
-    port = dist_cases.free_port()
     cases = [(c, dict(kw, backend=backend)) for c, kw in cases]
-    procs = [ctx.Process(target=dist_cases.worker, args=(r, world, port, backend, device, cases, q))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    expected = world * len(cases)
-    errors = []
-    import queue
-    import time
-    deadline = time.time() + TIMEOUT
-    while len(results) + len(errors) < expected and time.time() < deadline:
-        try:
-            rank, name, status, payload = q.get(timeout=1)
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs) and q.empty():
-                break
-            continue
-        if status == "ok":
-            results[(rank, name)] = payload
-        else:
-            errors.append(f"rank {rank}:\n{payload}")
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            errors.append(f"rank process {p.pid} hung (killed)")
-    assert not errors, "\n".join(errors)
-    assert len(results) == expected, f"missing results: got {sorted(results)}"
-    return results
+    return spawn_ranks(world, dist_cases.worker, lambda r, port: (r, world, port, backend, device, cases),
+                       world * len(cases), TIMEOUT)
 
 
 @pytest.mark.parametrize("backend", ["torch", "numpy"])

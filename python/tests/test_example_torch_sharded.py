@@ -8,24 +8,14 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-from conftest import torch_or_skip
+from conftest import gloo_or_skip
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "torch_sharded.py")
 
 
 def test_torch_sharded_example_two_gloo_ranks():
-    torch_or_skip()
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    import mxshard
-    try:
-        mxshard.library_info()
-    except mxshard.LibraryNotFoundError as e:
-        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+    gloo_or_skip(host_lib=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")

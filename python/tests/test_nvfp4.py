@@ -7,12 +7,7 @@ NVFP4BucketWriteback over 2 and 3 gloo processes (one process group per world
 size) against a whole-tensor quantize, with exactly one MAX all-reduce per
 bucket per update."""
 import datetime
-import multiprocessing as mp
 import os
-import queue
-import socket
-import sys
-import time
 import traceback
 
 import numpy as np
@@ -21,8 +16,8 @@ import pytest
 import mxshard
 import reference as ref
 from conftest import VECTORS
+from torch_harness import spawn_ranks
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 LAYOUTS = ["compact", "padded", "swizzled"]
 F32 = np.float32
 FLT_MAX = np.finfo(np.float32).max
@@ -842,44 +837,10 @@ def _worker(rank, world, port, cases, q):
             dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(world, cases, timeout=90):
     pytest.importorskip("torch")
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE)] + [p for p in sys.path if p])
-    port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world, port, cases, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results, errors = {}, []
-    deadline = time.time() + timeout
-    while len(results) < world * len(cases) and not errors and time.time() < deadline:
-        try:
-            rank, name, status, payload = q.get(timeout=0.5)
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs):
-                break
-            continue
-        if status == "ok":
-            results[(rank, name)] = payload
-        else:
-            errors.append(f"rank {rank}:\n{payload}")
-    for p in procs:
-        p.join(timeout=5 if not errors else 1)
-        if p.is_alive():
-            p.kill()
-            p.join()
-            if not errors:
-                errors.append(f"rank process {p.pid} hung (killed)")
-    assert not errors, "\n".join(errors)
-    assert len(results) == world * len(cases), f"missing results (timeout or crash): got {sorted(results)}"
-    return results
+    return spawn_ranks(world, _worker, lambda r, port: (r, world, port, cases), world * len(cases), timeout,
+                       stop_on_error=True)
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -6,81 +6,26 @@ load (resharding) and go on; damaged and mismatched checkpoints are rejected
 on every rank; the safetensors export reads back. Skips without torch or
 gloo. A rank that hangs or dies fails the tests within DEADLINE (its
 process is killed), it never blocks the run."""
-import multiprocessing as mp
 import os
-import queue
-import sys
-import time
 
 import pytest
 
-from conftest import torch_or_skip
+import torch_harness as H
+from conftest import gloo_or_skip
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORLDS = (2, 3, 1)
 DEADLINE = 120  # seconds for all groups
 
 
-def _torch_dist_or_skip():
-    torch = torch_or_skip()
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    return torch
-
-
 def spawn(worlds, plan):
     """Every case of `plan` in one gloo group per world size, all groups at once; never blocks past DEADLINE."""
-    import torch
-    import torch_dist_cases as DC
     import torch_ckpt_cases as C
-    fork_ok = "forkserver" in mp.get_all_start_methods() and not torch.cuda.is_available()
-    method = "forkserver" if fork_ok else "spawn"
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["torch_dist_cases", "torch_ckpt_cases"])
-    q = ctx.Queue()
-    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE)] + [p for p in sys.path if p])
-    procs = {}
-    for world in worlds:
-        port = DC.free_port()
-        for r in range(world):
-            procs[(world, r)] = ctx.Process(target=C.worker, args=(r, world, port, q, plan), daemon=True)
-    t0 = time.time()
-    os.environ["MXS_TORCH_CASES_WARM_UP"] = "1"
-    try:
-        for p in procs.values():
-            p.start()
-    finally:
-        del os.environ["MXS_TORCH_CASES_WARM_UP"]
-    res, done = {}, set()
-    want = set(procs)
-    while done != want and time.time() < t0 + DEADLINE:
-        try:
-            world, rank, cid, status, payload = q.get(timeout=0.5)
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs.values()):
-                break
-            continue
-        if cid == "<done>":
-            done.add((world, rank))
-        else:
-            res[(world, rank, cid)] = (status, payload)
-    hung, codes = [], {}
-    for key, p in procs.items():
-        p.join(timeout=10 if key in done else 0.1)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-            if key not in done:
-                hung.append(key)
-        codes[key] = p.exitcode
-    return {"res": res, "hung": hung, "codes": codes, "seconds": time.time() - t0, "worlds": worlds}
+    return H.spawn_groups(worlds, C.worker, plan, ["torch_dist_cases", "torch_ckpt_cases"], DEADLINE)
 
 
 @pytest.fixture(scope="module")
 def ckpt_results(tmp_path_factory):
-    _torch_dist_or_skip()
+    gloo_or_skip()
     import torch_ckpt_cases as C
     root = str(tmp_path_factory.mktemp("dcp"))
     for tag in ("padded", "swizzled", "curve"):
@@ -89,19 +34,7 @@ def ckpt_results(tmp_path_factory):
 
 
 def _case(res, cid, worlds=WORLDS):
-    out, errors = {}, []
-    for w in worlds:
-        for r in range(w):
-            got = res["res"].get((w, r, cid))
-            if got is None:
-                errors.append(f"world {w} rank {r}: no result (hung or died, exit code {res['codes'].get((w, r))}; "
-                              f"unfinished ranks: {res['hung']})")
-            elif got[0] != "ok":
-                errors.append(f"world {w} rank {r}:\n{got[1]}")
-            else:
-                out[(w, r)] = got[1]
-    assert not errors, "\n".join(errors)
-    return out
+    return H.case_results(res, cid, worlds)
 
 
 def test_reshard_2_to_3_and_1_byte_identical(ckpt_results):
@@ -147,7 +80,7 @@ def test_no_hang_and_runtime(ckpt_results):
 # ---- a world of one, in this process -------------------------------------------------
 
 def test_world_of_one_and_bad_arguments(tmp_path):
-    torch = _torch_dist_or_skip()
+    torch = gloo_or_skip()
     import torch.distributed as dist
     if dist.is_initialized():
         pytest.skip("torch.distributed is initialised in the test process")

@@ -6,100 +6,29 @@ torch_dist_cases.PLAN; a world of one and the input checks run here; the
 CUDA tests (one device, 2 gloo ranks sharing it) skip without a GPU.
 Skips without torch or gloo. A rank that hangs or dies fails the tests
 within DEADLINE (its process is killed), it never blocks the run."""
-import multiprocessing as mp
-import os
-import queue
-import sys
-import time
-
 import pytest
 
-from conftest import torch_or_skip
+import torch_harness as H
+from conftest import gloo_or_skip
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 WORLDS = (2, 3)
 DEADLINE = 90  # seconds for all groups; a hang fails the tests (children killed), never blocks CI
-
-
-def _torch_dist_or_skip():
-    torch = torch_or_skip()
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    return torch
 
 
 def spawn(worlds, plan=None):
     """Runs every case of `plan` (default torch_dist_cases.PLAN) in one gloo
     group per world size, all groups at once. Never blocks past DEADLINE."""
-    import torch
     import torch_dist_cases as C
-    # forkserver: one server process imports torch and the cases once (and warms up), the ranks are
-    # forked from it (a fresh interpreter, no state of this process: as safe as spawn, seconds faster on
-    # 2 cores). Not where CUDA works: the warm-up initialises the driver, and forked children cannot.
-    fork_ok = "forkserver" in mp.get_all_start_methods() and not torch.cuda.is_available()
-    method = "forkserver" if fork_ok else "spawn"
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(["torch_dist_cases"])  # + its warm_up(), asked for by the variable below
-    q = ctx.Queue()
-    os.environ["PYTHONPATH"] = os.pathsep.join([HERE, os.path.dirname(HERE)] + [p for p in sys.path if p])
-    procs = {}
-    for world in worlds:
-        port = C.free_port()
-        for r in range(world):
-            procs[(world, r)] = ctx.Process(target=C.worker, args=(r, world, port, q, plan), daemon=True)
-    t0 = time.time()
-    os.environ["MXS_TORCH_CASES_WARM_UP"] = "1"
-    try:
-        for p in procs.values():
-            p.start()
-    finally:
-        del os.environ["MXS_TORCH_CASES_WARM_UP"]
-    res, done = {}, set()
-    want = {(w, r) for w in worlds for r in range(w)}
-    while done != want and time.time() < t0 + DEADLINE:
-        try:
-            world, rank, cid, status, payload = q.get(timeout=0.5)
-        except queue.Empty:
-            if not any(p.is_alive() for p in procs.values()):
-                break
-            continue
-        if cid == "<done>":
-            done.add((world, rank))
-        else:
-            res[(world, rank, cid)] = (status, payload)
-    hung = []  # ranks that never finished their cases (a rank that did may take a while to exit)
-    for key, p in procs.items():
-        p.join(timeout=10 if key in done else 0.1)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=5)
-            if key not in done:
-                hung.append(key)
-    return {"res": res, "hung": hung, "seconds": time.time() - t0, "worlds": worlds}
+    return H.spawn_groups(worlds, C.worker, plan, ["torch_dist_cases"], DEADLINE)
 
 
 @pytest.fixture(scope="module")
 def dist_results():
-    _torch_dist_or_skip()
+    gloo_or_skip()
     return spawn(WORLDS)
 
 
-def _case(dist_results, cid):
-    out = {}
-    errors = []
-    for w in dist_results["worlds"]:
-        for r in range(w):
-            got = dist_results["res"].get((w, r, cid))
-            if got is None:
-                errors.append(f"world {w} rank {r}: no result (hung or died; unfinished ranks: {dist_results['hung']})")
-            elif got[0] != "ok":
-                errors.append(f"world {w} rank {r}:\n{got[1]}")
-            else:
-                out[(w, r)] = got[1]
-    assert not errors, "\n".join(errors)
-    return out
+_case = H.case_results
 
 
 def test_exact_vs_one_process_reference(dist_results):
@@ -153,7 +82,7 @@ def test_no_hang_and_runtime(dist_results):
 # ---- a world of one, in this process ----------------------------------------------------
 
 def test_world_of_one_exact():
-    _torch_dist_or_skip()
+    gloo_or_skip()
     import torch.distributed as dist
     if dist.is_initialized():
         pytest.skip("torch.distributed is initialised in the test process")
@@ -164,7 +93,7 @@ def test_world_of_one_exact():
 
 
 def test_bad_input_raises_before_anything():
-    torch = _torch_dist_or_skip()
+    torch = gloo_or_skip()
     from torch import nn
     import torch_dist_cases as C
     from mxshard.torch import ShardedOptimizer
@@ -232,7 +161,7 @@ def test_bad_input_raises_before_anything():
 
 def _cuda_or_skip():
     from conftest import cuda_or_skip
-    _torch_dist_or_skip()
+    gloo_or_skip()
     return cuda_or_skip()
 
 

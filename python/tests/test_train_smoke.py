@@ -15,22 +15,14 @@ import sys
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import gloo_or_skip
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "examples", "train")
 
 
 def _need(ckpt=False):
-    torch = torch_or_skip()
-    import torch.distributed as dist
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("torch.distributed with gloo is not available")
-    import mxshard
-    try:
-        mxshard.library_info()
-    except mxshard.LibraryNotFoundError as e:
-        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+    torch = gloo_or_skip(host_lib=True)
     if ckpt:
         import mxshard.torch as mxt
         if not all(hasattr(mxt, n) for n in ("save_checkpoint", "load_checkpoint", "export_safetensors")):

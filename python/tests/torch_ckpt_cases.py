@@ -5,18 +5,17 @@ case of PLAN for its world size. The DP=2 group trains, saves the
 checkpoints and writes the references (full tensors, torch.save-d by its
 rank 0) next to them, then a READY marker; the DP=3 and DP=1 groups wait for
 the marker and load. Each case returns a small summary or raises."""
-import datetime
 import hashlib
 import os
 import pickle
 import shutil
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 
 import mxshard
+import torch_harness as H
 import torch_dist_cases as C
 from mxshard.torch import (CheckpointError, CheckpointMismatchError, ShardedOptimizer, export_safetensors,
                            load_checkpoint, save_checkpoint)
@@ -474,28 +473,4 @@ def plan(root):
 
 
 def worker(rank, world, port, q, plan_):
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=float(os.environ.get("MXS_TEST_GLOO_TIMEOUT",
-                                                                                        "30"))))
-    except Exception:  # noqa: BLE001
-        q.put((world, rank, "<init>", "err", traceback.format_exc()))
-        return
-    for cid, case, kw in plan_:
-        try:
-            t0 = time.time()
-            res = CASES[case](rank, world, **kw)
-            res = dict(res or {}, seconds=time.time() - t0)
-            q.put((world, rank, cid, "ok", res))
-        except Exception:  # noqa: BLE001
-            q.put((world, rank, cid, "err", traceback.format_exc()))
-    try:
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
-    q.put((world, rank, "<done>", "ok", None))
-    q.close()
-    q.join_thread()
-    os._exit(0)
+    H.run_rank(rank, world, port, q, plan_, CASES, gloo_timeout=30, timed=True)

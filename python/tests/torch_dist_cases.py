@@ -4,11 +4,8 @@ test_torch_optim.py (one group of 2 and one of 3 processes; each runs all
 cases), and some of them in a world of one in the test process itself.
 Each case returns a small summary or raises."""
 import contextlib
-import datetime
 import io
 import os
-import socket
-import traceback
 import zlib
 
 import torch
@@ -16,16 +13,11 @@ import torch.distributed as dist
 from torch import nn
 
 import mxshard
+import torch_harness as H
 from mxshard.torch import MXFP8Linear, ShardedOptimizer, is_mxfp8
 from mxshard.torch import layout as LY
 
 EPS32 = 2.0 ** -24
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _live():
@@ -650,31 +642,9 @@ def warm_up():
     o.step()
 
 
-if os.environ.get("MXS_TORCH_CASES_WARM_UP") == "1":
+if os.environ.get(H.WARM_UP_VAR) == "1":
     warm_up()
 
 
 def worker(rank, world, port, q, plan=None):
-    torch.set_num_threads(1)  # several ranks share few cores
-    try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=float(os.environ.get("MXS_TEST_GLOO_TIMEOUT",
-                                                                                        "20"))))
-    except Exception:  # noqa: BLE001
-        q.put((world, rank, "<init>", "err", traceback.format_exc()))
-        return
-    for cid, case, kw in plan or PLAN:
-        try:
-            res = CASES[case](rank, world, **kw)
-            q.put((world, rank, cid, "ok", res))
-        except Exception:  # noqa: BLE001
-            q.put((world, rank, cid, "err", traceback.format_exc()))
-    try:
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
-    q.put((world, rank, "<done>", "ok", None))
-    q.close()
-    q.join_thread()
-    os._exit(0)  # skip the interpreter's teardown of torch (seconds on a loaded 2-core machine)
+    H.run_rank(rank, world, port, q, plan or PLAN, CASES, gloo_timeout=20)

@@ -108,6 +108,16 @@ static inline float rnd_value(int scale_exp) {
     return ldexpf(m, scale_exp + (int)((r >> 8) % 5) - 2);
 }
 
+/* Stores x as element i of the `dtype` bytes v (bf16 / f16: rounded). */
+static inline void put_value(std::vector<uint8_t> &v, int64_t i, mxs_dtype dtype, float x) {
+    if (dtype == MXS_F32)
+        memcpy(&v[(size_t)i * 4], &x, 4);
+    else {
+        uint16_t h = dtype == MXS_BF16 ? mxs_bf16_from_f32(x) : mxs_f16_from_f32(x);
+        memcpy(&v[(size_t)i * 2], &h, 2);
+    }
+}
+
 /* n source elements of `dtype` (bytes), exponents varying by stretch. */
 static inline std::vector<uint8_t> rnd_source(int64_t n, mxs_dtype dtype) {
     std::vector<uint8_t> v((size_t)(n * mxs_dtype_bytes(dtype)));
@@ -116,12 +126,7 @@ static inline std::vector<uint8_t> rnd_source(int64_t n, mxs_dtype dtype) {
         if (i % 29 == 0) e = (int)rnd_in(-30, 30);
         if (rnd() % 500 == 0) e = (int)rnd_in(-140, 127);
         float x = rnd_value(e);
-        if (dtype == MXS_F32)
-            memcpy(&v[(size_t)i * 4], &x, 4);
-        else {
-            uint16_t h = dtype == MXS_BF16 ? mxs_bf16_from_f32(x) : mxs_f16_from_f32(x);
-            memcpy(&v[(size_t)i * 2], &h, 2);
-        }
+        put_value(v, i, dtype, x);
     }
     return v;
 }

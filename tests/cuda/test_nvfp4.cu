@@ -204,12 +204,7 @@ static std::vector<uint8_t> nv_source(int64_t n, mxs_dtype dtype) {
     std::vector<uint8_t> v((size_t)(n * mxs_dtype_bytes(dtype)));
     for (int64_t i = 0; i < n; i++) {
         float x = ldexpf((float)rnd_in(-1000, 1000) / 256.0f, (int)rnd_in(-8, 8));
-        if (dtype == MXS_F32)
-            memcpy(&v[(size_t)i * 4], &x, 4);
-        else {
-            uint16_t h = dtype == MXS_BF16 ? mxs_bf16_from_f32(x) : mxs_f16_from_f32(x);
-            memcpy(&v[(size_t)i * 2], &h, 2);
-        }
+        put_value(v, i, dtype, x);
     }
     return v;
 }
