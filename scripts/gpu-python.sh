@@ -10,26 +10,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-out=${OUT:-/tmp}
-mkdir -p "$out"
-log=$out/gpu-python.log
-: > "$log"
+log=${OUT:-/tmp}/gpu-python.log
+. scripts/gpu-env.sh
 builddir=${MXS_GPU_PY_BUILDDIR:-build-gpu-py}
 archs=${MXS_SM_ARCHS:-90}
-status=0
-
-step() { # step NAME CMD...: run, tee, remember failure
-  local name=$1; shift
-  echo "=== $name: $*" | tee -a "$log"
-  local t0=$SECONDS
-  "$@" 2>&1 | tee -a "$log"
-  local rc=${PIPESTATUS[0]}
-  echo "=== $name: rc=$rc ($((SECONDS - t0)) s)" | tee -a "$log"
-  [ "$rc" -eq 0 ] || status=1
-  return "$rc"
-}
 
 { date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'; } 2>&1 | tee -a "$log"
 

@@ -14,26 +14,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1
-out=${OUT:-/tmp}
-mkdir -p "$out"
-log=$out/gpu-torch.log
-: > "$log"
-status=0
-declare -a summary=()
-step() { # step NAME CMD...
-  local name=$1; shift
-  echo "=== $name: $*" | tee -a "$log"
-  local t0=$SECONDS
-  "$@" 2>&1 | tee -a "$log"
-  local rc=${PIPESTATUS[0]}
-  local v=PASS
-  [ "$rc" -eq 0 ] || { v="FAIL (rc=$rc)"; status=1; }
-  summary+=("$(printf '%-12s %s (%d s)' "$name" "$v" $((SECONDS - t0)))")
-  echo "=== $name: $v ($((SECONDS - t0)) s)" | tee -a "$log"
-  return "$rc"
-}
+log=${OUT:-/tmp}/gpu-torch.log
+. scripts/gpu-env.sh
 { date -u; nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1; git log --oneline -1 2>&1; } | tee -a "$log"
 
 libdir=""
