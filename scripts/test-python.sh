@@ -87,7 +87,14 @@ else
 fi
 echo "test-python: pip install . check: $((SECONDS - t0)) s"
 
-if "$py" -c 'import torch' 2>/dev/null; then
+if [ "${MXS_PY_NO_TORCH:-0}" = 1 ]; then
+  # scripts/test.sh --quick: torch-free even where torch is installed (an
+  # import of torch raises ModuleNotFoundError, so every torch test skips)
+  mkdir -p "$tmp/notorch/torch"
+  echo 'raise ModuleNotFoundError("torch is disabled: scripts/test.sh --quick runs no torch test", name="torch")' >"$tmp/notorch/torch/__init__.py"
+  export PYTHONPATH="$tmp/notorch${PYTHONPATH:+:$PYTHONPATH}"
+  echo "test-python: --quick: torch disabled, torch and gloo tests skip"
+elif "$py" -c 'import torch' 2>/dev/null; then
   echo "test-python: torch found: CPU-tensor and 2-process gloo tests run"
   # the README's recipe as a user runs it after the one install command: the
   # installed package (bundled library, no MXSHARD_* variables), 2 gloo ranks

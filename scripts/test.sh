@@ -10,8 +10,9 @@
 #                                    linked (their tests skip without a GPU,
 #                                    and say so), packaging and examples
 #   scripts/test.sh --quick          CPU only (-Dcuda=disabled; build dir
-#                                    build-quick): no nvcc, about a minute
-#                                    on 2 cores
+#                                    build-quick): no nvcc, no torch (the
+#                                    torch tests skip even where torch is
+#                                    installed), about a minute on 2 cores
 #   scripts/test.sh --suite cpu      other arguments go to `meson test`
 #
 # Environment: MXS_BUILDDIR (build dir; default build, or build-quick with
@@ -163,7 +164,7 @@ PY
 
 if [ -f scripts/test-python.sh ] && [ ${#test_args[@]} -eq 0 ]; then
   t0=$SECONDS
-  MXS_BUILDDIR=$builddir bash scripts/test-python.sh || rc=1
+  MXS_BUILDDIR=$builddir MXS_PY_NO_TORCH=$quick bash scripts/test-python.sh || rc=1
   say "scripts/test-python.sh: $((SECONDS - t0)) s"
 fi
 [ "$format_rc" = 0 ] || rc=1
