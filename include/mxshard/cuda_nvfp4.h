@@ -57,7 +57,7 @@ MXS_NODISCARD mxs_status mxs_cuda_nvfp4_convert_scales(int64_t rows, int64_t col
  *   host, once:  mxs_nvfp4_wb_make_plan(&b, &plan, NULL)
  *   every step:  mxs_cuda_nvfp4_wb_partial(&b, &plan, packed, stream)
  *                ncclAllReduce(packed, packed, plan.packed_count,
- *                              plan.entry_bytes == 2 ? ncclUint16 : ncclUint32, ncclMax, ...)
+ *                              plan.entry_bytes == 2 ? ncclBfloat16 : ncclUint32, ncclMax, ...)
  *                mxs_cuda_nvfp4_wb_apply(&b, &plan, packed, stream)
  *                byte all-gather of each row-wise plane and column stage,
  *                  ranges [start/2, ceil((start+len)/2))

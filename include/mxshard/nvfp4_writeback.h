@@ -16,7 +16,7 @@
  *   3 reduce   (caller)                  ONE all-reduce, MAX over uint16
  *                                        (bf16 round-through) or uint32, of
  *                                        plan.packed_count entries - e.g.
- *                                        ncclAllReduce(p, p, n, ncclUint16, ncclMax)
+ *                                        ncclAllReduce(p, p, n, ncclBfloat16, ncclMax)
  *   4 apply    mxs_host_nvfp4_wb_apply   global amax = max of the reduced
  *                                        block amaxes (local: no second
  *                                        reduction); every block's E4M3
