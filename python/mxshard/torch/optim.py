@@ -193,12 +193,13 @@ def _dense_hook(ref, b, pos, gview):
     return hook
 
 
-def _sum_squares(g, chunk=1 << 22):
-    """Sum of squares of an fp32 tensor, accumulated in fp64 (chunked)."""
-    total = 0.0
+def _sum_squares(g, total=None, chunk=1 << 22):
+    """total + sum of squares of an fp32 tensor, accumulated in fp64 (chunked),
+    as a 0-d fp64 tensor on g's device: no host synchronization."""
     for i in range(0, g.numel(), chunk):
         c = g[i:i + chunk].double()
-        total += float(torch.dot(c, c))
+        d = torch.dot(c, c)
+        total = d if total is None else total + d
     return total
 
 
@@ -811,16 +812,18 @@ class ShardedOptimizer:
                         f"accumulate over several backwards inside opt.no_sync(), or pass overlap=False for a "
                         f"module used several times in one forward")
         errs += self._check_storage()
-        sq = 0.0
+        sq = None
         if not errs:
             try:
                 for bk in self._buckets:
-                    sq += _sum_squares(bk.grad_shard)
+                    sq = _sum_squares(bk.grad_shard, sq)
             except Exception as e:  # noqa: BLE001
                 errs.append(f"grad norm: {e}")
         self._reset()
-        flag = torch.tensor([sq, 1.0 if errs else 0.0], dtype=torch.float64,
-                            device=self.comm.small_device(self.device))
+        dev = self.comm.small_device(self.device)
+        flag = torch.tensor([0.0, 1.0 if errs else 0.0], dtype=torch.float64, device=dev)
+        if sq is not None and not errs:
+            flag[0] = sq.to(dev)  # the sum stays on the device: one copy, no sync per chunk
         self.comm.all_reduce(flag, "all_reduce_norm")
         total, failed = flag.tolist()
         if errs:
