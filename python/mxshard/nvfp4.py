@@ -621,6 +621,8 @@ class NVFP4BucketWriteback(_WithClose):
     # ---- lifetime -------------------------------------------------------------
 
     def close(self):
+        """Releases the group setups (their gather schedules hold the process group)."""
+        self._setups.clear()
         self._closed = True
 
     def __repr__(self):

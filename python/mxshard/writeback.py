@@ -576,10 +576,12 @@ class BucketWriteback(_WithClose):
     # ---- lifetime -------------------------------------------------------------
 
     def close(self):
-        """Releases the prepared CUDA bucket (nothing to free on the host)."""
+        """Releases the prepared CUDA bucket (nothing to free on the host) and
+        the group setups (their gather schedules hold the process group)."""
         if self._cuda_bucket is not None:
             self._cu.bucket_release(self._cuda_bucket)
             self._cuda_bucket = None
+        self._setups.clear()
         self._closed = True
 
     def __repr__(self):

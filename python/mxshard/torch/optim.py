@@ -980,7 +980,6 @@ class ShardedOptimizer:
             b.work = None
             if b.wb is not None:
                 b.wb.close()
-                b.wb._setups.clear()
                 b.wb = None
             b.gathers = []
         self.comm.group = None
