@@ -417,21 +417,30 @@ class BucketWriteback(_WithClose):
         dist = _dist()
         dist.all_reduce(self._comm_packed(), op=dist.ReduceOp.MAX, group=group)
 
-    def run(self, group=None, gather=None):
+    def run(self, group=None, gather=None, error=None):
         """partial -> all_reduce(MAX, group) -> status check -> apply -> one
         byte all-gather per present plane. Without torch.distributed (or
         not initialised) and group None: a world of one (no collectives).
         Raises the local error (after joining the collectives) or
-        RemoteError when another rank failed."""
+        RemoteError when another rank failed. error: an exception this rank
+        already has (e.g. from its optimizer step): the rank skips partial,
+        sets its status byte, joins the all-reduce and raises it; the other
+        ranks raise RemoteError."""
         t = A.torch_mod()
         stream = None
         if self.is_cuda:
             if self._tdev.index != t.cuda.current_device():
                 with t.cuda.device(self._tdev):
-                    return self.run(group, gather)
+                    return self.run(group, gather, error)
             stream = t.cuda.current_stream(self._tdev).cuda_stream
-        _run_group_protocol(self, group, gather, "BucketWriteback", lambda: self.partial(stream),
+        _run_group_protocol(self, group, gather, "BucketWriteback", lambda: self._partial_or(stream, error),
                             lambda: self._apply_open(stream))
+
+    def _partial_or(self, stream, error):
+        if error is not None:
+            self._mark_failed()
+            raise error
+        self.partial(stream)
 
     def _apply_open(self, stream):
         if self._closed:

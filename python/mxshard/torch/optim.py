@@ -859,21 +859,17 @@ class ShardedOptimizer:
             if bk.wb is None:
                 continue
             self.comm.count("all_reduce_max")
-            if local:
-                # a local failure (e.g. in the inner step): mark the status byte, join the one
-                # all-reduce; every other rank sees the byte and raises RemoteError (no gathers)
-                bk.wb._mark_failed()
-                if self.comm.active:
-                    self.comm.dist.all_reduce(bk.wb.packed, op=self.comm.dist.ReduceOp.MAX, group=group)
-                continue
             try:
-                bk.wb.run(group)
+                # after a local failure (e.g. in the inner step) run() joins the one all-reduce
+                # with this rank's status byte set, so every other rank raises RemoteError
+                bk.wb.run(group, error=local[0] if local else None)
                 for pn in bk.wb_planes:
                     self.comm.count(f"all_gather_{pn}")
             except L.RemoteError as e:
                 remote.append(e)
             except Exception as e:  # noqa: BLE001
-                local.append(e)
+                if all(e is not x for x in local):  # run() re-raises the error it was handed
+                    local.append(e)
         for bk in self._buckets:
             for s in bk.gathers:
                 try:
