@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kNvThreads) nv_apply_amax_kernel(const __grid_
 
 /* Element multiplier of the block whose reduced entry is i. */
 __device__ __forceinline__ float nv_mult(const NvChunk &C, int64_t i, float s_enc) {
-    return mxs_nvfp4_encode_mult(mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(nv_entry(C, i), C.w), s_enc), s_enc);
+    return mxs__nvfp4_wb_mult(C.packed, C.w, i, s_enc);
 }
 
 /* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kNvThreads) nv_apply_kernel(const __grid_const
                 } else {
                     ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
                 }
-                sc = mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(nv_entry(C, ent), C.w), s_enc);
+                sc = mxs__nvfp4_wb_scale(C.packed, C.w, ent, s_enc);
             }
             I.scale[p][off] = sc;
             continue;
@@ -365,8 +365,11 @@ __global__ void __launch_bounds__(kNvThreads) nv_finish_kernel(const __grid_cons
         const NvItem &I = C.it[nv_item_of(C, u)];
         const int64_t b = u - I.unit0, j = 2 * b;
         const uint8_t *src = I.stage ? I.stage : I.data[0];
-        const uint8_t lo = mxs_nvfp4_get(src, (j % I.rows) * I.cols + j / I.rows);
-        const uint8_t hi = j + 1 < I.n ? mxs_nvfp4_get(src, ((j + 1) % I.rows) * I.cols + (j + 1) / I.rows) : 0;
+        const uint8_t lo =
+            mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE, j % I.rows, j / I.rows));
+        const uint8_t hi = j + 1 < I.n ? mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE,
+                                                                                 (j + 1) % I.rows, (j + 1) / I.rows))
+                                       : 0;
         I.data[1][b] = (uint8_t)(lo | (hi << 4));
     }
 }

@@ -143,6 +143,16 @@ MXS_HD uint32_t mxs__nvfp4_entry_get(const void *packed, int64_t w, int64_t i) {
     return w == 2 ? (uint32_t)((const uint16_t *)packed)[i] : ((const uint32_t *)packed)[i];
 }
 
+/* Stored scale code of the block whose reduced entry is i. */
+MXS_HD uint8_t mxs__nvfp4_wb_scale(const void *packed, int64_t w, int64_t i, float s_enc) {
+    return mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, i), w), s_enc);
+}
+
+/* Element multiplier of the block whose reduced entry is i. */
+MXS_HD float mxs__nvfp4_wb_mult(const void *packed, int64_t w, int64_t i, float s_enc) {
+    return mxs_nvfp4_encode_mult(mxs__nvfp4_wb_scale(packed, w, i, s_enc), s_enc);
+}
+
 /* entry i = max(entry i, entry of amax a) */
 MXS_HD void mxs__nvfp4_entry_raise(void *packed, int64_t w, int64_t i, float a) {
     uint32_t v = mxs_nvfp4_amax_entry(a, w);
@@ -378,12 +388,6 @@ MXS_PRIVATE void mxs__nvfp4_wb_cast(uint8_t *data, int64_t idx, const float *x, 
     if (k < n) mxs_nvfp4_put(data, idx + k, mxs_nvfp4_quantize_elem(x[k], e[k]));
 }
 
-/* Element multiplier of a block from its reduced entry. */
-MXS_PRIVATE float mxs__nvfp4_wb_mult(const void *packed, int64_t w, int64_t i, float s_enc) {
-    return mxs_nvfp4_encode_mult(
-        mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, i), w), s_enc), s_enc);
-}
-
 /* One item's shard, walked by 16-row groups and MXS__NVFP4_WB_COLS-column
  * passes so that every block is met whole within a pass. apply = 0: raise
  * the block entries by the shard's elements (partial); apply = 1: cast the
@@ -504,8 +508,7 @@ MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs
         if (sl.tile_entry >= 0) { /* one scale per tile, repeated over its rows in both planes */
             for (m = 0; m < kc; m++)
                 for (k = 0; k < kr; k++) {
-                    uint8_t sc = mxs_nvfp4_block_scale(
-                        mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.tile_entry + m * kr + k), w), s_enc);
+                    uint8_t sc = mxs__nvfp4_wb_scale(packed, w, sl.tile_entry + m * kr + k, s_enc);
                     if (t->dirs & MXS_ROWWISE)
                         for (q = m * MXS_NVFP4_BLOCK; q < t->rows && q < (m + 1) * MXS_NVFP4_BLOCK; q++)
                             t->row_scale[mxs_scale_geom_offset(&gr, q, k)] = sc;
@@ -517,13 +520,13 @@ MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs
         if (sl.row_entry >= 0)
             for (m = 0; m < t->rows; m++)
                 for (k = 0; k < kr; k++)
-                    t->row_scale[mxs_scale_geom_offset(&gr, m, k)] = mxs_nvfp4_block_scale(
-                        mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.row_entry + m * kr + k), w), s_enc);
+                    t->row_scale[mxs_scale_geom_offset(&gr, m, k)] =
+                        mxs__nvfp4_wb_scale(packed, w, sl.row_entry + m * kr + k, s_enc);
         if (sl.col_entry >= 0)
             for (m = 0; m < t->cols; m++)
                 for (k = 0; k < kc; k++)
-                    t->col_scale[mxs_scale_geom_offset(&gc, m, k)] = mxs_nvfp4_block_scale(
-                        mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.col_entry + m * kc + k), w), s_enc);
+                    t->col_scale[mxs_scale_geom_offset(&gc, m, k)] =
+                        mxs__nvfp4_wb_scale(packed, w, sl.col_entry + m * kc + k, s_enc);
         if (it->len > 0) mxs__nvfp4_wb_walk(it, b->round_through, (void *)(uintptr_t)packed, w, &sl, 1, s_enc);
     }
 }
@@ -536,13 +539,13 @@ MXS_PRIVATE void mxs__nvfp4_transpose(uint8_t *MXS_RESTRICT dst, const uint8_t *
     const int64_t n = rows * cols;
     int64_t j, r = 0, c = 0;
     for (j = 0; j < n; j += 2) {
-        uint8_t lo = mxs_nvfp4_get(src, r * cols + c), hi = 0;
+        uint8_t lo = mxs_nvfp4_get(src, mxs_nvfp4_data_index(rows, cols, MXS_ROWWISE, r, c)), hi = 0;
         if (++r == rows) {
             r = 0;
             c++;
         }
         if (j + 1 < n) {
-            hi = mxs_nvfp4_get(src, r * cols + c);
+            hi = mxs_nvfp4_get(src, mxs_nvfp4_data_index(rows, cols, MXS_ROWWISE, r, c));
             if (++r == rows) {
                 r = 0;
                 c++;

@@ -480,8 +480,7 @@ static void group_reduce(Group &g, bool fail) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t m = 0;
         for (int q = 0; q < g.R; q++) {
-            uint32_t v = wd == 2 ? ((const uint16_t *)(const void *)g.hpacked[q].data())[i]
-                                 : ((const uint32_t *)(const void *)g.hpacked[q].data())[i];
+            const uint32_t v = mxs__nvfp4_entry_get(g.hpacked[q].data(), wd, i);
             m = v > m ? v : m;
         }
         for (int q = 0; q < g.R; q++) {
