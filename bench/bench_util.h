@@ -71,15 +71,34 @@ static mxs_status bench_launch_status(void) { return cudaGetLastError() == cudaS
 /* Finite values with exponents in a moderate range (never zeros: zeros hide
  * unwritten outputs and can run faster than real data). f32 = 1: n f32
  * words; else n words of two bf16. */
+__device__ __forceinline__ uint32_t bench_fill_word(int64_t i, uint32_t seed, int f32) {
+    uint32_t h = (uint32_t)i * 2654435761u + seed;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    uint32_t v = ((h & 1u) << 31) | ((110u + (h >> 27)) << 23) | ((h >> 4) & 0x7FFFFFu);
+    uint32_t w = ((h & 2u) << 30) | ((110u + ((h >> 22) & 31u)) << 23) | ((h >> 1) & 0x7FFFFFu);
+    return f32 ? v : ((v >> 16) | (w & 0xFFFF0000u));
+}
+
 __global__ void bench_fill(uint32_t *p, int64_t n, uint32_t seed, int f32) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        p[i] = bench_fill_word(i, seed, f32);
+}
+
+/* Word `first + i` of the f32 fill (bench_fill(., ., seed, 1)) at p[i], i <
+ * n: a piece of one long fill (a rank's master shard of a bucket) in its own
+ * buffer. bf16 = 1: its bf16 rounding (mxs_bf16_from_f32) instead, as
+ * uint16 - the reference input of a writeback with round-through bf16. The
+ * pattern repeats every 2^32 words. */
+__global__ void bench_fill_at(void *p, int64_t n, int64_t first, uint32_t seed, int bf16) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u + seed;
-        h ^= h >> 15;
-        h *= 0x2C1B3C6Du;
-        h ^= h >> 12;
-        uint32_t v = ((h & 1u) << 31) | ((110u + (h >> 27)) << 23) | ((h >> 4) & 0x7FFFFFu);
-        uint32_t w = ((h & 2u) << 30) | ((110u + ((h >> 22) & 31u)) << 23) | ((h >> 1) & 0x7FFFFFu);
-        p[i] = f32 ? v : ((v >> 16) | (w & 0xFFFF0000u));
+        uint32_t v = bench_fill_word(first + i, seed, 1);
+        if (bf16) {
+            ((uint16_t *)p)[i] = mxs_bf16_from_f32(__uint_as_float(v));
+        } else {
+            ((uint32_t *)p)[i] = v;
+        }
     }
 }
 
@@ -341,14 +360,15 @@ static inline mxs_status bench_mix_launch(const bench_fp4_job &j, int grid, cuda
 
 /* Times the jobs (used in rotation, like a case's calls) with two grid
  * shapes - persistent (8 CTAs of 256 per SM) and one pass of U vectors per
- * thread - and keeps the faster of the two in each mode. Job: bench_mix_job
- * (one byte per element per plane) or bench_fp4_job (half a byte). */
+ * thread (of the data or of the scale vectors, whichever is longer) - and
+ * keeps the faster of the two in each mode. Job: bench_mix_job (one byte
+ * per element per plane) or bench_fp4_job (half a byte). */
 template <class Job> static bench_times bench_ceiling_of(bench_ctx &B, const std::vector<Job> &jobs, const char *what) {
     bench_times best;
     for (int variant = 0; variant < 2; variant++) {
         std::vector<bench_call> calls;
         for (const Job &j : jobs) {
-            int64_t nvec = j.elems * j.in_bytes / 16;
+            int64_t nvec = std::max(j.elems * j.in_bytes / 16, (j.scale_bytes + 15) / 16);
             int64_t one_pass = std::max<int64_t>(1, (nvec + 256 * 4 - 1) / (256 * 4));
             int grid = variant == 0 ? B.sms * 8 : (int)std::min<int64_t>(one_pass, 1 << 30);
             calls.push_back([j, grid](cudaStream_t s) { return bench_mix_launch(j, grid, s); });

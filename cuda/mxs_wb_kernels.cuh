@@ -36,6 +36,7 @@
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
 #define MXSHARD_CUDA_WB_KERNELS_CUH
 
+#include "mxs_scale_write.cuh"
 #include "mxs_scales.cuh"
 #include "mxs_tile.cuh"
 
@@ -52,15 +53,18 @@ struct WbItem {
     int64_t T; /* tile columns: ceil(cols/128) */
     int tile_mode;
     int64_t g_first, g_last; /* TILES_GROUPS: the groups the shard touches */
-    /* Partial: groups [ga, gb) lie wholly inside the shard; their first
-     * T_int tile columns are whole 32 x 128 tiles (in a last group of fewer
-     * than 32 rows: its rows x 128) on the vector path and go to the
-     * interior kernel (int_units of them, from int_begin). The general
-     * kernel takes groups [g_first, ga), [gb, g_last] and the tile columns
-     * >= T_int of [ga, gb). Without interior tiles ga = gb = g_last + 1. */
+    /* Partial: groups [ga, gb) lie wholly inside the shard. On the vector
+     * path (fused, cols >= 128) the first T_int tile columns of EVERY
+     * touched group [g_first, g_last] are whole 32 x 128 tiles (in a last
+     * group of fewer than 32 rows: its rows x 128) and go to the interior
+     * kernel (int_units of them, from int_begin), masked (interior_tile
+     * MASK) in the groups outside [ga, gb), where the shard's edges cut.
+     * The general kernel takes the tile columns >= T_int (cols % 128 != 0).
+     * Without interior tiles T_int = 0 and ga = gb = g_last + 1. */
     int64_t ga, gb, T_int, int_units, int_begin;
-    /* Interior units >= wide_from (local numbering) are the short last
-     * group gb - 1 (at most kTY rows) in units of 4 tile columns
+    /* Local interior numbering: [0, wide_from) the groups' tiles, g_first
+     * + local / T_int; [wide_from, int_units) the short last group gb - 1
+     * (at most kTY rows, wholly inside) in units of 4 tile columns
      * (interior_wide_tile, kWideShortGroups); wide_from = int_units: none. */
     int64_t wide_from;
     /* TILES_EDGE_TILES: (g, t) of the (1 or 2) tiles to visit;
@@ -69,10 +73,9 @@ struct WbItem {
     /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
     uint8_t *zero_ptr[4];
     int64_t zero_len[4];
-    /* apply: scatter of the reduced exponents into the primary's planes */
-    uint8_t *dst_scale[2];
-    mxs_scale_geom dst_geom[2];
-    int64_t scatter_units[2];
+    /* apply: the reduced exponents into the primary's planes, but the
+     * entries the fused partial owns (mxs_scale_write.cuh) */
+    ScaleWrite sw[2];
 };
 static_assert(sizeof(WbItem) % 8 == 0, "WbItem tables are stored back to back, 8-byte aligned");
 
@@ -118,18 +121,10 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
                 t = local % it.T;
                 g = gi == 0 ? it.tile_a[0] : it.tile_b[0];
             } else {
-                const int64_t A = (it.ga - it.g_first) * it.T, B = (it.g_last + 1 - it.gb) * it.T;
-                if (local < A) {
-                    g = it.g_first + local / it.T;
-                    t = local % it.T;
-                } else if (local < A + B) {
-                    g = it.gb + (local - A) / it.T;
-                    t = (local - A) % it.T;
-                } else {
-                    const int64_t strip = it.T - it.T_int;
-                    g = it.ga + (local - A - B) / strip;
-                    t = it.T_int + (local - A - B) % strip;
-                }
+                /* the tile columns >= T_int of every touched group */
+                const int64_t strip = it.T - it.T_int;
+                g = it.g_first + local / strip;
+                t = it.T_int + local % strip;
             }
         }
         run_tile<MODE, PLANES, MIS>(job, g, t, sm);
@@ -139,10 +134,8 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
     if (MODE == MXS__JOB_PARTIAL) {
         zero_unit(it, local);
     } else {
-        int p = local < it.scatter_units[0] ? 0 : 1;
-        if (p == 1) local -= it.scatter_units[0];
-        scatter_vec_unit(it.dst_scale[p], it.dst_geom[p], job.scale[p], job.geom[p],
-                         mxs_scale_geom_bytes(&it.dst_geom[p]), local);
+        const int p = local < it.sw[0].units ? 0 : 1;
+        scale_write_unit(it.sw[p], p == 1 ? local - it.sw[0].units : local, reinterpret_cast<uint32_t *>(&sm));
     }
 }
 
@@ -158,7 +151,15 @@ __device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local
         }
         return;
     }
-    const int64_t g = it.ga + local / it.T_int, t = local % it.T_int;
+    const int64_t g = it.g_first + local / it.T_int, t = local % it.T_int;
+    if (g < it.ga || g >= it.gb) { /* a group the shard's edge cuts */
+        switch (it.job.src_dtype) {
+        case MXS_F32: interior_tile<MXS_F32, PLANES, true, MIS, true>(it.job, g, t, sm); break;
+        case MXS_BF16: interior_tile<MXS_BF16, PLANES, true, MIS, true>(it.job, g, t, sm); break;
+        default: interior_tile<MXS_F16, PLANES, true, MIS, true>(it.job, g, t, sm); break;
+        }
+        return;
+    }
     switch (it.job.src_dtype) {
     case MXS_F32: interior_tile<MXS_F32, PLANES, true, MIS>(it.job, g, t, sm); break;
     case MXS_BF16: interior_tile<MXS_BF16, PLANES, true, MIS>(it.job, g, t, sm); break;

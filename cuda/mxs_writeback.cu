@@ -86,7 +86,10 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
     const mxs_range gr = mxs_shard_groups(t->cols, in->start, in->len);
     const int64_t g_first = gr.first, g_last = gr.first + gr.count - 1;
     int64_t ga = g_last + 1, gb = g_last + 1;
-    if (mode == MXS__JOB_PARTIAL && fused && vec && in->len > 0 && t->cols >= kTileCols) {
+    /* the lean path: every touched group's whole tile columns go to the
+     * interior kernel, masked in the (at most two) groups the edges cut */
+    const bool lean = mode == MXS__JOB_PARTIAL && fused && vec && in->len > 0 && t->cols >= kTileCols;
+    if (lean) {
         int64_t group_elems;
         if (mxs_mul_ok(t->cols, MXS_BLOCK, &group_elems)) {
             int64_t a = mxs_ceil_div(in->start, group_elems), z = (in->start + in->len) / group_elems;
@@ -107,16 +110,18 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         w->g_last = g_last;
         w->ga = ga;
         w->gb = gb;
-        if (gb > ga) {
+        const int64_t ngroups = g_last - g_first + 1;
+        if (lean) {
             w->T_int = t->cols / kTileCols;
-            w->int_units = (gb - ga) * w->T_int;
+            w->int_units = ngroups * w->T_int;
         }
-        w->tile_units = (g_last - g_first + 1) * w->T - w->int_units;
+        w->tile_units = ngroups * (w->T - w->T_int);
         w->wide_from = w->int_units;
-        /* a short last group (at most kTY rows, so gb - 1 is the last
-         * group) in units of 4 tile columns: interior_wide_tile */
-        if (kWideShortGroups && gb > ga && w->T_int > 0 && t->rows - (gb - 1) * MXS_BLOCK <= kTY) {
-            w->wide_from = (gb - 1 - ga) * w->T_int;
+        /* a short last group (at most kTY rows) wholly inside: the shard
+         * runs to the end, so gb - 1 = g_last; in units of 4 tile columns
+         * (interior_wide_tile) */
+        if (kWideShortGroups && lean && gb > ga && t->rows - (gb - 1) * MXS_BLOCK <= kTY) {
+            w->wide_from = (gb - 1 - g_first) * w->T_int;
             w->int_units = w->wide_from + mxs_ceil_div(w->T_int, 4);
         }
     } else if (t->dirs == MXS_ROWWISE) {
@@ -191,13 +196,17 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         w->extra_units = 0;
         for (int k = 0; k < q; k++) w->extra_units += vec_units(w->zero_ptr[k], w->zero_len[k]);
     } else {
+        /* every scale byte the fused partial does not own (STRICT: all) */
         for (int p = 0; p < 2; p++) {
-            if (!(t->dirs & (unsigned)(p + 1))) continue;
-            w->dst_scale[p] = p == 0 ? t->row_scale : t->col_scale;
-            mxs_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &w->dst_geom[p]);
-            w->scatter_units[p] = vec_units(w->dst_scale[p], mxs_scale_geom_bytes(&w->dst_geom[p]));
+            const mxs_dirs pl = p == 0 ? MXS_ROWWISE : MXS_COLWISE;
+            if (!(t->dirs & (unsigned)pl)) continue;
+            mxs_scale_geom gd;
+            mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &gd);
+            const mxs__owned_span own = mxs__owned_bytes(&gd, mxs__owned_outer(&gd, t->rows, t->cols, in->start,
+                                                                               in->len, fused));
+            w->sw[p] = scale_write_make(p == 0 ? t->row_scale : t->col_scale, J.scale[p], gd, J.geom[p], own);
         }
-        w->extra_units = w->scatter_units[0] + w->scatter_units[1];
+        w->extra_units = w->sw[0].units + w->sw[1].units;
     }
 }
 

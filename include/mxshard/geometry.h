@@ -193,6 +193,93 @@ MXS_HD int mxs__cast_selected(int cast, int inside) {
     return cast == MXS__CAST_ALL || (cast == MXS__CAST_INSIDE && inside) || (cast == MXS__CAST_OUTSIDE && !inside);
 }
 
+/* ---- the scale entries a FUSED partial owns --------------------------------
+ *
+ * In MXS_WB_FUSED mode (docs/contract.md 4.4) the partial writes the final
+ * scales it already knows straight into the primary's scale plane, in its
+ * layout, and apply writes the rest of the plane from the reduced buffer:
+ * every byte of the plane is written by exactly one of the two phases. The
+ * owned entries are those whose OUTER coordinate - the row m of the
+ * row-wise plane, the 32-row group k of the column-wise plane - lies in
+ * [first, first + count), with every inner coordinate, padding included:
+ *
+ *   row-wise plane, PADDED (rows padded to Mp = 128s, blocks to Kp = 4s)
+ *        k=0 ..        K-1 .. Kp-1
+ *   m=0   |  apply            |      rows not wholly inside the shard
+ *   m=a   |####  partial  ####|      rows wholly inside: [a, b)
+ *   m=b   |  apply            |
+ *   m=Mp  +-------------------+      (padding rows [M, Mp) belong to
+ *                                     partial iff b == M: the shard runs
+ *                                     to the end)
+ *
+ * The rows (groups) wholly inside the shard are [a, b); owned = [a', b')
+ * with a' = a rounded up and b' = b rounded down to the layout's tile of
+ * outer coordinates (SWIZZLED: 128 rows, 4 groups; else 1), except that
+ * a = 0 stays 0 and b = M (K for groups) becomes the padded extent (Mp /
+ * Kp; COMPACT: M / K). So the owned bytes are whole swizzle tiles, one
+ * contiguous range of the plane (column-wise SWIZZLED: one per 128-column
+ * tile, mxs__owned_bytes), and their entries are all blocks wholly inside
+ * the shard or padding. Empty when the shard is empty, when no row (group)
+ * is wholly inside, and in STRICT mode (the caller passes fused = 0). */
+MXS_HD mxs_range mxs__owned_outer(const mxs_scale_geom *g, int64_t rows, int64_t cols, int64_t start, int64_t len,
+                                  int fused) {
+    mxs_range out;
+    int64_t a, b, q, M, Mp;
+    const int64_t end = start + len;
+    out.first = out.count = 0;
+    if (!fused || len <= 0 || cols < 1) return out;
+    if (!g->colwise) {
+        a = mxs_ceil_div(start, cols); /* rows wholly inside: [a, b) */
+        b = end / cols;
+        M = rows;
+    } else {
+        const int64_t ge = cols * MXS_BLOCK; /* elements of a full group */
+        M = mxs_col_groups(rows);
+        a = mxs_ceil_div(start, ge);
+        b = end == rows * cols ? M : end / ge; /* a short last group is inside when the shard runs to the end */
+    }
+    if (b <= a) return out;
+    Mp = g->layout == MXS_SCALES_COMPACT ? M : g->colwise ? g->Kp : g->Mp;
+    q = g->layout == MXS_SCALES_SWIZZLED ? (g->colwise ? 4 : 128) : 1;
+    a = a == 0 ? 0 : mxs_round_up(a, q);
+    b = b == M ? Mp : (b / q) * q;
+    if (b <= a) return out;
+    out.first = a;
+    out.count = b - a;
+    return out;
+}
+
+/* The plane bytes of the owned entries `own` (mxs__owned_outer): for
+ * j = 0 .. reps-1, [j * stride + begin, j * stride + end), the plane being
+ * reps repetitions of stride bytes. One repetition (stride = the plane's
+ * bytes) except column-wise SWIZZLED: one per 128-column tile (its bytes
+ * are tile-major over (columns / 128, groups / 4)). */
+typedef struct mxs__owned_span {
+    int64_t begin, end, stride, reps;
+} mxs__owned_span;
+
+MXS_HD mxs__owned_span mxs__owned_bytes(const mxs_scale_geom *g, mxs_range own) {
+    mxs__owned_span s;
+    int64_t unit; /* bytes per outer coordinate in one repetition */
+    s.reps = 1;
+    s.stride = mxs_scale_geom_bytes(g);
+    if (g->colwise && g->layout == MXS_SCALES_SWIZZLED) {
+        s.reps = g->Mp / 128;
+        s.stride = 128 * g->Kp;
+        unit = 128;
+    } else if (g->layout == MXS_SCALES_COMPACT) {
+        unit = g->colwise ? g->M : g->K;
+    } else {
+        unit = g->colwise ? g->Mp : g->Kp;
+    }
+    s.begin = own.first * unit;
+    s.end = (own.first + own.count) * unit;
+    return s;
+}
+
+/* Whether the entry at outer coordinate o is owned. */
+MXS_HD int mxs__owned_has(mxs_range own, int64_t o) { return o >= own.first && o < own.first + own.count; }
+
 /* Distributed-optimizer bucket sharding. Weights are laid back to back in a
  * flat bucket of bucket_elems elements (padded so that nranks divides it);
  * rank q owns bucket elements [q*chunk, (q+1)*chunk), chunk =
