@@ -785,12 +785,17 @@ struct shape_run {
             const int64_t pb = sets[0]->plan.packed_bytes;
             dev_buf reduced((size_t)pb + 64);
             reduced_exponents(*sets[0], ref.t, reduced.as<uint8_t>(), B.s);
-            int64_t g = group_exponents_diff(
-                8, [&](int q, uint8_t *acc) { partial_into(*sets[(size_t)q], acc, B.s); }, a.mem, a.bytes,
-                reduced.as<uint8_t>(), pb, dcount, B.s);
+            /* the shifted shards (kind > 0) leave 30 elements at every
+             * rank boundary uncovered, so the group's MAX is not the whole
+             * tensor's there: only the rank check applies */
+            int64_t g = kind > 0 ? 0
+                                 : group_exponents_diff(
+                                       8, [&](int q, uint8_t *acc) { partial_into(*sets[(size_t)q], acc, B.s); },
+                                       a.mem, a.bytes, reduced.as<uint8_t>(), pb, dcount, B.s);
             int64_t d = 0;
             for (auto &w : sets) d += rank_diff(*w, a.mem, a.bytes, reduced.as<uint8_t>(), ref.t, dcount, B.s);
             r.check = check_text(g, d);
+            if (kind > 0 && g == 0 && d == 0) r.check = "ok (rank slices + scales; the shifted shards leave gaps)";
             if (g || d) R.failed_checks++;
         }
         add(r);

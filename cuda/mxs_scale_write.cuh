@@ -1,35 +1,34 @@
 /* SPDX-License-Identifier: MIT */
 /* cuda/mxs_scale_write.cuh - the writeback apply's scale writer: every byte
- * of a primary's scale plane that the FUSED partial does not own
- * (mxs__owned_outer / mxs__owned_bytes, geometry.h; STRICT: the whole
- * plane), from the reduced COMPACT exponents of the packed buffer, padding
- * 0x00 - the bytes of mxs__wb_host_scales(owned = 0).
+ * of a primary's scale plane from the reduced COMPACT exponents of the
+ * packed buffer, padding 0x00 (the bytes of mxs_host_convert_scales).
  *
- * Three kinds of work unit, each a CTA writing up to 4 KiB of the plane with
+ * Three kinds of work unit, each a CTA writing a few KiB of the plane with
  * coalesced 16-byte stores:
  *
- *   SWZ_ROW   row-wise SWIZZLED: 128 rows x 32 blocks (8 swizzle tiles,
- *             4 KiB contiguous). Thread t reads row 128 mt + t's 32 COMPACT
- *             bytes (one sector), parks them in shared memory as 8 words,
- *             and each thread then stores two 16-byte vectors: vector i of
- *             tile kt is the words (rows 32 q + i, kt) for q = 0..3.
+ *   SWZ_ROW   row-wise SWIZZLED: 128 rows x 64 blocks (16 swizzle tiles,
+ *             8 KiB contiguous). Vector i of tile kt is the words (rows
+ *             32 q + i, kt) for q = 0..3, so lane i of warp w reads 16 bytes
+ *             (4 tiles' words) of each of its 4 rows and stores 4 vectors.
  *
  *      COMPACT rows (K bytes each)           SWIZZLED tile (mt, kt): 512 B
- *      row 128mt+0   |w0|w1|..|w7|            vector i = [row i | row 32+i |
- *      row 128mt+1   |w0|w1|..|w7|                         row 64+i | row 96+i]
- *      ...           (w = 4 blocks)                        (word kt of each)
+ *      row 128mt+i     |w0|w1|w2|w3|...       vector i = [row i | row 32+i |
+ *      row 128mt+32+i  |w0|w1|w2|w3|...                   row 64+i | row 96+i]
+ *      ...            (w = 4 blocks)                       (word kt of each)
  *
  *   SWZ_COL   column-wise SWIZZLED: 128 columns x 32 groups (8 tiles).
  *             The 32 COMPACT group rows (cols bytes each) are read as
- *             32-byte pieces, parked as bytes; vector i of tile kt gathers
- *             bytes (group 4 kt + j, column 32 q + i).
- *   LINEAR    COMPACT, PADDED (or a destination not 16-byte aligned): a
- *             4 KiB range of the plane, 16-byte vectors on the address grid
- *             (COMPACT: a copy; PADDED: the row / group is a contiguous
- *             COMPACT row plus zero padding), the ends byte by byte.
+ *             32-byte pieces, parked as bytes in shared memory; vector i of
+ *             tile kt gathers bytes (group 4 kt + j, column 32 q + i).
+ *   LINEAR    COMPACT, PADDED (or SWIZZLED at a destination off the
+ *             16-byte grid): 16 KiB of the plane, 16-byte vectors on the
+ *             address grid (COMPACT: a copy; PADDED: the row / group is a
+ *             contiguous COMPACT row plus zero padding; SWIZZLED: entry by
+ *             entry), the ends byte by byte.
  *
- * Owned bytes are skipped by the unit numbering (whole tile rows, whole
- * tiles) or by the range bounds (LINEAR), never written. */
+ * (It replaced the per-vector gather of mxs_scales.cuh in the apply: 16
+ * one-byte loads per 16-byte vector from 16 different rows ran the
+ * SWIZZLED planes of a Megatron-size bucket at ~7 % of DRAM bandwidth.) */
 #ifndef MXSHARD_CUDA_SCALE_WRITE_CUH
 #define MXSHARD_CUDA_SCALE_WRITE_CUH
 
@@ -38,61 +37,37 @@
 namespace mxs__cu {
 
 enum { SCALES_LINEAR = 0, SCALES_SWZ_ROW = 1, SCALES_SWZ_COL = 2 };
-constexpr int64_t kScaleChunk = 4096; /* LINEAR: plane bytes per unit */
-constexpr int kSwzTilesPerUnit = 8;   /* SWZ_*: swizzle tiles (512 B) per unit */
+constexpr int64_t kScaleChunk = 16384; /* LINEAR: plane bytes per unit */
+constexpr int kSwzTilesPerUnit = 8;     /* SWZ_COL: swizzle tiles (512 B) per unit */
+constexpr int kSwzRowTilesPerUnit = 16; /* SWZ_ROW: swizzle tiles per unit (8 KiB) */
 
 /* One plane's apply scale work (host-made by scale_write_make). */
 struct ScaleWrite {
     uint8_t *dst;
     const uint8_t *src; /* the item's COMPACT plane in the packed buffer */
     mxs_scale_geom gd, gs;
-    mxs__owned_span own;
     int kind;
     int64_t units;
-    int64_t upr;    /* units per repetition (LINEAR) / tile row (SWZ_ROW) / column tile (SWZ_COL) */
-    int64_t ua, ub; /* LINEAR: units of the first segment; SWZ_COL: blocks [0, ua) and [ub, nblk) */
-    int64_t ta, tb; /* SWZ_ROW: owned tile rows [ta, tb); SWZ_COL: owned tiles (groups / 4) [ta, tb) */
+    int64_t upr; /* SWZ_*: units per tile row / column tile */
 };
 
-/* The work of writing plane (dst, gd) from src (COMPACT, gs) outside `own`. */
+/* The work of writing plane (dst, gd) from src (COMPACT, gs). */
 inline ScaleWrite scale_write_make(uint8_t *dst, const uint8_t *src, const mxs_scale_geom &gd,
-                                   const mxs_scale_geom &gs, mxs__owned_span own) {
+                                   const mxs_scale_geom &gs) {
     ScaleWrite w;
     memset(&w, 0, sizeof w);
     w.dst = dst;
     w.src = src;
     w.gd = gd;
     w.gs = gs;
-    w.own = own;
     const bool aligned16 = (reinterpret_cast<uintptr_t>(dst) & 15u) == 0;
-    const int64_t nblk = mxs_ceil_div(gd.Kp / 4, kSwzTilesPerUnit); /* units across one tile row / column tile */
-    if (gd.layout == MXS_SCALES_SWIZZLED && aligned16 && !gd.colwise) {
-        w.kind = SCALES_SWZ_ROW;
-        w.upr = nblk;
-        w.ta = own.begin / (128 * gd.Kp);
-        w.tb = own.end / (128 * gd.Kp);
-        w.units = (gd.Mp / 128 - (w.tb - w.ta)) * nblk;
-    } else if (gd.layout == MXS_SCALES_SWIZZLED && aligned16) {
-        w.kind = SCALES_SWZ_COL;
-        w.ta = own.begin / 512;
-        w.tb = own.end / 512;
-        const int64_t na = mxs_ceil_div(w.ta, kSwzTilesPerUnit), nb = w.tb / kSwzTilesPerUnit;
-        /* blocks [0, na) and [nb, nblk) hold every tile outside [ta, tb) */
-        if (w.tb > w.ta && nb >= na) {
-            w.ua = na;
-            w.ub = nb;
-            w.upr = na + (nblk - nb);
-        } else {
-            w.ua = nblk;
-            w.ub = nblk;
-            w.upr = nblk;
-        }
+    if (gd.layout == MXS_SCALES_SWIZZLED && aligned16) {
+        w.kind = gd.colwise ? SCALES_SWZ_COL : SCALES_SWZ_ROW;
+        w.upr = mxs_ceil_div(gd.Kp / 4, gd.colwise ? kSwzTilesPerUnit : kSwzRowTilesPerUnit);
         w.units = (gd.Mp / 128) * w.upr;
     } else {
         w.kind = SCALES_LINEAR;
-        w.ua = mxs_ceil_div(own.begin, kScaleChunk);
-        w.upr = w.ua + mxs_ceil_div(own.stride - own.end, kScaleChunk);
-        w.units = own.reps * w.upr;
+        w.units = mxs_ceil_div(mxs_scale_geom_bytes(&gd), kScaleChunk);
     }
     return w;
 }
@@ -124,7 +99,21 @@ __device__ __forceinline__ void scale_write_range(const ScaleWrite &w, int64_t s
     const bool copy = w.gd.layout == MXS_SCALES_COMPACT;
     for (int64_t off = base + (int64_t)threadIdx.x * 16; off < e; off += (int64_t)kThreads * 16) {
         if (off >= s && off + 16 <= e) {
-            const uint4 v = copy ? ld16_any(w.src + off) : padded_vec(w.gd, w.src, w.gs, off);
+            uint4 v;
+            if (copy) {
+                v = ld16_any(w.src + off);
+            } else if (w.gd.layout == MXS_SCALES_PADDED) {
+                v = padded_vec(w.gd, w.src, w.gs, off);
+            } else { /* SWIZZLED at a destination off the 16-byte grid */
+                uint32_t q[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    q[k] = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; j++) q[k] |= (uint32_t)scale_byte(w.gd, w.src, w.gs, off + 4 * k + j) << (8 * j);
+                }
+                v = make_uint4(q[0], q[1], q[2], q[3]);
+            }
             *reinterpret_cast<uint4 *>(w.dst + off) = v;
         } else {
             for (int j = 0; j < 16; j++)
@@ -154,34 +143,44 @@ __device__ __forceinline__ void ld32_row(const uint8_t *p, int64_t n, uint32_t *
     }
 }
 
-/* SWZ_ROW: tile row mt, tiles [8 blk, 8 blk + 8) (clipped at Kp / 4). */
-__device__ __forceinline__ void scale_write_swz_row(const ScaleWrite &w, int64_t mt, int64_t blk, uint32_t *sw) {
-    const int tid = threadIdx.x;
-    const int64_t K = w.gs.K, ktiles = w.gd.Kp / 4, k0 = blk * kSwzTilesPerUnit * 4;
-    const int64_t r = mt * 128 + tid;
-    uint32_t wd[8];
-    if (r < w.gs.M && k0 < K) {
-        ld32_row(w.src + r * K + k0, K - k0, wd);
-    } else {
+/* SWZ_ROW: tile row mt, tiles [16 blk, 16 blk + 16) (clipped at Kp / 4).
+ * No shared memory: lane i of warp w reads, for q = 0..3, the 16 COMPACT
+ * bytes of row 128 mt + 32 q + i at blocks 4 (16 blk + 4 w) .. +15 - the
+ * words of 4 tiles - and so holds all four words of vector i of those 4
+ * tiles: 4 loads then 4 stores per thread, 64 bytes each way in flight. */
+__device__ __forceinline__ void scale_write_swz_row(const ScaleWrite &w, int64_t mt, int64_t blk) {
+    const int tid = threadIdx.x, i = tid % 32, wq = tid / 32;
+    const int64_t K = w.gs.K, ktiles = w.gd.Kp / 4;
+    const int64_t kt0 = blk * kSwzRowTilesPerUnit + wq * 4, k0 = kt0 * 4; /* this thread's 4 tiles */
+    if (kt0 >= ktiles) return;
+    uint32_t wd[4][4]; /* [q][tile] */
 #pragma unroll
-        for (int q = 0; q < 8; q++) wd[q] = 0u;
+    for (int q = 0; q < 4; q++) {
+        const int64_t r = mt * 128 + q * 32 + i;
+        const uint8_t *p = w.src + r * K + k0;
+        const int64_t n = r < w.gs.M && k0 < K ? K - k0 : 0; /* bytes of the row from k0 */
+        if (n >= 16 && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+            wd[q][0] = v.x, wd[q][1] = v.y, wd[q][2] = v.z, wd[q][3] = v.w;
+        } else {
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                uint32_t word = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) word |= (4 * t + j < n ? (uint32_t)__ldg(p + 4 * t + j) : 0u) << (8 * j);
+                wd[q][t] = word;
+            }
+        }
     }
-    __syncthreads(); /* the previous unit of this CTA is done with sw */
 #pragma unroll
-    for (int q = 0; q < 8; q++) sw[tid * 9 + q] = wd[q];
-    __syncthreads();
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int v = tid + h * kThreads, kl = v / 32, i = v % 32;
-        const int64_t kt = blk * kSwzTilesPerUnit + kl;
-        if (kt >= ktiles) continue;
-        const uint4 out = make_uint4(sw[i * 9 + kl], sw[(32 + i) * 9 + kl], sw[(64 + i) * 9 + kl], sw[(96 + i) * 9 + kl]);
-        *reinterpret_cast<uint4 *>(w.dst + (mt * ktiles + kt) * 512 + i * 16) = out;
+    for (int t = 0; t < 4; t++) {
+        if (kt0 + t >= ktiles) break;
+        *reinterpret_cast<uint4 *>(w.dst + (mt * ktiles + kt0 + t) * 512 + i * 16) =
+            make_uint4(wd[0][t], wd[1][t], wd[2][t], wd[3][t]);
     }
-    __syncthreads(); /* sw is free for the CTA's next unit */
 }
 
-/* SWZ_COL: column tile ct, tiles [8 blk, 8 blk + 8) but the owned ones. */
+/* SWZ_COL: column tile ct, tiles [8 blk, 8 blk + 8) (clipped at Kp / 4). */
 __device__ __forceinline__ void scale_write_swz_col(const ScaleWrite &w, int64_t ct, int64_t blk, uint32_t *sw) {
     const int tid = threadIdx.x;
     const int64_t cols = w.gs.M, groups = w.gs.K, ktiles = w.gd.Kp / 4;
@@ -203,7 +202,7 @@ __device__ __forceinline__ void scale_write_swz_col(const ScaleWrite &w, int64_t
     for (int h = 0; h < 2; h++) {
         const int v = tid + h * kThreads, kl = v / 32, i = v % 32;
         const int64_t kt = blk * kSwzTilesPerUnit + kl;
-        if (kt >= ktiles || (kt >= w.ta && kt < w.tb)) continue;
+        if (kt >= ktiles) continue;
         uint32_t o[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
@@ -220,23 +219,14 @@ __device__ __forceinline__ void scale_write_swz_col(const ScaleWrite &w, int64_t
 /* Unit u of the plane's work; sw: kThreads * 9 words of shared memory. */
 __device__ __forceinline__ void scale_write_unit(const ScaleWrite &w, int64_t u, uint32_t *sw) {
     if (w.kind == SCALES_SWZ_ROW) {
-        const int64_t j = u / w.upr, blk = u - j * w.upr;
-        scale_write_swz_row(w, j < w.ta ? j : j + (w.tb - w.ta), blk, sw);
+        const int64_t mt = u / w.upr;
+        scale_write_swz_row(w, mt, u - mt * w.upr);
     } else if (w.kind == SCALES_SWZ_COL) {
-        const int64_t ct = u / w.upr, x = u - ct * w.upr;
-        scale_write_swz_col(w, ct, x < w.ua ? x : x - w.ua + w.ub, sw);
+        const int64_t ct = u / w.upr;
+        scale_write_swz_col(w, ct, u - ct * w.upr, sw);
     } else {
-        const int64_t rep = u / w.upr, x = u - rep * w.upr, base = rep * w.own.stride;
-        int64_t s, e;
-        if (x < w.ua) {
-            s = base + x * kScaleChunk;
-            e = base + w.own.begin;
-        } else {
-            s = base + w.own.end + (x - w.ua) * kScaleChunk;
-            e = base + w.own.stride;
-        }
-        e = s + kScaleChunk < e ? s + kScaleChunk : e;
-        scale_write_range(w, s, e);
+        const int64_t bytes = mxs_scale_geom_bytes(&w.gd), s = u * kScaleChunk;
+        scale_write_range(w, s, s + kScaleChunk < bytes ? s + kScaleChunk : bytes);
     }
 }
 

@@ -36,17 +36,30 @@ __host__ __device__ inline int64_t vec_units(const void *p, int64_t len) {
     return (mis + len + kVecChunk - 1) / kVecChunk;
 }
 
+/* The partial's zero-fill of the packed buffer: a streaming memset, so
+ * larger units (kZeroVecsPerThread stores per thread, 32 KiB per CTA):
+ * the packed buffer of a DP=64 rank is almost all zeros, and 4 KiB units
+ * made it launch-bound (one short-lived CTA per 4 KiB). */
+constexpr int kZeroVecsPerThread = 16;
+constexpr int64_t kZeroChunk = (int64_t)kThreads * 16 * kZeroVecsPerThread;
+
+__host__ __device__ inline int64_t zero_units(const void *p, int64_t len) {
+    if (len <= 0) return 0;
+    const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(p) & 15u);
+    return (mis + len + kZeroChunk - 1) / kZeroChunk;
+}
+
 /* ---- writeback zero-fill / scale scatter in 16-byte vectors ----
  * Unit `unit` of a range [p, p + len): thread vectors at address offsets
- * v = unit * kVecChunk + (s * kThreads + tid) * 16 from p - (p % 16), i.e.
+ * v = unit * chunk + (s * kThreads + tid) * 16 from p - (p % 16), i.e.
  * range offsets off = v - p % 16. A vector wholly inside the range is one
  * 16-byte store; the (at most two) partial vectors at the ends are stored
  * byte by byte. Every byte of the range is written exactly once. */
 __device__ __forceinline__ void zero_vec_unit(uint8_t *p, int64_t len, int64_t unit) {
     const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(p) & 15u);
-#pragma unroll
-    for (int s = 0; s < kVecPerThread; s++) {
-        const int64_t off = unit * kVecChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
+#pragma unroll 4
+    for (int s = 0; s < kZeroVecsPerThread; s++) {
+        const int64_t off = unit * kZeroChunk + (int64_t)(s * kThreads + threadIdx.x) * 16 - mis;
         if (off >= 0 && off + 16 <= len) {
             *reinterpret_cast<uint4 *>(p + off) = make_uint4(0u, 0u, 0u, 0u);
         } else {

@@ -271,31 +271,6 @@ struct TileSmem {
     float mult[kTileCols];
 };
 
-/* ---- the primary's scales a FUSED partial owns (mxs__owned_outer) ----------
- * A tile writes the owned entries it computes (as the exponent it also
- * writes to the packed buffer); the tiles of the LAST group also write the
- * owned padding entries below the plane's logical extent - row-wise rows
- * [M, Mp) for their block columns [4 t0, 4 t1), column-wise groups [K, Kp)
- * for their columns [128 t0, 128 t1) - which exist only when the shard runs
- * to the end of the weight. The owned padding COLUMNS of owned rows /
- * groups (k >= K row-wise, columns >= cols column-wise) lie in the last
- * tile column, which run_tile works whenever it exists (cols % 128 != 0). */
-__device__ __forceinline__ void own_pad_last_group(const mxs__job &J, int64_t t0, int64_t t1) {
-    const int tid = threadIdx.x;
-    for (int p = 0; p < 2; p++) {
-        const mxs_range own = J.own[p];
-        const mxs_scale_geom &G = J.dst_geom[p];
-        const int64_t M = p == 0 ? G.M : G.K, end = own.first + own.count; /* outer extent */
-        if (own.count == 0 || end <= M) continue;
-        const int64_t i0 = p == 0 ? 4 * t0 : kTileCols * t0, i1 = p == 0 ? 4 * t1 : kTileCols * t1;
-        const int64_t ni = i1 - i0, n = (end - M) * ni;
-        for (int64_t idx = tid; idx < n; idx += kThreads) {
-            const int64_t o = M + idx / ni, in = i0 + idx % ni;
-            J.dst_scale[p][p == 0 ? mxs_scale_geom_offset(&G, o, in) : mxs_scale_geom_offset(&G, in, o)] = 0;
-        }
-    }
-}
-
 /* MODE: compile-time job mode; PLANES: compile-time plane set (0:
  * J.planes); MIS: vector loads may be misaligned (ld_vec8). */
 template <int MODE, unsigned PLANES = 0, bool MIS = false>
@@ -399,11 +374,6 @@ __device__ __forceinline__ void run_tile(const mxs__job &J, int64_t g, int64_t t
                         J.scale[0][mxs_scale_geom_offset(&G, r, kb)] = e;
                     else if (J.pad)
                         J.scale[0][mxs_scale_geom_offset(&G, r, kb)] = 0;
-                    /* owned entries of the primary, padding columns included
-                     * (rows >= rows: own_pad_last_group below) */
-                    if (mode == MXS__JOB_PARTIAL && r < rows && mxs__owned_has(J.own[0], r) &&
-                        kb < (J.dst_geom[0].layout == MXS_SCALES_COMPACT ? J.dst_geom[0].K : J.dst_geom[0].Kp))
-                        J.dst_scale[0][mxs_scale_geom_offset(&J.dst_geom[0], r, kb)] = logical ? e : (uint8_t)0;
                 }
             }
             mult_row[i] = mxs_e8m0_quant_mult(e);
@@ -444,9 +414,6 @@ __device__ __forceinline__ void run_tile(const mxs__job &J, int64_t g, int64_t t
                     J.scale[1][mxs_scale_geom_offset(&G, cc, g)] = e;
                 else if (J.pad)
                     J.scale[1][mxs_scale_geom_offset(&G, cc, g)] = 0;
-                if (mode == MXS__JOB_PARTIAL && mxs__owned_has(J.own[1], g) &&
-                    cc < (J.dst_geom[1].layout == MXS_SCALES_COMPACT ? J.dst_geom[1].M : J.dst_geom[1].Mp))
-                    J.dst_scale[1][mxs_scale_geom_offset(&J.dst_geom[1], cc, g)] = cc < cols ? e : (uint8_t)0;
                 if (J.pad && r0 + MXS_BLOCK >= rows)
                     for (int64_t k = g + 1; k < G.Kp; k++) J.scale[1][mxs_scale_geom_offset(&G, cc, k)] = 0;
             }
@@ -457,9 +424,6 @@ __device__ __forceinline__ void run_tile(const mxs__job &J, int64_t g, int64_t t
         for (int k = 0; k < 8; k++) mult_col[k] = sm.mult[tx * 8 + k];
         __syncthreads(); /* sm is reused by the next tile of this CTA */
     }
-
-    if (mode == MXS__JOB_PARTIAL && (J.own[0].count > 0 || J.own[1].count > 0) && r0 + MXS_BLOCK >= rows)
-        own_pad_last_group(J, t, t + 1);
 
     /* ---- casts ---- */
     if (J.cast == MXS__CAST_NONE) return;
@@ -492,8 +456,7 @@ __device__ __forceinline__ void run_tile(const mxs__job &J, int64_t g, int64_t t
  *         Lanes whose 8 elements are all inside load them as on the vector
  *         path (MIS: ld16_elems, never past the shard), the (at most two)
  *         lanes of a row segment cut by an edge element by element.
- * In a fused partial the owned entries of the primary's scale planes
- * (J.own) are written too. */
+ */
 template <int DTYPE, unsigned PLANES, bool CLIP = false, bool MIS = false, bool MASK = false>
 __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int64_t t, TileSmem &sm) {
     const unsigned planes = PLANES ? PLANES : J.planes;
@@ -540,13 +503,9 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
          * every layout (m * K + k, m * Kp + k; SWIZZLED: the group lies in one
          * 128-row block, where m % 32 steps by 16 bytes), so rows r0 + 8 i
          * are at o0 + i * step: two evaluations of mxs_scale_geom_offset
-         * instead of four (kLinearRowOffsets; false: one per row). The
-         * primary's owned entries likewise (d0, dstep). */
+         * instead of four (kLinearRowOffsets; false: one per row). */
         const int64_t o0 = mxs_scale_geom_offset(&J.geom[0], r0, kb);
         const int64_t step = kLinearRowOffsets ? mxs_scale_geom_offset(&J.geom[0], r0 + kTY, kb) - o0 : 0;
-        const bool own = J.own[0].count > 0;
-        const int64_t d0 = own ? mxs_scale_geom_offset(&J.dst_geom[0], r0, kb) : 0;
-        const int64_t dstep = own ? mxs_scale_geom_offset(&J.dst_geom[0], r0 + kTY, kb) - d0 : 0;
 #pragma unroll
         for (int i = 0; i < kRPT; i++) {
             float a = 0.0f;
@@ -563,10 +522,8 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
             } else {
                 row_in[i] = true;
             }
-            if ((tx & 3) == 0 && rok[i]) {
+            if ((tx & 3) == 0 && rok[i])
                 J.scale[0][kLinearRowOffsets ? o0 + i * step : mxs_scale_geom_offset(&J.geom[0], r0 + i * kTY, kb)] = e;
-                if (own && mxs__owned_has(J.own[0], r0 + i * kTY)) J.dst_scale[0][d0 + i * dstep] = e;
-            }
             mult_row[i] = mxs_e8m0_quant_mult(e);
         }
     }
@@ -593,8 +550,6 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
             for (int y = 0; y < kTY; y++) a = fmaxf(a, sm.amax[y][tid]);
             const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
             J.scale[1][mxs_scale_geom_offset(&J.geom[1], t * kTileCols + tid, g)] = e;
-            if (mxs__owned_has(J.own[1], g))
-                J.dst_scale[1][mxs_scale_geom_offset(&J.dst_geom[1], t * kTileCols + tid, g)] = e;
             sm.mult[tid] = mxs_e8m0_quant_mult(e);
         }
         __syncthreads();
@@ -602,8 +557,6 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
         for (int k = 0; k < 8; k++) mult_col[k] = sm.mult[tx * 8 + k];
         __syncthreads();
     }
-    if (CLIP && (J.own[0].count > 0 || J.own[1].count > 0) && g * MXS_BLOCK + MXS_BLOCK >= J.rows)
-        own_pad_last_group(J, t, t + 1);
 #pragma unroll
     for (int i = 0; i < kRPT; i++) {
         const int64_t f = (r0 + i * kTY) * cols + c;
@@ -670,8 +623,6 @@ __device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g,
                 for (int y = 0; y < kTY; y++) a = fmaxf(a, sm.amax[y][tid]);
                 const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
                 J.scale[1][mxs_scale_geom_offset(&J.geom[1], tc * kTileCols + tid, g)] = e;
-                if (mxs__owned_has(J.own[1], g))
-                    J.dst_scale[1][mxs_scale_geom_offset(&J.dst_geom[1], tc * kTileCols + tid, g)] = e;
                 sm.mult[tid] = mxs_e8m0_quant_mult(e);
             }
             __syncthreads();
@@ -696,18 +647,13 @@ __device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g,
             a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
             const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
             if (!(rok && cok[i])) continue;
-            if ((tx & 3) == 0) {
-                J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, c / MXS_BLOCK)] = e;
-                if (mxs__owned_has(J.own[0], r)) J.dst_scale[0][mxs_scale_geom_offset(&J.dst_geom[0], r, c / MXS_BLOCK)] = e;
-            }
+            if ((tx & 3) == 0) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, c / MXS_BLOCK)] = e;
             float m8[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) m8[k] = mxs_e8m0_quant_mult(e);
             *reinterpret_cast<uint2 *>(J.out[0] + (r * cols + c - J.out_base[0])) = quantize8(x[i], m8);
         }
     }
-    if (J.own[0].count > 0 || J.own[1].count > 0)
-        own_pad_last_group(J, t4 * kW, t4 * kW + kW < T_int ? t4 * kW + kW : T_int);
 }
 
 } /* namespace mxs__cu */

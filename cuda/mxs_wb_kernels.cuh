@@ -73,8 +73,8 @@ struct WbItem {
     /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
     uint8_t *zero_ptr[4];
     int64_t zero_len[4];
-    /* apply: the reduced exponents into the primary's planes, but the
-     * entries the fused partial owns (mxs_scale_write.cuh) */
+    /* apply: the reduced exponents into the primary's scale planes
+     * (mxs_scale_write.cuh) */
     ScaleWrite sw[2];
 };
 static_assert(sizeof(WbItem) % 8 == 0, "WbItem tables are stored back to back, 8-byte aligned");
@@ -97,7 +97,7 @@ template <bool INTERIOR> __device__ __forceinline__ int64_t find_item(const WbIt
 /* Partial zero-fill: unit `local` of the item's 4 ranges' units, in order. */
 __device__ __forceinline__ void zero_unit(const WbItem &it, int64_t local) {
     for (int q = 0; q < 4; q++) {
-        const int64_t nu = vec_units(it.zero_ptr[q], it.zero_len[q]);
+        const int64_t nu = zero_units(it.zero_ptr[q], it.zero_len[q]);
         if (local < nu) {
             zero_vec_unit(it.zero_ptr[q], it.zero_len[q], local);
             return;
@@ -140,11 +140,12 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
 }
 
 /* Interior tile `local` of item `it`. */
-template <unsigned PLANES, bool MIS>
+template <unsigned PLANES, bool MIS, bool EDGES>
 __device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local, TileSmem &sm) {
+    const int dtype = (int)it.job.src_dtype;
     if (local >= it.wide_from) {
         const int64_t g = it.gb - 1, t4 = local - it.wide_from;
-        switch (it.job.src_dtype) {
+        switch (dtype) {
         case MXS_F32: interior_wide_tile<MXS_F32, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
         case MXS_BF16: interior_wide_tile<MXS_BF16, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
         default: interior_wide_tile<MXS_F16, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
@@ -152,15 +153,15 @@ __device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local
         return;
     }
     const int64_t g = it.g_first + local / it.T_int, t = local % it.T_int;
-    if (g < it.ga || g >= it.gb) { /* a group the shard's edge cuts */
-        switch (it.job.src_dtype) {
+    if (EDGES && (g < it.ga || g >= it.gb)) { /* a group the shard's edge cuts */
+        switch (dtype) {
         case MXS_F32: interior_tile<MXS_F32, PLANES, true, MIS, true>(it.job, g, t, sm); break;
         case MXS_BF16: interior_tile<MXS_BF16, PLANES, true, MIS, true>(it.job, g, t, sm); break;
         default: interior_tile<MXS_F16, PLANES, true, MIS, true>(it.job, g, t, sm); break;
         }
         return;
     }
-    switch (it.job.src_dtype) {
+    switch (dtype) {
     case MXS_F32: interior_tile<MXS_F32, PLANES, true, MIS>(it.job, g, t, sm); break;
     case MXS_BF16: interior_tile<MXS_BF16, PLANES, true, MIS>(it.job, g, t, sm); break;
     default: interior_tile<MXS_F16, PLANES, true, MIS>(it.job, g, t, sm); break;
@@ -184,9 +185,10 @@ __global__ void __launch_bounds__(kThreads, 4)
  * [0, units). When no item has general-kernel tiles (tile_units == 0, so
  * unit_begin counts zero-fill units only), the partial's zero-fill runs here
  * too, as units [units, units + zero_units): one launch instead of two. */
-template <unsigned PLANES, bool MIS>
-__global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items,
-                                                               int64_t units, int64_t zero_units, uint8_t *status) {
+template <unsigned PLANES, bool MIS, bool EDGES>
+__global__ void __launch_bounds__(kThreads)
+    wb_interior_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units, int64_t zero_units,
+                       uint8_t *status) {
     __shared__ TileSmem sm;
     if (status && blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
     for (int64_t u = blockIdx.x; u < units + zero_units; u += gridDim.x) {
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *MXS
             continue;
         }
         const int64_t a = find_item<true>(items, n_items, u);
-        wb_interior_unit<PLANES, MIS>(items[a], u - items[a].int_begin, sm);
+        wb_interior_unit<PLANES, MIS, EDGES>(items[a], u - items[a].int_begin, sm);
     }
 }
 
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *MXS
  * write disjoint bytes (different tiles' blocks and data, zero-fill outside
  * the touched groups), so one launch gives the bytes of the two launches.
  * Launch bounds as wb_kernel (run_tile's registers). */
-template <unsigned PLANES, bool MIS>
+template <unsigned PLANES, bool MIS, bool EDGES>
 __global__ void __launch_bounds__(kThreads, 4)
     wb_fused_partial_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t int_units, int64_t units,
                             uint8_t *status) {
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int64_t u = blockIdx.x; u < int_units + units; u += gridDim.x) {
         if (u < int_units) {
             const int64_t a = find_item<true>(items, n_items, u);
-            wb_interior_unit<PLANES, MIS>(items[a], u - items[a].int_begin, sm);
+            wb_interior_unit<PLANES, MIS, EDGES>(items[a], u - items[a].int_begin, sm);
         } else {
             const int64_t v = u - int_units, a = find_item<false>(items, n_items, v);
             wb_unit<MXS__JOB_PARTIAL, PLANES, MIS>(items[a], v - items[a].unit_begin, sm);

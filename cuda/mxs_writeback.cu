@@ -54,7 +54,7 @@ constexpr bool kMisalignedLoads = true;
  * (mxs__packed_slot; -1: plane absent). *mis: its vector loads are only
  * element-aligned. The item is validated. */
 void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_t *packed, int64_t ro, int64_t co,
-                  WbItem *w, bool *mis) {
+                  WbItem *w, bool *mis, bool *edges) {
     const mxs_tensor *t = &in->primary;
     memset(w, 0, sizeof *w);
     mxs__job &J = w->job;
@@ -114,6 +114,7 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         if (lean) {
             w->T_int = t->cols / kTileCols;
             w->int_units = ngroups * w->T_int;
+            *edges = w->T_int > 0 && (g_first < ga || g_last >= gb);
         }
         w->tile_units = ngroups * (w->T - w->T_int);
         w->wide_from = w->int_units;
@@ -194,17 +195,15 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
             w->zero_len[q++] = (Kc - ge) * t->cols;
         }
         w->extra_units = 0;
-        for (int k = 0; k < q; k++) w->extra_units += vec_units(w->zero_ptr[k], w->zero_len[k]);
+        for (int k = 0; k < q; k++) w->extra_units += zero_units(w->zero_ptr[k], w->zero_len[k]);
     } else {
-        /* every scale byte the fused partial does not own (STRICT: all) */
+        /* every scale byte of the primary's planes (mxs_scale_write.cuh) */
         for (int p = 0; p < 2; p++) {
             const mxs_dirs pl = p == 0 ? MXS_ROWWISE : MXS_COLWISE;
             if (!(t->dirs & (unsigned)pl)) continue;
             mxs_scale_geom gd;
             mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &gd);
-            const mxs__owned_span own = mxs__owned_bytes(&gd, mxs__owned_outer(&gd, t->rows, t->cols, in->start,
-                                                                               in->len, fused));
-            w->sw[p] = scale_write_make(p == 0 ? t->row_scale : t->col_scale, J.scale[p], gd, J.geom[p], own);
+            w->sw[p] = scale_write_make(p == 0 ? t->row_scale : t->col_scale, J.scale[p], gd, J.geom[p]);
         }
         w->extra_units = w->sw[0].units + w->sw[1].units;
     }
@@ -240,13 +239,15 @@ uint64_t bucket_hash(const mxs_cuda_wb_bucket *bk) {
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->device);
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->row_only);
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->misaligned);
+    h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->edges);
     return h;
 }
 
 /* Builds the work list of phase `mode` and stores it at `dev` (kStoreItems
  * records per table_store launch); returns the unit counts. */
 mxs_status table_build(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, int mode, WbItem *dev,
-                       cudaStream_t stream, int64_t *units, int64_t *int_units, int64_t *tile_units, int *misaligned) {
+                       cudaStream_t stream, int64_t *units, int64_t *int_units, int64_t *tile_units, int *misaligned,
+                       int *has_edges) {
     WbStore chunk; /* ~30 KB on the host stack, copied into the launch's parameters */
     int64_t ro = 0, co = plan->row_region_bytes;
     *units = *int_units = *tile_units = 0;
@@ -257,9 +258,10 @@ mxs_status table_build(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *
             int64_t row_off, col_off;
             mxs__packed_slot(&it->primary, &ro, &co, &row_off, &col_off);
             WbItem &w = chunk.items[j];
-            bool mis = false;
-            wb_item_make(b, it, mode, packed, row_off, col_off, &w, &mis);
+            bool mis = false, edges = false;
+            wb_item_make(b, it, mode, packed, row_off, col_off, &w, &mis, &edges);
             if (mis) *misaligned = 1;
+            if (edges) *has_edges = 1;
             w.unit_begin = *units;
             w.int_begin = *int_units;
             *units += w.tile_units + w.extra_units;
@@ -309,7 +311,7 @@ mxs_status prepare(mxs_cuda_wb_bucket *bucket, const mxs_wb_batch *b, const mxs_
         if (!(want & (1u << p)) || b->n_items == 0) continue;
         WbItem *dev = static_cast<WbItem *>(workspace) + (int64_t)p * b->n_items;
         s = table_build(b, plan, packed, p == PHASE_PARTIAL ? MXS__JOB_PARTIAL : MXS__JOB_APPLY, dev, stream,
-                        &bk.units[p], &bk.int_units[p], &bk.tile_units[p], &bk.misaligned);
+                        &bk.units[p], &bk.int_units[p], &bk.tile_units[p], &bk.misaligned, &bk.edges);
         if (s != MXS_OK) return s;
         bk.table[p] = dev;
     }
@@ -337,21 +339,21 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
 
 /* One phase's launches (see mxs_wb_kernels.cuh). status: the group status
  * byte the partial zeroes (NULL for apply). */
-template <int MODE, unsigned PLANES, bool MIS>
+template <int MODE, unsigned PLANES, bool MIS, bool EDGES>
 void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units,
                uint8_t *status, cudaStream_t stream) {
     if (kFusedPartial && MODE == MXS__JOB_PARTIAL && int_units > 0 && tile_units > 0) {
-        /* interior tiles and general-kernel units (a shard edge inside a
-         * group, cols % 128 != 0): one launch instead of two */
-        wb_fused_partial_kernel<PLANES, MIS>
+        /* interior tiles and general-kernel units (cols % 128 != 0, an
+         * item off the vector path): one launch instead of two */
+        wb_fused_partial_kernel<PLANES, MIS, EDGES>
             <<<grid_for(int_units + units), kThreads, 0, stream>>>(dev, n_items, int_units, units, status);
         return;
     }
     if (int_units > 0) {
-        /* no general-kernel tiles (partial of group-aligned shards): the
-         * zero-fill units ride along in the interior launch */
+        /* no general-kernel tiles: the zero-fill units ride along in the
+         * interior launch */
         const int64_t zu = MODE == MXS__JOB_PARTIAL && tile_units == 0 ? units : 0;
-        wb_interior_kernel<PLANES, MIS>
+        wb_interior_kernel<PLANES, MIS, EDGES>
             <<<grid_for(int_units + zu), kThreads, 0, stream>>>(dev, n_items, int_units, zu, status);
         units -= zu;
         status = nullptr;
@@ -365,14 +367,25 @@ template <int MODE>
 void phase_launch(const mxs_cuda_wb_bucket *bk, const WbItem *dev, int64_t int_units, int64_t units, int64_t tile_units,
                   uint8_t *status, cudaStream_t stream) {
     const int64_t n = bk->n_items;
-    if (bk->row_only && bk->misaligned)
-        wb_launch<MODE, MXS_ROWWISE, true>(dev, n, int_units, units, tile_units, status, stream);
+    /* interior tiles are masked only in a partial with edges; a bucket
+     * without them runs the kernels without the masked path (fewer registers) */
+    const bool e = MODE == MXS__JOB_PARTIAL && bk->edges;
+    if (bk->row_only && bk->misaligned && e)
+        wb_launch<MODE, MXS_ROWWISE, true, true>(dev, n, int_units, units, tile_units, status, stream);
+    else if (bk->row_only && bk->misaligned)
+        wb_launch<MODE, MXS_ROWWISE, true, false>(dev, n, int_units, units, tile_units, status, stream);
+    else if (bk->row_only && e)
+        wb_launch<MODE, MXS_ROWWISE, false, true>(dev, n, int_units, units, tile_units, status, stream);
     else if (bk->row_only)
-        wb_launch<MODE, MXS_ROWWISE, false>(dev, n, int_units, units, tile_units, status, stream);
+        wb_launch<MODE, MXS_ROWWISE, false, false>(dev, n, int_units, units, tile_units, status, stream);
+    else if (bk->misaligned && e)
+        wb_launch<MODE, 0, true, true>(dev, n, int_units, units, tile_units, status, stream);
     else if (bk->misaligned)
-        wb_launch<MODE, 0, true>(dev, n, int_units, units, tile_units, status, stream);
+        wb_launch<MODE, 0, true, false>(dev, n, int_units, units, tile_units, status, stream);
+    else if (e)
+        wb_launch<MODE, 0, false, true>(dev, n, int_units, units, tile_units, status, stream);
     else
-        wb_launch<MODE, 0, false>(dev, n, int_units, units, tile_units, status, stream);
+        wb_launch<MODE, 0, false, false>(dev, n, int_units, units, tile_units, status, stream);
 }
 
 mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stream) {

@@ -5,7 +5,7 @@
 # the memory counters. Needs prebuilt binaries:
 #   MXS_PREBUILT=dir scripts/gpu-profile.sh [--no-ncu]
 # dir holds wb_profile and libmxshard_cuda.so*; output in ${OUT:-/tmp}:
-# profile.log, ncu-<n>.csv (one per configuration).
+# profile.log, ncu.csv (every configuration, each after a '# config N: ...' line).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${OUT:-/tmp}/profile.log
@@ -34,8 +34,9 @@ for c in "${configs[@]}"; do
   step "time-$n" "$pre/wb_profile" $c --iters 20
   if [ $ncu = 1 ] && command -v ncu > /dev/null; then
     # shellcheck disable=SC2086
+    echo "# config $n: $c" >> "${OUT:-/tmp}/ncu.csv"
     ncu --clock-control none --metrics "$metrics" --csv --page raw "$pre/wb_profile" $c --iters 1 \
-      > "${OUT:-/tmp}/ncu-$n.csv" 2>> "$log" || echo "ncu $n failed" | tee -a "$log"
+      >> "${OUT:-/tmp}/ncu.csv" 2>> "$log" || echo "ncu $n failed" | tee -a "$log"
   fi
 done
 printf '%s\n' "${summary[@]}" | tee -a "$log"

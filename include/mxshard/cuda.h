@@ -109,6 +109,7 @@ typedef struct mxs_cuda_wb_bucket {
     int device;     /* the device it was prepared on */
     int row_only;   /* every item is row-only */
     int misaligned; /* some item's vector loads are only element-aligned */
+    int edges;      /* some item's partial has masked interior tiles (a shard edge inside a 32-row group) */
 } mxs_cuda_wb_bucket;
 
 #define MXS_CUDA_WB_BUCKET_MAGIC 0x316B637542736D78ull /* "mxsBuck1" */

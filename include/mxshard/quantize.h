@@ -393,21 +393,16 @@ MXS_NODISCARD MXS_API mxs_status mxs_convert_scales_check(int64_t rows, int64_t 
     return MXS_OK;
 }
 
-/* The host scale conversion of checked arguments (MXFP8 and NVFP4): the
- * bytes [off0, off1) of dst in layout gd (_with: all of them), logical
- * entries from src (layout gs), padding entries 0x00. */
-MXS_PRIVATE void mxs__convert_scales_range(const mxs_scale_geom *gs, const uint8_t *src, const mxs_scale_geom *gd,
-                                           uint8_t *dst, int64_t off0, int64_t off1) {
-    int64_t off, m, k;
-    for (off = off0; off < off1; off++) {
+/* The host scale conversion of checked arguments (MXFP8 and NVFP4): every
+ * byte of dst in layout gd, logical entries from src (layout gs), padding
+ * entries 0x00. */
+MXS_PRIVATE void mxs__convert_scales_with(const mxs_scale_geom *gs, const uint8_t *src, const mxs_scale_geom *gd,
+                                          uint8_t *dst) {
+    int64_t off, bytes = mxs_scale_geom_bytes(gd), m, k;
+    for (off = 0; off < bytes; off++) {
         mxs_scale_geom_coords(gd, off, &m, &k);
         dst[off] = mxs_scale_geom_is_logical(gd, m, k) ? src[mxs_scale_geom_offset(gs, m, k)] : 0;
     }
-}
-
-MXS_PRIVATE void mxs__convert_scales_with(const mxs_scale_geom *gs, const uint8_t *src, const mxs_scale_geom *gd,
-                                          uint8_t *dst) {
-    mxs__convert_scales_range(gs, src, gd, dst, 0, mxs_scale_geom_bytes(gd));
 }
 
 MXS_NODISCARD MXS_API mxs_status mxs_host_convert_scales(int64_t rows, int64_t cols, mxs_dirs plane,

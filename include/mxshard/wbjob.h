@@ -53,13 +53,6 @@ typedef struct mxs__job {
     int64_t out_base[2];
     mxs_scale_geom geom[2];
     uint8_t *scale[2]; /* QUANTIZE / PARTIAL: written; APPLY: read */
-    /* CUDA FUSED partial only: the entries of the primary's scale planes it
-     * owns (mxs__owned_outer: outer coordinates own[p], count 0: none) go
-     * straight to dst_scale[p] in layout dst_geom[p] (the host engine writes
-     * them after its tiles, mxs__wb_host_scales). */
-    uint8_t *dst_scale[2];
-    mxs_scale_geom dst_geom[2];
-    mxs_range own[2];
 } mxs__job;
 
 /* The round-through a job applies to a source of `src` dtype: `rt`, except

@@ -544,56 +544,11 @@ MXS_PRIVATE void mxs__wb_job(const mxs_wb_batch *b, const mxs_wb_item *it, int m
     job->scale[1] = packed_col;
     if (t->dirs & MXS_ROWWISE) mxs_scale_geom_make(t->rows, t->cols, MXS_ROWWISE, MXS_SCALES_COMPACT, &job->geom[0]);
     if (t->dirs & MXS_COLWISE) mxs_scale_geom_make(t->rows, t->cols, MXS_COLWISE, MXS_SCALES_COMPACT, &job->geom[1]);
-    if (mode == MXS__JOB_PARTIAL) {
-        int p;
-        for (p = 0; p < 2; p++) {
-            const mxs_dirs pl = p == 0 ? MXS_ROWWISE : MXS_COLWISE;
-            if (!(t->dirs & (unsigned)pl)) continue;
-            job->dst_scale[p] = p == 0 ? t->row_scale : t->col_scale;
-            mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &job->dst_geom[p]);
-            job->own[p] = mxs__owned_outer(&job->dst_geom[p], t->rows, t->cols, it->start, it->len,
-                                           b->mode == MXS_WB_FUSED);
-        }
-    }
-}
-
-/* The scale bytes of item `it` that a phase writes into its primary
- * (mxs__owned_outer, geometry.h): owned != 0, the entries the FUSED partial
- * owns; owned == 0, the rest of each present plane (apply). The exponents
- * come from the item's COMPACT planes in the packed buffer (packed_row /
- * packed_col, NULL when absent); padding entries are 0x00. */
-MXS_PRIVATE void mxs__wb_host_scales(const mxs_wb_batch *b, const mxs_wb_item *it, const uint8_t *packed_row,
-                                     const uint8_t *packed_col, int owned) {
-    const mxs_tensor *t = &it->primary;
-    int p;
-    for (p = 0; p < 2; p++) {
-        const mxs_dirs pl = p == 0 ? MXS_ROWWISE : MXS_COLWISE;
-        const uint8_t *src = p == 0 ? packed_row : packed_col;
-        uint8_t *dst = p == 0 ? t->row_scale : t->col_scale;
-        mxs_scale_geom gs, gd;
-        mxs__owned_span sp;
-        int64_t j;
-        if (!(t->dirs & (unsigned)pl)) continue;
-        mxs_scale_geom_make(t->rows, t->cols, pl, MXS_SCALES_COMPACT, &gs);
-        mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &gd);
-        sp = mxs__owned_bytes(&gd, mxs__owned_outer(&gd, t->rows, t->cols, it->start, it->len,
-                                                    b->mode == MXS_WB_FUSED));
-        for (j = 0; j < sp.reps; j++) {
-            const int64_t base = j * sp.stride;
-            if (owned) {
-                mxs__convert_scales_range(&gs, src, &gd, dst, base + sp.begin, base + sp.end);
-            } else {
-                mxs__convert_scales_range(&gs, src, &gd, dst, base, base + sp.begin);
-                mxs__convert_scales_range(&gs, src, &gd, dst, base + sp.end, base + sp.stride);
-            }
-        }
-    }
 }
 
 /* Partial on a checked batch: zero the packed buffer (its status byte too:
  * 0 = this rank is fine), then every item's partial exponents (and, FUSED,
- * the casts of the blocks wholly inside its shard and their final scales in
- * the primary's planes: the owned entries of mxs__owned_outer). */
+ * the casts of the blocks wholly inside its shard). */
 MXS_PRIVATE void mxs__wb_host_partial(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed) {
     int64_t i, ro = 0, co = plan->row_region_bytes, roff, coff;
     if (plan->packed_bytes > 0) memset(packed, 0, (size_t)plan->packed_bytes); /* always > 0 (checked plan) */
@@ -604,22 +559,27 @@ MXS_PRIVATE void mxs__wb_host_partial(const mxs_wb_batch *b, const mxs_wb_plan *
         if (it->len == 0) continue;
         mxs__wb_job(b, it, MXS__JOB_PARTIAL, roff >= 0 ? packed + roff : NULL, coff >= 0 ? packed + coff : NULL, &job);
         mxs__host_run(&job);
-        mxs__wb_host_scales(b, it, roff >= 0 ? packed + roff : NULL, coff >= 0 ? packed + coff : NULL, 1);
     }
 }
 
 /* Apply on a checked batch: the reduced exponents into every present scale
- * plane (in the primary's layout; FUSED: all but the entries partial owns),
- * then the casts of the shard's blocks the mode leaves to apply. */
+ * plane (in the primary's layout), then the casts of the shard's blocks the
+ * mode leaves to apply. */
 MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_host_apply(const mxs_wb_batch *b, const mxs_wb_plan *plan,
                                                         const uint8_t *packed) {
     int64_t i, ro = 0, co = plan->row_region_bytes, roff, coff;
+    mxs_status s;
     for (i = 0; i < b->n_items; i++) {
         const mxs_wb_item *it = &b->items[i];
         const mxs_tensor *t = &it->primary;
         mxs__host_job job;
         mxs__packed_slot(t, &ro, &co, &roff, &coff);
-        mxs__wb_host_scales(b, it, roff >= 0 ? packed + roff : NULL, coff >= 0 ? packed + coff : NULL, 0);
+        if (roff >= 0 && (s = mxs_host_convert_scales(t->rows, t->cols, MXS_ROWWISE, MXS_SCALES_COMPACT, packed + roff,
+                                                      t->scale_layout, t->row_scale)) != MXS_OK)
+            return s;
+        if (coff >= 0 && (s = mxs_host_convert_scales(t->rows, t->cols, MXS_COLWISE, MXS_SCALES_COMPACT, packed + coff,
+                                                      t->scale_layout, t->col_scale)) != MXS_OK)
+            return s;
         if (it->len == 0) continue;
         /* the engine only reads the exponents in APPLY mode */
         mxs__wb_job(b, it, MXS__JOB_APPLY, roff >= 0 ? (uint8_t *)(uintptr_t)(packed + roff) : NULL,

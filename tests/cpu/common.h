@@ -219,49 +219,6 @@ static inline int64_t ref_scale_offset(int64_t rows, int64_t cols, int plane, in
     return ((m / 128) * (Kp / 4) + (k / 4)) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
 }
 
-/* docs/contract.md 4.4, restated for the tests: which scale bytes of a
- * plane belong to the FUSED partial of the shard [start, start+len):
- * mask[off] = 1 (partial) or 0 (apply), for the ref_scale_bytes bytes.
- * Owned: the entries whose outer coordinate (row m of the row-wise plane,
- * group k of the column-wise plane) lies in the rows (groups) wholly inside
- * the shard, rounded inward to 128 rows / 4 groups for SWIZZLED; a range
- * starting at 0 stays at 0, one ending at the last row (group) extends over
- * the padding. Returns the number of owned bytes. */
-static inline int64_t ref_scale_owned_mask(int64_t rows, int64_t cols, int plane, int layout, int64_t start,
-                                           int64_t len, int fused, uint8_t *mask) {
-    int64_t M, K, Mp, Kp, a, b, outer_n, outer_p, q, m, k, n = rows * cols, end = start + len, owned = 0;
-    ref_mk(rows, cols, plane, &M, &K);
-    Mp = layout == MXS_SCALES_COMPACT ? M : ref_rup(M, 128);
-    Kp = layout == MXS_SCALES_COMPACT ? K : ref_rup(K, 4);
-    memset(mask, 0, (size_t)ref_scale_bytes(rows, cols, plane, layout));
-    if (!fused || len <= 0) return 0;
-    if (plane == MXS_ROWWISE) {
-        a = ref_cdiv(start, cols);
-        b = end / cols;
-        outer_n = rows;
-        outer_p = Mp;
-        q = layout == MXS_SCALES_SWIZZLED ? 128 : 1;
-    } else {
-        a = ref_cdiv(start, 32 * cols);
-        b = end == n ? K : end / (32 * cols);
-        outer_n = K;
-        outer_p = Kp;
-        q = layout == MXS_SCALES_SWIZZLED ? 4 : 1;
-    }
-    if (b <= a) return 0;
-    a = a == 0 ? 0 : ref_rup(a, q);
-    b = b == outer_n ? outer_p : b / q * q;
-    for (m = 0; m < Mp; m++)
-        for (k = 0; k < Kp; k++) {
-            int64_t o = plane == MXS_ROWWISE ? m : k;
-            if (o >= a && o < b) {
-                mask[ref_scale_offset(rows, cols, plane, layout, m, k)] = 1;
-                owned++;
-            }
-        }
-    return owned;
-}
-
 /* Quantizes one plane of a rows x cols source, one block at a time, per
  * element: data gets rows*cols bytes, scale gets ref_scale_bytes bytes
  * (padding 0x00). */
