@@ -16,10 +16,10 @@
  *      row 128mt+32+i  |w0|w1|w2|w3|...                   row 64+i | row 96+i]
  *      ...            (w = 4 blocks)                       (word kt of each)
  *
- *   SWZ_COL   column-wise SWIZZLED: 128 columns x 32 groups (8 tiles).
- *             The 32 COMPACT group rows (cols bytes each) are read as
- *             32-byte pieces, parked as bytes in shared memory; vector i of
- *             tile kt gathers bytes (group 4 kt + j, column 32 q + i).
+ *   SWZ_COL   column-wise SWIZZLED: 8 consecutive tiles of the plane (each
+ *             128 columns x 4 groups). Each tile's 4 COMPACT group rows are
+ *             read as 4-byte words, parked as bytes in shared memory; vector
+ *             i of a tile gathers bytes (group j, column 32 q + i).
  *   LINEAR    COMPACT, PADDED (or SWIZZLED at a destination off the
  *             16-byte grid): 16 KiB of the plane, 16-byte vectors on the
  *             address grid (COMPACT: a copy; PADDED: the row / group is a
@@ -37,8 +37,8 @@
 namespace mxs__cu {
 
 enum { SCALES_LINEAR = 0, SCALES_SWZ_ROW = 1, SCALES_SWZ_COL = 2 };
-constexpr int64_t kScaleChunk = 16384; /* LINEAR: plane bytes per unit */
-constexpr int kSwzTilesPerUnit = 8;     /* SWZ_COL: swizzle tiles (512 B) per unit */
+constexpr int64_t kScaleChunk = 4096; /* LINEAR: plane bytes per unit */
+constexpr int kSwzTilesPerUnit = 8;     /* SWZ_COL: swizzle tiles (512 B) per unit, in plane order */
 constexpr int kSwzRowTilesPerUnit = 16; /* SWZ_ROW: swizzle tiles per unit (8 KiB) */
 
 /* One plane's apply scale work (host-made by scale_write_make). */
@@ -62,9 +62,16 @@ inline ScaleWrite scale_write_make(uint8_t *dst, const uint8_t *src, const mxs_s
     w.gs = gs;
     const bool aligned16 = (reinterpret_cast<uintptr_t>(dst) & 15u) == 0;
     if (gd.layout == MXS_SCALES_SWIZZLED && aligned16) {
-        w.kind = gd.colwise ? SCALES_SWZ_COL : SCALES_SWZ_ROW;
-        w.upr = mxs_ceil_div(gd.Kp / 4, gd.colwise ? kSwzTilesPerUnit : kSwzRowTilesPerUnit);
-        w.units = (gd.Mp / 128) * w.upr;
+        if (gd.colwise) {
+            /* units of 8 consecutive tiles of the plane, whatever its shape
+             * (a 41-row weight has one tile per column tile) */
+            w.kind = SCALES_SWZ_COL;
+            w.units = mxs_ceil_div((gd.Mp / 128) * (gd.Kp / 4), kSwzTilesPerUnit);
+        } else {
+            w.kind = SCALES_SWZ_ROW;
+            w.upr = mxs_ceil_div(gd.Kp / 4, kSwzRowTilesPerUnit);
+            w.units = (gd.Mp / 128) * w.upr;
+        }
     } else {
         w.kind = SCALES_LINEAR;
         w.units = mxs_ceil_div(mxs_scale_geom_bytes(&gd), kScaleChunk);
@@ -122,27 +129,6 @@ __device__ __forceinline__ void scale_write_range(const ScaleWrite &w, int64_t s
     }
 }
 
-/* 32 bytes of a COMPACT row at p (n of them exist, the rest read as 0) as
- * 8 little-endian words. */
-__device__ __forceinline__ void ld32_row(const uint8_t *p, int64_t n, uint32_t *wd) {
-    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-    if (n >= 32 && (a & 15u) == 0) {
-        const uint4 v0 = __ldg(reinterpret_cast<const uint4 *>(p)), v1 = __ldg(reinterpret_cast<const uint4 *>(p) + 1);
-        wd[0] = v0.x, wd[1] = v0.y, wd[2] = v0.z, wd[3] = v0.w, wd[4] = v1.x, wd[5] = v1.y, wd[6] = v1.z, wd[7] = v1.w;
-    } else if (n >= 32 && (a & 3u) == 0) {
-#pragma unroll
-        for (int q = 0; q < 8; q++) wd[q] = __ldg(reinterpret_cast<const uint32_t *>(p) + q);
-    } else {
-#pragma unroll
-        for (int q = 0; q < 8; q++) {
-            uint32_t word = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) word |= (4 * q + j < n ? (uint32_t)__ldg(p + 4 * q + j) : 0u) << (8 * j);
-            wd[q] = word;
-        }
-    }
-}
-
 /* SWZ_ROW: tile row mt, tiles [16 blk, 16 blk + 16) (clipped at Kp / 4).
  * No shared memory: lane i of warp w reads, for q = 0..3, the 16 COMPACT
  * bytes of row 128 mt + 32 q + i at blocks 4 (16 blk + 4 w) .. +15 - the
@@ -180,38 +166,50 @@ __device__ __forceinline__ void scale_write_swz_row(const ScaleWrite &w, int64_t
     }
 }
 
-/* SWZ_COL: column tile ct, tiles [8 blk, 8 blk + 8) (clipped at Kp / 4). */
-__device__ __forceinline__ void scale_write_swz_col(const ScaleWrite &w, int64_t ct, int64_t blk, uint32_t *sw) {
+/* SWZ_COL: the plane's tiles [8 u, 8 u + 8) in plane order (tile T is
+ * column tile T / (Kp/4), groups 4 (T % (Kp/4)) .. +3). Thread t reads 4
+ * bytes of each tile's source - group t / 32, columns 4 (t % 32) .. +3 of
+ * the tile's 128 - and parks them in shared memory ([tile][group][column]
+ * bytes); then each thread stores two vectors: vector i of a tile gathers
+ * bytes (group j, column 32 q + i). */
+__device__ __forceinline__ void scale_write_swz_col(const ScaleWrite &w, int64_t u, uint32_t *sw) {
     const int tid = threadIdx.x;
-    const int64_t cols = w.gs.M, groups = w.gs.K, ktiles = w.gd.Kp / 4;
-    const int64_t gl = tid / 4, g = blk * kSwzTilesPerUnit * 4 + gl, c0 = ct * 128 + (tid % 4) * 32;
-    uint32_t wd[8];
-    if (g < groups && c0 < cols) {
-        ld32_row(w.src + g * cols + c0, cols - c0, wd);
-    } else {
+    const int64_t cols = w.gs.M, groups = w.gs.K, ktiles = w.gd.Kp / 4, ntiles = (w.gd.Mp / 128) * ktiles;
+    uint32_t wd[kSwzTilesPerUnit];
 #pragma unroll
-        for (int q = 0; q < 8; q++) wd[q] = 0u;
+    for (int tl = 0; tl < kSwzTilesPerUnit; tl++) {
+        const int64_t T = u * kSwzTilesPerUnit + tl, ct = T / ktiles, kt = T - ct * ktiles;
+        const int64_t g = kt * 4 + tid / 32, c = ct * 128 + (tid % 32) * 4;
+        uint32_t word = 0;
+        if (T < ntiles && g < groups && c < cols) {
+            const uint8_t *p = w.src + g * cols + c;
+            if (c + 4 <= cols && (reinterpret_cast<uintptr_t>(p) & 3u) == 0) {
+                word = __ldg(reinterpret_cast<const uint32_t *>(p));
+            } else {
+                for (int j = 0; j < 4; j++) word |= (c + j < cols ? (uint32_t)__ldg(p + j) : 0u) << (8 * j);
+            }
+        }
+        wd[tl] = word;
     }
-    __syncthreads();
-    /* bytes [group gl][column 0..127] at sw word gl * 33 + column / 4 */
+    __syncthreads(); /* the previous unit of this CTA is done with sw */
 #pragma unroll
-    for (int q = 0; q < 8; q++) sw[gl * 33 + (tid % 4) * 8 + q] = wd[q];
+    for (int tl = 0; tl < kSwzTilesPerUnit; tl++) sw[tl * kThreads + tid] = wd[tl];
     __syncthreads();
     const uint8_t *sb = reinterpret_cast<const uint8_t *>(sw);
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int v = tid + h * kThreads, kl = v / 32, i = v % 32;
-        const int64_t kt = blk * kSwzTilesPerUnit + kl;
-        if (kt >= ktiles) continue;
+    for (int h = 0; h < kSwzTilesPerUnit * 32 / kThreads; h++) {
+        const int v = tid + h * kThreads, tl = v / 32, i = v % 32;
+        const int64_t T = u * kSwzTilesPerUnit + tl;
+        if (T >= ntiles) continue;
         uint32_t o[4];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             uint32_t word = 0;
 #pragma unroll
-            for (int j = 0; j < 4; j++) word |= (uint32_t)sb[(4 * kl + j) * 132 + 32 * q + i] << (8 * j);
+            for (int j = 0; j < 4; j++) word |= (uint32_t)sb[tl * 512 + j * 128 + 32 * q + i] << (8 * j);
             o[q] = word;
         }
-        *reinterpret_cast<uint4 *>(w.dst + (ct * ktiles + kt) * 512 + i * 16) = make_uint4(o[0], o[1], o[2], o[3]);
+        *reinterpret_cast<uint4 *>(w.dst + T * 512 + i * 16) = make_uint4(o[0], o[1], o[2], o[3]);
     }
     __syncthreads(); /* sw is free for the CTA's next unit */
 }
@@ -222,8 +220,7 @@ __device__ __forceinline__ void scale_write_unit(const ScaleWrite &w, int64_t u,
         const int64_t mt = u / w.upr;
         scale_write_swz_row(w, mt, u - mt * w.upr);
     } else if (w.kind == SCALES_SWZ_COL) {
-        const int64_t ct = u / w.upr;
-        scale_write_swz_col(w, ct, u - ct * w.upr, sw);
+        scale_write_swz_col(w, u, sw);
     } else {
         const int64_t bytes = mxs_scale_geom_bytes(&w.gd), s = u * kScaleChunk;
         scale_write_range(w, s, s + kScaleChunk < bytes ? s + kScaleChunk : bytes);
