@@ -85,14 +85,18 @@ inline ScaleWrite scale_write_make(uint8_t *dst, const uint8_t *src, const mxs_s
 __device__ __forceinline__ uint4 padded_vec(const mxs_scale_geom &gd, const uint8_t *src, const mxs_scale_geom &gs,
                                             int64_t off) {
     const int64_t W = gd.colwise ? gd.Mp : gd.Kp, Ws = gd.colwise ? gs.M : gs.K, R = gd.colwise ? gs.K : gs.M;
+    int64_t r = off / W, x = off - r * W; /* one division per vector; then step (and wrap) */
     uint32_t w[4];
 #pragma unroll
     for (int q = 0; q < 4; q++) {
         uint32_t word = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const int64_t o = off + 4 * q + j, r = o / W, x = o - r * W;
             word |= (r < R && x < Ws ? (uint32_t)src[r * Ws + x] : 0u) << (8 * j);
+            if (++x == W) {
+                x = 0;
+                r++;
+            }
         }
         w[q] = word;
     }
