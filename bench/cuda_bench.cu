@@ -790,8 +790,8 @@ struct shape_run {
              * tensor's there: only the rank check applies */
             int64_t g = kind > 0 ? 0
                                  : group_exponents_diff(
-                                       8, [&](int q, uint8_t *acc) { partial_into(*sets[(size_t)q], acc, B.s); },
-                                       a.mem, a.bytes, reduced.as<uint8_t>(), pb, dcount, B.s);
+                                       8, [&](int q, uint8_t *acc) { partial_into(*sets[(size_t)q], acc, B.s); }, a.mem,
+                                       a.bytes, reduced.as<uint8_t>(), pb, dcount, B.s);
             int64_t d = 0;
             for (auto &w : sets) d += rank_diff(*w, a.mem, a.bytes, reduced.as<uint8_t>(), ref.t, dcount, B.s);
             r.check = check_text(g, d);

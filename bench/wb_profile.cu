@@ -30,21 +30,21 @@
 #include <mxshard/cuda.h>
 #include <mxshard/mxshard.h>
 
-#define CK(x)                                                                                                       \
-    do {                                                                                                            \
-        cudaError_t e_ = (x);                                                                                       \
-        if (e_ != cudaSuccess) {                                                                                    \
-            fprintf(stderr, "wb_profile: %s: %s\n", #x, cudaGetErrorString(e_));                                    \
-            exit(1);                                                                                                \
-        }                                                                                                           \
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "wb_profile: %s: %s\n", #x, cudaGetErrorString(e_));                                       \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
-#define MK(x)                                                                                                       \
-    do {                                                                                                            \
-        mxs_status s_ = (x);                                                                                        \
-        if (s_ != MXS_OK) {                                                                                         \
-            fprintf(stderr, "wb_profile: %s: %s\n", #x, mxs_status_str(s_));                                        \
-            exit(1);                                                                                                \
-        }                                                                                                           \
+#define MK(x)                                                                                                          \
+    do {                                                                                                               \
+        mxs_status s_ = (x);                                                                                           \
+        if (s_ != MXS_OK) {                                                                                            \
+            fprintf(stderr, "wb_profile: %s: %s\n", #x, mxs_status_str(s_));                                           \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 __global__ void fill(float *p, int64_t n, uint32_t seed) {
@@ -74,18 +74,27 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : "";
-        if (a == "--shape" && sscanf(v, "%lldx%lld", (long long *)&rows, (long long *)&cols) == 2) i++;
-        else if (a == "--weights") weights = atoll(argv[++i]);
-        else if (a == "--planes") both = std::string(argv[++i]) == "both";
+        if (a == "--shape" && sscanf(v, "%lldx%lld", (long long *)&rows, (long long *)&cols) == 2)
+            i++;
+        else if (a == "--weights")
+            weights = atoll(argv[++i]);
+        else if (a == "--planes")
+            both = std::string(argv[++i]) == "both";
         else if (a == "--layout") {
             std::string l = argv[++i];
             layout = l == "padded" ? MXS_SCALES_PADDED : l == "swizzled" ? MXS_SCALES_SWIZZLED : MXS_SCALES_COMPACT;
-        } else if (a == "--dp") dp = atoll(argv[++i]);
-        else if (a == "--rank") rank = atoll(argv[++i]);
-        else if (a == "--shift") shift = atoll(argv[++i]);
-        else if (a == "--iters") iters = atoll(argv[++i]);
-        else if (a == "--elem-aligned") elem_aligned = true;
-        else if (a == "--megatron") megatron = true;
+        } else if (a == "--dp")
+            dp = atoll(argv[++i]);
+        else if (a == "--rank")
+            rank = atoll(argv[++i]);
+        else if (a == "--shift")
+            shift = atoll(argv[++i]);
+        else if (a == "--iters")
+            iters = atoll(argv[++i]);
+        else if (a == "--elem-aligned")
+            elem_aligned = true;
+        else if (a == "--megatron")
+            megatron = true;
         else {
             fprintf(stderr, "wb_profile: unknown argument %s\n", argv[i]);
             return 2;
@@ -201,7 +210,9 @@ int main(int argc, char **argv) {
            "(packed %lld B)\n",
            ws.size(), (long long)total, (long long)rank, (long long)dp, (long long)lo, (long long)hi,
            both ? "both" : "row-only",
-           layout == MXS_SCALES_COMPACT ? "COMPACT" : layout == MXS_SCALES_PADDED ? "PADDED" : "SWIZZLED",
+           layout == MXS_SCALES_COMPACT  ? "COMPACT"
+           : layout == MXS_SCALES_PADDED ? "PADDED"
+                                         : "SWIZZLED",
            elem_aligned ? " elem-aligned master" : "", 1000.0 * ms / (double)iters, (long long)plan.packed_bytes);
     MK(mxs_cuda_wb_bucket_release(&bk));
     cudaFree(master);

@@ -37,7 +37,7 @@
 namespace mxs__cu {
 
 enum { SCALES_LINEAR = 0, SCALES_SWZ_ROW = 1, SCALES_SWZ_COL = 2 };
-constexpr int64_t kScaleChunk = 4096; /* LINEAR: plane bytes per unit */
+constexpr int64_t kScaleChunk = 4096;   /* LINEAR: plane bytes per unit */
 constexpr int kSwzTilesPerUnit = 8;     /* SWZ_COL: swizzle tiles (512 B) per unit, in plane order */
 constexpr int kSwzRowTilesPerUnit = 16; /* SWZ_ROW: swizzle tiles per unit (8 KiB) */
 
@@ -121,14 +121,16 @@ __device__ __forceinline__ void scale_write_range(const ScaleWrite &w, int64_t s
                 for (int k = 0; k < 4; k++) {
                     q[k] = 0;
 #pragma unroll
-                    for (int j = 0; j < 4; j++) q[k] |= (uint32_t)scale_byte(w.gd, w.src, w.gs, off + 4 * k + j) << (8 * j);
+                    for (int j = 0; j < 4; j++)
+                        q[k] |= (uint32_t)scale_byte(w.gd, w.src, w.gs, off + 4 * k + j) << (8 * j);
                 }
                 v = make_uint4(q[0], q[1], q[2], q[3]);
             }
             *reinterpret_cast<uint4 *>(w.dst + off) = v;
         } else {
             for (int j = 0; j < 16; j++)
-                if (off + j >= s && off + j < e) w.dst[off + j] = copy ? w.src[off + j] : scale_byte(w.gd, w.src, w.gs, off + j);
+                if (off + j >= s && off + j < e)
+                    w.dst[off + j] = copy ? w.src[off + j] : scale_byte(w.gd, w.src, w.gs, off + j);
         }
     }
 }

@@ -577,45 +577,59 @@ __device__ __forceinline__ void interior_tile(const mxs__job &J, int64_t g, int6
     }
 }
 
-/* A short interior group: the last group of a weight with at most kTY rows
- * (rows % 32 in 1..8), wholly inside the shard, on the vector path. One CTA
- * takes its rows x 512 columns - tile columns 4 t4 .. 4 t4 + 3 below T_int
- * - thread (tx, ty) row 32 g + ty and 8 elements of each of the 4 tile
- * columns: four 16-byte loads in flight per thread (as in a whole tile)
- * instead of one, and a quarter of the CTAs. The bytes are those of
- * interior_tile<CLIP = true> on each of the 4 tiles: rows past the last read
- * as 0 and are neither stored nor scaled; a column amax is the max over the
- * same values (max is order-free: fmaxf of |x|, NaN ignored, from 0). */
-template <int DTYPE, unsigned PLANES, bool MIS = false>
-__device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g, int64_t t4, int64_t T_int,
+/* A short interior group: the last group of a weight with at most 8 * RPT
+ * rows (RPT = 1: rows % 32 in 1..8; RPT = 2: 9..16), wholly inside the
+ * shard, on the vector path. One CTA takes its rows x (4 / RPT) tile
+ * columns - tile columns kW tw .. kW tw + kW - 1 below T_int - thread
+ * (tx, ty) rows 32 g + ty + 8 j (j < RPT) and 8 elements of each of the kW
+ * tile columns: four 16-byte loads in flight per thread (as in a whole
+ * tile) instead of RPT, and RPT/4 of the CTAs. The bytes are those of
+ * interior_tile<CLIP = true> on each of the kW tiles: rows past the last
+ * read as 0 and are neither stored nor scaled; a column amax is the max
+ * over the same values (max is order-free: fmaxf of |x|, NaN ignored, from
+ * 0). */
+template <int DTYPE, unsigned PLANES, bool MIS = false, int RPT = 1>
+__device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g, int64_t tw, int64_t T_int,
                                                    TileSmem &sm) {
+    static_assert(RPT == 1 || RPT == 2, "8 or 16 rows");
     const unsigned planes = PLANES ? PLANES : J.planes;
     const bool do_row = (planes & MXS_ROWWISE) != 0, do_col = (planes & MXS_COLWISE) != 0;
     const int tid = threadIdx.x, tx = tid % kTX, ty = tid / kTX;
-    const int64_t cols = J.cols, r = g * MXS_BLOCK + ty;
-    const bool rok = r < J.rows;
-    constexpr int kW = 4; /* tile columns per CTA */
-    uint4 raw[kW][2];
-    bool cok[kW]; /* the same in the whole CTA */
+    const int64_t cols = J.cols, r0 = g * MXS_BLOCK + ty;
+    constexpr int kW = 4 / RPT; /* tile columns per CTA */
+    uint4 raw[kW][RPT][2];
+    bool cok[kW], rok[RPT]; /* cok: the same in the whole CTA */
+#pragma unroll
+    for (int j = 0; j < RPT; j++) rok[j] = r0 + j * kTY < J.rows;
 #pragma unroll
     for (int i = 0; i < kW; i++) {
-        const int64_t tc = t4 * kW + i;
+        const int64_t tc = tw * kW + i;
         cok[i] = tc < T_int;
-        ld_lane8<DTYPE, MIS>(J.src, r * cols + tc * kTileCols + tx * 8 - J.src_base, rok && cok[i], tx, raw[i]);
-    }
-    float x[kW][8];
 #pragma unroll
-    for (int i = 0; i < kW; i++) {
-        unpack8(x[i], raw[i], DTYPE);
-        round_through8(x[i], J.round_through);
+        for (int j = 0; j < RPT; j++)
+            ld_lane8<DTYPE, MIS>(J.src, (r0 + j * kTY) * cols + tc * kTileCols + tx * 8 - J.src_base, rok[j] && cok[i],
+                                 tx, raw[i][j]);
     }
+    float x[kW][RPT][8];
+#pragma unroll
+    for (int i = 0; i < kW; i++)
+#pragma unroll
+        for (int j = 0; j < RPT; j++) {
+            unpack8(x[i][j], raw[i][j], DTYPE);
+            round_through8(x[i][j], J.round_through);
+        }
     if (do_col) {
 #pragma unroll
         for (int i = 0; i < kW; i++) {
             if (!cok[i]) break; /* CTA-uniform: the syncs below are reached by all or none */
-            const int64_t tc = t4 * kW + i;
+            const int64_t tc = tw * kW + i;
 #pragma unroll
-            for (int k = 0; k < 8; k++) sm.amax[ty][tx * 8 + k] = mxs_amax_step(0.0f, x[i][k]);
+            for (int k = 0; k < 8; k++) {
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < RPT; j++) a = mxs_amax_step(a, x[i][j][k]);
+                sm.amax[ty][tx * 8 + k] = a;
+            }
             __syncthreads();
             {
                 float a = 0.0f;
@@ -630,28 +644,34 @@ __device__ __forceinline__ void interior_wide_tile(const mxs__job &J, int64_t g,
 #pragma unroll
             for (int k = 0; k < 8; k++) mult_col[k] = sm.mult[tx * 8 + k];
             __syncthreads();
-            if (rok) {
-                const int64_t f = r * cols + tc * kTileCols + tx * 8;
-                *reinterpret_cast<uint2 *>(J.out[1] + (f - J.out_base[1])) = quantize8(x[i], mult_col);
+#pragma unroll
+            for (int j = 0; j < RPT; j++) {
+                if (!rok[j]) continue;
+                const int64_t f = (r0 + j * kTY) * cols + tc * kTileCols + tx * 8;
+                *reinterpret_cast<uint2 *>(J.out[1] + (f - J.out_base[1])) = quantize8(x[i][j], mult_col);
             }
         }
     }
     if (do_row) {
 #pragma unroll
         for (int i = 0; i < kW; i++) {
-            const int64_t tc = t4 * kW + i, c = tc * kTileCols + tx * 8;
-            float a = 0.0f;
+            const int64_t tc = tw * kW + i, c = tc * kTileCols + tx * 8;
 #pragma unroll
-            for (int k = 0; k < 8; k++) a = mxs_amax_step(a, x[i][k]);
-            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
-            a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
-            const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
-            if (!(rok && cok[i])) continue;
-            if ((tx & 3) == 0) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, c / MXS_BLOCK)] = e;
-            float m8[8];
+            for (int j = 0; j < RPT; j++) {
+                const int64_t r = r0 + j * kTY;
+                float a = 0.0f;
 #pragma unroll
-            for (int k = 0; k < 8; k++) m8[k] = mxs_e8m0_quant_mult(e);
-            *reinterpret_cast<uint2 *>(J.out[0] + (r * cols + c - J.out_base[0])) = quantize8(x[i], m8);
+                for (int k = 0; k < 8; k++) a = mxs_amax_step(a, x[i][j][k]);
+                a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+                a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+                const uint8_t e = mxs_e8m0_from_amax(a, (mxs_rounding)J.rounding);
+                if (!(rok[j] && cok[i])) continue;
+                if ((tx & 3) == 0) J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, c / MXS_BLOCK)] = e;
+                float m8[8];
+#pragma unroll
+                for (int k = 0; k < 8; k++) m8[k] = mxs_e8m0_quant_mult(e);
+                *reinterpret_cast<uint2 *>(J.out[0] + (r * cols + c - J.out_base[0])) = quantize8(x[i][j], m8);
+            }
         }
     }
 }

@@ -7,31 +7,32 @@
  * one per batch item and phase (built once by mxs_cuda_wb_prepare). Each
  * item owns a contiguous range of work units:
  *
- *   units   | item 0: tiles | zero-fill/scatter | item 1: tiles | ... |
- *           ^unit_begin(0)                      ^unit_begin(1)
+ *   units   | item 0: tiles | zero-fill/scales | item 1: tiles | ... |
+ *           ^unit_begin(0)                     ^unit_begin(1)
  *
- * tiles (32 x 128, mxs_tile.cuh) first, then the partial's zero-fill of the
- * packed buffer outside the touched groups or the apply's scatter of the
- * reduced exponents into the primary's scale planes (units of kVecChunk
- * bytes, mxs_scales.cuh). A CTA finds the item of its unit with one binary
- * search over unit_begin (find_item). Interior tiles of a fused partial -
- * whole 32 x 128 tiles wholly inside the shard on the vector path (in a
- * last group of fewer than 32 rows: its rows x 128) - have their own unit
- * range (int_begin) and go to the lean interior kernel.
+ * general-kernel tiles (run_tile, mxs_tile.cuh) first, then the partial's
+ * zero-fill of the packed buffer outside the touched groups (kZeroChunk
+ * units, mxs_scales.cuh) or the apply's scale writes (ScaleWrite units,
+ * mxs_scale_write.cuh). A CTA finds the item of its unit with one binary
+ * search over unit_begin (find_item). The interior tiles of a fused partial
+ * - the whole 128-column tiles of every touched group on the vector path,
+ * masked in the groups a shard edge cuts - have their own unit range
+ * (int_begin) and go to the lean interior kernel.
  *
- * MIS (a template parameter of every kernel): some item's vector loads are
- * only element-aligned (ld_vec8); a bucket without such items runs the
- * MIS = false kernels, whose loads are the plain aligned ones.
+ * Template parameters: MIS, some item's vector loads are only
+ * element-aligned (ld_vec8); EDGES (interior kernel), some item has masked
+ * interior tiles. A bucket without them runs kernels without that code (the
+ * registers of a kernel are the max over its paths).
  *
  * Launches per phase (mxs_writeback.cu):
- *   partial  1. With both interior tiles (fused mode) and tiles for the
- *            general kernel (a shard edge that is not a 32-row-group
- *            boundary, cols % 128 != 0, no vector path):
- *            wb_fused_partial_kernel (kFusedPartial; else interior kernel +
- *            general kernel). Without general-kernel tiles the zero-fill
- *            rides in the interior launch; without interior tiles the
- *            general kernel does everything.
- *   apply    1 general kernel (straddling blocks + scale scatter).
+ *   partial  1: the interior kernel, the zero-fill riding along, when no
+ *            item has general-kernel tiles (cols % 128 != 0, off the vector
+ *            path, STRICT); else wb_fused_partial_kernel (interior and
+ *            general units in one launch) - or, when the general tiles are
+ *            fewer than 1/kSplitRatio of the interior ones, the interior
+ *            kernel then the general kernel (2 launches), so that the
+ *            interior tiles keep their registers.
+ *   apply    1 general kernel (straddling blocks + scale writes).
  */
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
 #define MXSHARD_CUDA_WB_KERNELS_CUH
@@ -65,8 +66,10 @@ struct WbItem {
     /* Local interior numbering: [0, wide_from) the groups' tiles, g_first
      * + local / T_int; [wide_from, int_units) the short last group gb - 1
      * (at most kTY rows, wholly inside) in units of 4 tile columns
-     * (interior_wide_tile, kWideShortGroups); wide_from = int_units: none. */
-    int64_t wide_from;
+     * (interior_wide_tile, kWideShortGroups); wide_from = int_units: none.
+     * wide_rpt: rows per thread of those units (1: at most 8 rows, in
+     * units of 4 tile columns; 2: 9..16 rows, units of 2). */
+    int64_t wide_from, wide_rpt;
     /* TILES_EDGE_TILES: (g, t) of the (1 or 2) tiles to visit;
      * TILES_EDGE_GROUPS: tile_a[0], tile_b[0]: the (1 or 2) groups to visit */
     int64_t tile_a[2], tile_b[2];
@@ -144,11 +147,19 @@ template <unsigned PLANES, bool MIS, bool EDGES>
 __device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local, TileSmem &sm) {
     const int dtype = (int)it.job.src_dtype;
     if (local >= it.wide_from) {
-        const int64_t g = it.gb - 1, t4 = local - it.wide_from;
+        const int64_t g = it.gb - 1, tw = local - it.wide_from;
+        if (it.wide_rpt == 2) {
+            switch (dtype) {
+            case MXS_F32: interior_wide_tile<MXS_F32, PLANES, MIS, 2>(it.job, g, tw, it.T_int, sm); break;
+            case MXS_BF16: interior_wide_tile<MXS_BF16, PLANES, MIS, 2>(it.job, g, tw, it.T_int, sm); break;
+            default: interior_wide_tile<MXS_F16, PLANES, MIS, 2>(it.job, g, tw, it.T_int, sm); break;
+            }
+            return;
+        }
         switch (dtype) {
-        case MXS_F32: interior_wide_tile<MXS_F32, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
-        case MXS_BF16: interior_wide_tile<MXS_BF16, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
-        default: interior_wide_tile<MXS_F16, PLANES, MIS>(it.job, g, t4, it.T_int, sm); break;
+        case MXS_F32: interior_wide_tile<MXS_F32, PLANES, MIS>(it.job, g, tw, it.T_int, sm); break;
+        case MXS_BF16: interior_wide_tile<MXS_BF16, PLANES, MIS>(it.job, g, tw, it.T_int, sm); break;
+        default: interior_wide_tile<MXS_F16, PLANES, MIS>(it.job, g, tw, it.T_int, sm); break;
         }
         return;
     }
@@ -186,9 +197,8 @@ __global__ void __launch_bounds__(kThreads, 4)
  * unit_begin counts zero-fill units only), the partial's zero-fill runs here
  * too, as units [units, units + zero_units): one launch instead of two. */
 template <unsigned PLANES, bool MIS, bool EDGES>
-__global__ void __launch_bounds__(kThreads)
-    wb_interior_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units, int64_t zero_units,
-                       uint8_t *status) {
+__global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items,
+                                                               int64_t units, int64_t zero_units, uint8_t *status) {
     __shared__ TileSmem sm;
     if (status && blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
     for (int64_t u = blockIdx.x; u < units + zero_units; u += gridDim.x) {
@@ -209,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
  * write disjoint bytes (different tiles' blocks and data, zero-fill outside
  * the touched groups), so one launch gives the bytes of the two launches.
  * Launch bounds as wb_kernel (run_tile's registers). */
-template <unsigned PLANES, bool MIS, bool EDGES>
+template <unsigned PLANES, bool MIS>
 __global__ void __launch_bounds__(kThreads, 4)
     wb_fused_partial_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t int_units, int64_t units,
                             uint8_t *status) {
@@ -218,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     for (int64_t u = blockIdx.x; u < int_units + units; u += gridDim.x) {
         if (u < int_units) {
             const int64_t a = find_item<true>(items, n_items, u);
-            wb_interior_unit<PLANES, MIS, EDGES>(items[a], u - items[a].int_begin, sm);
+            wb_interior_unit<PLANES, MIS, true>(items[a], u - items[a].int_begin, sm);
         } else {
             const int64_t v = u - int_units, a = find_item<false>(items, n_items, v);
             wb_unit<MXS__JOB_PARTIAL, PLANES, MIS>(items[a], v - items[a].unit_begin, sm);

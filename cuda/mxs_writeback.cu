@@ -32,10 +32,10 @@ enum { WANT_PARTIAL = 1u << PHASE_PARTIAL, WANT_APPLY = 1u << PHASE_APPLY, WANT_
 
 /* ---- the work-list record of one item ------------------------------------ */
 
-/* The short last group of a weight (rows % 32 in 1..8: a bucket of 40-row
- * weights) goes to the interior kernel in units of 32 x 512
- * (interior_wide_tile: four loads in flight per thread instead of one);
- * false: one clipped 32 x 128 tile per unit, as before. */
+/* The short last group of a weight (rows % 32 in 1..16: a bucket of 40- or
+ * 41-row weights) goes to the interior kernel in units of 8 x 512 or
+ * 16 x 256 (interior_wide_tile: four loads in flight per thread instead of
+ * one or two); false: one clipped 32 x 128 tile per unit. */
 constexpr bool kWideShortGroups = true;
 
 /* A partial with both interior tiles and general-kernel units (shard edges
@@ -127,9 +127,11 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         /* a short last group (at most kTY rows) wholly inside: the shard
          * runs to the end, so gb - 1 = g_last; in units of 4 tile columns
          * (interior_wide_tile) */
-        if (kWideShortGroups && lean && gb > ga && t->rows - (gb - 1) * MXS_BLOCK <= kTY) {
+        const int64_t short_rows = t->rows - (gb - 1) * MXS_BLOCK;
+        if (kWideShortGroups && lean && gb > ga && short_rows <= 2 * kTY) {
+            w->wide_rpt = short_rows <= kTY ? 1 : 2;
             w->wide_from = (gb - 1 - g_first) * w->T_int;
-            w->int_units = w->wide_from + mxs_ceil_div(w->T_int, 4);
+            w->int_units = w->wide_from + mxs_ceil_div(w->T_int, 4 / w->wide_rpt);
         }
     } else if (t->dirs == MXS_ROWWISE) {
         /* fused apply, row-only: only the row blocks of start and end-1 can
@@ -352,7 +354,7 @@ void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t un
         tile_units * kSplitRatio >= int_units) {
         /* interior tiles and many general-kernel tiles (cols % 128 != 0, an
          * item off the vector path): one launch instead of two */
-        wb_fused_partial_kernel<PLANES, MIS, EDGES>
+        wb_fused_partial_kernel<PLANES, MIS>
             <<<grid_for(int_units + units), kThreads, 0, stream>>>(dev, n_items, int_units, units, status);
         return;
     }
