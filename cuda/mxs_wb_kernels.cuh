@@ -27,11 +27,10 @@
  * Launches per phase (mxs_writeback.cu):
  *   partial  1: the interior kernel, the zero-fill riding along, when no
  *            item has general-kernel tiles (cols % 128 != 0, off the vector
- *            path, STRICT); else wb_fused_partial_kernel (interior and
- *            general units in one launch) - or, when the general tiles are
- *            fewer than 1/kSplitRatio of the interior ones, the interior
- *            kernel then the general kernel (2 launches), so that the
- *            interior tiles keep their registers.
+ *            path, STRICT) - or only the general kernel, when no item has
+ *            interior tiles; 2 (interior, then general with the zero-fill)
+ *            when a bucket has both, so that the interior tiles keep the
+ *            interior kernel's registers.
  *   apply    1 general kernel (straddling blocks + scale writes).
  */
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
@@ -209,30 +208,6 @@ __global__ void __launch_bounds__(kThreads) wb_interior_kernel(const WbItem *MXS
         }
         const int64_t a = find_item<true>(items, n_items, u);
         wb_interior_unit<PLANES, MIS, EDGES>(items[a], u - items[a].int_begin, sm);
-    }
-}
-
-/* A fused partial with both interior tiles and general-kernel units
- * (kFusedPartial, mxs_writeback.cu): units [0, int_units) are the interior
- * tiles (as wb_interior_kernel), units [int_units, int_units + units) the
- * general kernel's (as wb_kernel: tiles, then zero-fill). The two sets
- * write disjoint bytes (different tiles' blocks and data, zero-fill outside
- * the touched groups), so one launch gives the bytes of the two launches.
- * Launch bounds as wb_kernel (run_tile's registers). */
-template <unsigned PLANES, bool MIS>
-__global__ void __launch_bounds__(kThreads, 4)
-    wb_fused_partial_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t int_units, int64_t units,
-                            uint8_t *status) {
-    __shared__ TileSmem sm;
-    if (status && blockIdx.x == 0 && threadIdx.x == 0) *status = 0;
-    for (int64_t u = blockIdx.x; u < int_units + units; u += gridDim.x) {
-        if (u < int_units) {
-            const int64_t a = find_item<true>(items, n_items, u);
-            wb_interior_unit<PLANES, MIS, true>(items[a], u - items[a].int_begin, sm);
-        } else {
-            const int64_t v = u - int_units, a = find_item<false>(items, n_items, v);
-            wb_unit<MXS__JOB_PARTIAL, PLANES, MIS>(items[a], v - items[a].unit_begin, sm);
-        }
     }
 }
 

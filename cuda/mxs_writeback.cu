@@ -38,19 +38,6 @@ enum { WANT_PARTIAL = 1u << PHASE_PARTIAL, WANT_APPLY = 1u << PHASE_APPLY, WANT_
  * one or two); false: one clipped 32 x 128 tile per unit. */
 constexpr bool kWideShortGroups = true;
 
-/* A partial with both interior tiles and general-kernel units (shard edges
- * inside a 32-row group, e.g. a DP rank whose start is not a multiple of
- * 32 rows) runs as ONE launch of wb_fused_partial_kernel (the interior
- * tiles then run at the general kernel's register budget); false: the
- * interior kernel, then the general kernel. */
-constexpr bool kFusedPartial = true;
-/* ... but only when the general kernel's tiles are at least 1/kSplitRatio
- * of the interior tiles: a bucket with a few of them (one weight whose cols
- * is not a multiple of 8 among Megatron-size ones) runs the interior kernel
- * and then the general kernel, so that its interior tiles keep their lean
- * registers. */
-constexpr int64_t kSplitRatio = 16;
-
 /* Vector loads that are only element-aligned (see wb_item_make) are
  * allowed; false sends such items to scalar loads, as before. */
 constexpr bool kMisalignedLoads = true;
@@ -350,19 +337,12 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
 template <int MODE, unsigned PLANES, bool MIS, bool EDGES>
 void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units,
                uint8_t *status, cudaStream_t stream) {
-    if (kFusedPartial && MODE == MXS__JOB_PARTIAL && int_units > 0 && tile_units > 0 &&
-        tile_units * kSplitRatio >= int_units) {
-        /* interior tiles and many general-kernel tiles (cols % 128 != 0, an
-         * item off the vector path): one launch instead of two */
-        wb_fused_partial_kernel<PLANES, MIS>
-            <<<grid_for(int_units + units), kThreads, 0, stream>>>(dev, n_items, int_units, units, status);
-        return;
-    }
     if (MODE == MXS__JOB_PARTIAL && int_units > 0 && tile_units > 0) {
-        /* a few general tiles beside many interior ones (a bucket with one
-         * odd-shaped weight): two launches, so that the interior tiles keep
-         * the interior kernel's registers (the fused kernel runs them at
-         * run_tile's 128); the zero-fill goes with the general kernel's units */
+        /* interior tiles and general-kernel tiles (cols % 128 != 0, an item
+         * off the vector path): two launches, so that the interior tiles
+         * keep the interior kernel's registers (one kernel for both would
+         * run them at run_tile's 128); the zero-fill goes with the general
+         * kernel's units */
         wb_interior_kernel<PLANES, MIS, EDGES>
             <<<grid_for(int_units), kThreads, 0, stream>>>(dev, n_items, int_units, 0, status);
         wb_kernel<MODE, PLANES, MIS><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, nullptr);
