@@ -12,9 +12,9 @@
  *
  * general-kernel tiles (run_tile, mxs_tile.cuh) first, then the partial's
  * zero-fill of the packed buffer outside the touched groups (kZeroChunk
- * units, mxs_scales.cuh) or the apply's scale writes (ScaleWrite units,
- * mxs_scale_write.cuh). A CTA finds the item of its unit with one binary
- * search over unit_begin (find_item). The interior tiles of a fused partial
+ * units, mxs_scales.cuh); apply's scale writes (ScaleWrite units,
+ * mxs_scale_write.cuh) are numbered apart (int_begin) for their own kernel. A CTA finds the item of its unit with one
+ * binary search over unit_begin (find_item). The interior tiles of a fused partial
  * - the whole 128-column tiles of every touched group on the vector path,
  * masked in the groups a shard edge cuts - have their own unit range
  * (int_begin) and go to the lean interior kernel.
@@ -31,7 +31,8 @@
  *            interior tiles; 2 (interior, then general with the zero-fill)
  *            when a bucket has both, so that the interior tiles keep the
  *            interior kernel's registers.
- *   apply    1 general kernel (straddling blocks + scale writes).
+ *   apply    1: wb_scales_kernel (every scale plane), + the general kernel
+ *            for the straddling blocks when a shard edge cuts one (2).
  */
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
 #define MXSHARD_CUDA_WB_KERNELS_CUH
@@ -133,11 +134,21 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
         return;
     }
     local -= it.tile_units;
-    if (MODE == MXS__JOB_PARTIAL) {
-        zero_unit(it, local);
-    } else {
+    if (MODE == MXS__JOB_PARTIAL) zero_unit(it, local); /* apply: its units are tiles only */
+}
+
+/* apply's scale writes: units [0, units) in the int_begin numbering (the
+ * item's ScaleWrite units of its two planes, in order), in a kernel without
+ * run_tile, so at the scale writer's own registers. */
+__global__ void __launch_bounds__(kThreads)
+    wb_scales_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units) {
+    __shared__ uint32_t sw[kThreads * 9];
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+        const int64_t a = find_item<true>(items, n_items, u);
+        const WbItem &it = items[a];
+        const int64_t local = u - it.int_begin;
         const int p = local < it.sw[0].units ? 0 : 1;
-        scale_write_unit(it.sw[p], p == 1 ? local - it.sw[0].units : local, reinterpret_cast<uint32_t *>(&sm));
+        scale_write_unit(it.sw[p], p == 1 ? local - it.sw[0].units : local, sw);
     }
 }
 

@@ -200,7 +200,10 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
             mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &gd);
             w->sw[p] = scale_write_make(p == 0 ? t->row_scale : t->col_scale, J.scale[p], gd, J.geom[p]);
         }
-        w->extra_units = w->sw[0].units + w->sw[1].units;
+        /* the scale units have their own numbering (int_begin / int_units,
+         * unused otherwise in apply) and kernel: wb_scales_kernel */
+        w->int_units = w->sw[0].units + w->sw[1].units;
+        w->extra_units = 0;
     }
 }
 
@@ -401,10 +404,15 @@ mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stre
         }
         return MXS_OK;
     }
-    if (phase == PHASE_PARTIAL)
+    if (phase == PHASE_PARTIAL) {
         phase_launch<MXS__JOB_PARTIAL>(bk, dev, int_units, units, tile_units, status, stream);
-    else
-        phase_launch<MXS__JOB_APPLY>(bk, dev, int_units, units, tile_units, nullptr, stream);
+    } else {
+        /* the scale writes in a kernel of their own (no run_tile: its
+         * registers, not run_tile's 128); the straddling blocks, if any, in
+         * the general kernel after it */
+        if (int_units > 0) wb_scales_kernel<<<grid_for(int_units), kThreads, 0, stream>>>(dev, bk->n_items, int_units);
+        if (units > 0) phase_launch<MXS__JOB_APPLY>(bk, dev, 0, units, tile_units, nullptr, stream);
+    }
     return launch_end();
 }
 
