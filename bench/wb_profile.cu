@@ -18,56 +18,15 @@
  * loads are then only element-aligned unless the start is a multiple of 4),
  * else placed as if the whole bucket's master were 16-byte aligned. FUSED,
  * round-through bf16. Exit 77 without a CUDA device. */
-#include <cuda_runtime.h>
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
 #include <string>
 #include <vector>
 
 #include <mxshard/cuda.h>
 #include <mxshard/mxshard.h>
 
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "wb_profile: %s: %s\n", #x, cudaGetErrorString(e_));                                       \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
-#define MK(x)                                                                                                          \
-    do {                                                                                                               \
-        mxs_status s_ = (x);                                                                                           \
-        if (s_ != MXS_OK) {                                                                                            \
-            fprintf(stderr, "wb_profile: %s: %s\n", #x, mxs_status_str(s_));                                           \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
+#include "bench_util.h"
 
-__global__ void fill(float *p, int64_t n, uint32_t seed) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ seed;
-        h ^= h >> 15;
-        h *= 2246822519u;
-        h ^= h >> 13;
-        p[i] = ((int32_t)(h & 0xFFFFFF) - 0x800000) * (1.0f / 65536.0f);
-    }
-}
-
-static int64_t align256(int64_t x) { return (x + 255) / 256 * 256; }
-
-static void tensor_init(mxs_tensor *t, int64_t rows, int64_t cols, unsigned dirs, mxs_scale_layout layout) {
-    memset(t, 0, sizeof *t);
-    t->rows = rows;
-    t->cols = cols;
-    t->dirs = dirs;
-    t->scale_layout = layout;
-}
-
-int main(int argc, char **argv) {
+static int profile_main(int argc, char **argv) {
     int64_t rows = 8192, cols = 8192, weights = 1, dp = 1, rank = 0, shift = 0, iters = 5;
     bool both = false, elem_aligned = false, megatron = false;
     mxs_scale_layout layout = MXS_SCALES_COMPACT;
@@ -128,10 +87,7 @@ int main(int argc, char **argv) {
     for (const W &w : ws) {
         offset.push_back(total);
         total += w.r * w.c;
-        mxs_tensor t;
-        tensor_init(&t, w.r, w.c, w.dirs, layout);
-        for (int p = 1; p <= 2; p++)
-            if (w.dirs & (unsigned)p) prim_bytes += align256(w.r * w.c) + align256(mxs_scale_bytes(&t, (mxs_dirs)p));
+        prim_bytes += bench_planes_bytes(bench_tensor_shape<mxs_tensor>(w.r, w.c, w.dirs, layout));
     }
     const mxs_range me = mxs_bucket_shard(0, total, total, dp, rank);
     int64_t lo = me.first + shift, hi = me.first + me.count - shift;
@@ -145,7 +101,7 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&master, (size_t)(hi - lo + pad + 4) * 4));
     CK(cudaMalloc(&prim, (size_t)prim_bytes));
     CK(cudaMemset(prim, 0, (size_t)prim_bytes));
-    fill<<<1024, 256>>>(master, hi - lo + pad + 4, 7u);
+    bench_fill<<<1024, 256>>>(reinterpret_cast<uint32_t *>(master), hi - lo + pad + 4, 7u, 1);
     CK(cudaGetLastError());
 
     std::vector<mxs_wb_item> items;
@@ -154,21 +110,8 @@ int main(int argc, char **argv) {
         const W &w = ws[i];
         mxs_wb_item it;
         memset(&it, 0, sizeof it);
-        tensor_init(&it.primary, w.r, w.c, w.dirs, layout);
-        for (int p = 1; p <= 2; p++) {
-            if (!(w.dirs & (unsigned)p)) continue;
-            uint8_t *d = prim + off;
-            off += align256(w.r * w.c);
-            uint8_t *s = prim + off;
-            off += align256(mxs_scale_bytes(&it.primary, (mxs_dirs)p));
-            if (p == 1) {
-                it.primary.row_data = d;
-                it.primary.row_scale = s;
-            } else {
-                it.primary.col_data = d;
-                it.primary.col_scale = s;
-            }
-        }
+        it.primary = bench_tensor_shape<mxs_tensor>(w.r, w.c, w.dirs, layout);
+        bench_planes_place(&it.primary, prim, &off);
         const mxs_range r = mxs_range_in_weight(lo, hi, offset[i], w.r * w.c);
         it.start = r.first;
         it.len = r.count;
@@ -220,4 +163,13 @@ int main(int argc, char **argv) {
     cudaFree(packed);
     cudaFree(work);
     return 0;
+}
+
+int main(int argc, char **argv) {
+    try {
+        return profile_main(argc, argv);
+    } catch (const bench_error &e) {
+        fprintf(stderr, "wb_profile: %s\n", e.what());
+        return 1;
+    }
 }
