@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* cuda/mxs_scales.cuh - byte ranges in 16-byte vectors: the zero-fill of
- * the packed buffer (writeback partial) and the one scale scatterer (every
- * byte of a scale plane in any layout from a plane in any layout, padding
- * 0x00: the rule of mxs_host_convert_scales), used by the writeback apply
- * and by mxs_cuda_convert_scales.
+ * the packed buffer (writeback partial) and the general scale scatterer
+ * (every byte of a scale plane in any layout from a plane in any layout,
+ * padding 0x00: the rule of mxs_host_convert_scales), used by
+ * mxs_cuda_convert_scales; the writeback apply has its own tile-shaped
+ * writer (mxs_scale_write.cuh) over the same per-vector helpers.
  *
  * A byte range [p, p + len) is cut into units of kVecChunk bytes on the
  * 16-byte grid of the ADDRESS (not of the offset), so every whole vector is
@@ -92,20 +93,42 @@ __device__ __forceinline__ uint8_t scale_byte(const mxs_scale_geom &gd, const ui
     return mxs_scale_geom_is_logical(&gd, m, k) ? src[mxs_scale_geom_offset(&gs, m, k)] : (uint8_t)0;
 }
 
+/* 16 bytes of the PADDED plane gd at offset off, from its COMPACT source gs
+ * (a row / group of gd is gd's padded width of bytes: the COMPACT row of
+ * gs's width, then zeros; rows past the logical ones all zero). Any off:
+ * one division, then a step per byte. Used by scatter_fast_vec and the
+ * writeback apply's scale writer (mxs_scale_write.cuh). */
+__device__ __forceinline__ uint4 padded_vec(const mxs_scale_geom &gd, const uint8_t *src, const mxs_scale_geom &gs,
+                                            int64_t off) {
+    const int64_t W = gd.colwise ? gd.Mp : gd.Kp, Ws = gd.colwise ? gs.M : gs.K, R = gd.colwise ? gs.K : gs.M;
+    int64_t r = off / W, x = off - r * W; /* one division per vector; then step (and wrap) */
+    uint32_t w[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            word |= (r < R && x < Ws ? (uint32_t)src[r * Ws + x] : 0u) << (8 * j);
+            if (++x == W) {
+                x = 0;
+                r++;
+            }
+        }
+        w[q] = word;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* Fast scatter (kFastScatter): a whole 16-byte vector at plane offset `off`
  * (off % 16 == 0) of a PADDED or SWIZZLED destination gd, from a COMPACT
  * source gs of the same plane (the packed buffer of the writeback apply).
  * The same bytes as scale_byte for each of the 16 offsets - entry (m, k) of
  * mxs_scale_geom_coords, src[mxs_scale_geom_offset(&gs, m, k)] when logical,
- * else 0 - with one division per vector instead of one per word, and the
- * COMPACT source offsets written out (k * M + m column-wise, m * K + k
- * row-wise):
+ * else 0 - with one division per vector instead of one per byte:
  *   SWIZZLED  off = (mt * Kp/4 + kt) * 512 + i * 16 + q * 4 + j
  *             -> m = 128 mt + 32 q + i, k = 4 kt + j   (bytes 4q + j)
- *   PADDED    row-wise off = m * Kp + k: Kp % 4 == 0, so each 4-byte word
- *             is (m, k..k+3) and the next word is k + 4 (or row m + 1);
- *             column-wise off = k * Mp + m: Mp % 128 == 0, so the vector is
- *             (m0..m0+15, k). */
+ *   PADDED    padded_vec (a row / group of the plane is the COMPACT row
+ *             plus zero padding). */
 constexpr bool kFastScatter = true;
 /* COMPACT -> COMPACT scatter (a copy): a thread's kVecPerThread vector loads
  * are issued before its stores (false: one load-store pair at a time). */
@@ -121,30 +144,16 @@ __device__ __forceinline__ uint4 scatter_fast_vec(const mxs_scale_geom &gd, cons
     /* 1. the 16 source offsets (-1: padding), 2. 16 unconditional loads (a
      * padding entry loads src[0] and is then replaced by 0), so all 16 are
      * in flight together, 3. the 4 words. */
+    if (gd.layout == MXS_SCALES_PADDED) return padded_vec(gd, src, gs, off);
+    /* SWIZZLED */
     int64_t at[16];
-    if (gd.layout == MXS_SCALES_SWIZZLED) {
+    {
         const int64_t tile = off / 512, i = (off % 512) / 16, ktiles = gd.Kp / 4;
         const int64_t mt = tile / ktiles, k0 = (tile - mt * ktiles) * 4;
 #pragma unroll
         for (int q = 0; q < 4; q++)
 #pragma unroll
             for (int j = 0; j < 4; j++) at[4 * q + j] = compact_at(gs, mt * 128 + q * 32 + i, k0 + j);
-    } else if (!gd.colwise) {
-        int64_t m = off / gd.Kp, k = off - m * gd.Kp;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-#pragma unroll
-            for (int j = 0; j < 4; j++) at[4 * q + j] = compact_at(gs, m, k + j);
-            k += 4;
-            if (k >= gd.Kp) {
-                k = 0;
-                m++;
-            }
-        }
-    } else {
-        const int64_t k = off / gd.Mp, m0 = off - k * gd.Mp;
-#pragma unroll
-        for (int b = 0; b < 16; b++) at[b] = compact_at(gs, m0 + b, k);
     }
     uint32_t v[16];
 #pragma unroll
