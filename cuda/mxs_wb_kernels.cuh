@@ -61,7 +61,9 @@ struct WbItem {
      * kernel (int_units of them, from int_begin), masked (interior_tile
      * MASK) in the groups outside [ga, gb), where the shard's edges cut.
      * The general kernel takes the tile columns >= T_int (cols % 128 != 0).
-     * Without interior tiles T_int = 0 and ga = gb = g_last + 1. */
+     * Without interior tiles T_int = 0 and ga = gb = g_last + 1.
+     * Apply: int_units / int_begin number the item's scale-write units
+     * (sw[0] then sw[1]) for wb_scales_kernel instead. */
     int64_t ga, gb, T_int, int_units, int_begin;
     /* Local interior numbering: [0, wide_from) the groups' tiles, g_first
      * + local / T_int; [wide_from, int_units) the short last group gb - 1
