@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch: MXFP8 linears and a sharded optimizer for PyTorch models.
+"""mxshard.torch: MXFP8 and NVFP4 linears and a sharded optimizer for PyTorch models.
 
     import torch, mxshard.torch as mxt
     model = mxt.convert(model, policy="row")          # nn.Linear -> MXFP8Linear (weights as MXFP8 primaries)
@@ -10,16 +10,20 @@
         opt.step()                                     # sharded fp32 update, then the MXFP8 writeback
         opt.zero_grad()
 
-Under torch.distributed (gloo or NCCL) every rank runs the same script;
-without it the optimizer is a world of one. MXFP8Linear, convert and
-is_mxfp8 live in mxshard.torch.linear, ShardedOptimizer in
+convert(model, policy, format="nvfp4", block="1x16") makes NVFP4Linear
+modules instead (weights as NVFP4 primaries). Under torch.distributed (gloo
+or NCCL) every rank runs the same script; without it the optimizer is a
+world of one. MXFP8Linear, convert and is_mxfp8 live in
+mxshard.torch.linear, NVFP4Linear and is_nvfp4 in
+mxshard.torch.nvfp4_linear, ShardedOptimizer in
 mxshard.torch.optim, the pure bucket geometry in mxshard.torch.layout,
 resharding DCP checkpoints and the safetensors export in
 mxshard.torch.checkpoint.
 """
 from .linear import MXFP8Linear, convert, is_mxfp8
+from .nvfp4_linear import NVFP4Linear, is_nvfp4
 from .optim import ShardedOptimizer
 from .checkpoint import CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint, save_checkpoint
 
-__all__ = ["MXFP8Linear", "convert", "is_mxfp8", "ShardedOptimizer", "save_checkpoint", "load_checkpoint",
-           "export_safetensors", "CheckpointError", "CheckpointMismatchError"]
+__all__ = ["MXFP8Linear", "NVFP4Linear", "convert", "is_mxfp8", "is_nvfp4", "ShardedOptimizer", "save_checkpoint",
+           "load_checkpoint", "export_safetensors", "CheckpointError", "CheckpointMismatchError"]

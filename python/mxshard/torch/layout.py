@@ -3,7 +3,8 @@
 item table, identical on every rank (no torch, no torch.distributed).
 
 An *item* is one trainable tensor: an MXFP8Linear weight ("mx_both" or
-"mx_row", by its planes) or a dense parameter ("dense", with its dtype).
+"mx_row", by its planes), an NVFP4Linear weight ("nv_both" or "nv_row") or a
+dense parameter ("dense", with its dtype).
 
 Buckets. The items, in REVERSE model order (gradients become ready roughly
 in reverse), are packed greedily into buckets of about `bucket_size`
@@ -11,19 +12,33 @@ elements: a bucket closes when adding the next item would exceed
 `bucket_size`; an item larger than `bucket_size` gets a bucket of its own.
 
 Inside a bucket the items are ordered by (kind: mx "both", then mx "row",
-then dense grouped by dtype (float32, bfloat16, float16); then the
-param-group index; then the reverse model order). So these are each ONE
-contiguous segment of the bucket's flat index space:
+then nv "both", then nv "row", then dense grouped by dtype (float32,
+bfloat16, float16); then the param-group index; then the reverse model
+order). So these are each ONE contiguous segment of the bucket's flat index
+space:
 
-    row   [0, n_mx)        the row-plane bytes of every mx item
-    col   [0, n_both)      the col-plane bytes of the "both" items
-    dense [lo, hi) per dtype
+    row    [0, n_mx)        the row-plane bytes of every mx item
+    col    [0, n_both)      the col-plane bytes of the "both" items
+    nv     [lo, hi)         the NVFP4 items (lo even): row-plane byte of flat
+                            index f is (f - lo) // 2 of the bucket's nv buffer
+    nv_col [lo, hi)         the nv "both" items (a sub-range of nv)
+    dense  [lo, hi) per dtype
 
-Sharding. The bucket's n elements are padded to
-n_pad = round_up(max(n, 1), dp * align); rank r owns the flat range
-[r*S, (r+1)*S) with S = n_pad / dp. Shard boundaries ignore item
-boundaries: a weight can be split between ranks and a rank can own none of
-it (or only padding).
+A bucket may hold all three formats; each writeback sees only its own
+segment. NVFP4 packs two elements per byte and rejects odd shard boundaries
+(docs/contract.md 9.8), so NVFP4 items are placed at EVEN bucket offsets
+(mxs_nvfp4_bucket_place: an item of odd numel is followed by one element of
+gap, which belongs to no item: zero, like padding; its byte is the spare
+nibble of the item's last byte), and a bucket holding NVFP4 items pads to a
+multiple of 2*dp (see below). Buckets without NVFP4 items have no gaps.
+
+Sharding. The bucket's n elements (item ends, gaps included) are padded to
+n_pad = round_up(max(n, 1), dp * unit) with unit = align, or 2*align when
+align is odd and the bucket holds NVFP4 items (mxs_nvfp4_bucket_elems: then
+S is even, so every rank boundary inside an NVFP4 item is an even flat
+index of it); rank r owns the flat range [r*S, (r+1)*S) with S = n_pad / dp.
+Shard boundaries ignore item boundaries: a weight can be split between
+ranks and a rank can own none of it (or only padding).
 
 Offsets: an item at bucket offset `o` with `k` elements occupies flat
 [o, o+k); element j of the item (row-major) is flat index o+j. Rank r holds
@@ -37,7 +52,9 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-KINDS = ("mx_both", "mx_row", "dense")
+KINDS = ("mx_both", "mx_row", "nv_both", "nv_row", "dense")
+MX_KINDS = ("mx_both", "mx_row")
+NV_KINDS = ("nv_both", "nv_row")
 DENSE_DTYPES = ("float32", "bfloat16", "float16")
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
 _DTYPE_RANK = {d: i for i, d in enumerate(DENSE_DTYPES)}
@@ -46,7 +63,8 @@ _DTYPE_RANK = {d: i for i, d in enumerate(DENSE_DTYPES)}
 @dataclass(frozen=True)
 class ItemSpec:
     """One trainable tensor. `dtype` is the dense dtype name (one of
-    DENSE_DTYPES), or "mxfp8" for mx items; `group` its param-group index."""
+    DENSE_DTYPES), or a description such as "mxfp8:padded:ceil" /
+    "nvfp4:1x16:padded" for mx / nv items; `group` its param-group index."""
     name: str
     kind: str
     shape: tuple
@@ -81,6 +99,8 @@ class Bucket:
     row: tuple              # (lo, hi): the mx items (row-plane bytes)
     col: tuple              # (lo, hi): the "both" items (col-plane bytes)
     dense: tuple            # ((dtype, lo, hi), ...) in DENSE_DTYPES order, non-empty only
+    nv: tuple = (0, 0)      # (lo, hi): the NVFP4 items (lo even; gaps after odd-numel items)
+    nv_col: tuple = (0, 0)  # (lo, hi): the nv "both" items
 
     @property
     def has_mx(self) -> bool:
@@ -89,6 +109,14 @@ class Bucket:
     @property
     def has_col(self) -> bool:
         return self.col[1] > self.col[0]
+
+    @property
+    def has_nv(self) -> bool:
+        return self.nv[1] > self.nv[0]
+
+    @property
+    def has_nv_col(self) -> bool:
+        return self.nv_col[1] > self.nv_col[0]
 
 
 @dataclass(frozen=True)
@@ -126,6 +154,18 @@ def owner(bucket: Bucket, flat: int) -> int:
     if not 0 <= flat < bucket.n_pad:
         raise ValueError(f"flat index {flat} outside the bucket's {bucket.n_pad} elements")
     return flat // bucket.shard
+
+
+def nvfp4_place(end: int) -> int:
+    """The even offset the next NVFP4 item takes after flat index `end`
+    (mxs_nvfp4_bucket_place)."""
+    return int(end) + (int(end) & 1)
+
+
+def nv_bytes(lo: int, hi: int) -> int:
+    """Bytes of the packed row planes of the NVFP4 segment [lo, hi) (lo even):
+    the item at offset o with k elements holds bytes [(o-lo)//2, (o-lo)//2 + ceil(k/2))."""
+    return (int(hi) - int(lo) + 1) // 2
 
 
 def pack(numels, bucket_size: int):
@@ -179,21 +219,26 @@ def make_plan(items, bucket_size: int, dp: int, align: int = 128, extra=()) -> P
         order = sorted(idx, key=lambda i: _order_key(items[i], rev[i]))
         placed, off = [], 0
         for pos, i in enumerate(order):
+            if items[i].kind in NV_KINDS:
+                off = nvfp4_place(off)
             placed.append(Placed(i, off, items[i].numel))
             where[i] = (b, pos)
             off += items[i].numel
         n = off
-        n_pad = round_up(max(n, 1), dp * align)
+        has_nv = any(items[i].kind in NV_KINDS for i in order)
+        n_pad = round_up(max(n, 1), dp * (2 * align if has_nv and align % 2 else align))
 
         def span(pred):
             sel = [p for p in placed if pred(items[p.item])]
             return (sel[0].offset, sel[-1].end) if sel else (0, 0)
 
-        row = span(lambda s: s.kind != "dense")
+        row = span(lambda s: s.kind in MX_KINDS)
         col = span(lambda s: s.kind == "mx_both")
+        nv = span(lambda s: s.kind in NV_KINDS)
+        nv_col = span(lambda s: s.kind == "nv_both")
         dense = tuple((d,) + span(lambda s, d=d: s.kind == "dense" and s.dtype == d) for d in DENSE_DTYPES)
         dense = tuple(x for x in dense if x[2] > x[1])
-        buckets.append(Bucket(b, tuple(placed), n, n_pad, n_pad // dp, dp, row, col, dense))
+        buckets.append(Bucket(b, tuple(placed), n, n_pad, n_pad // dp, dp, row, col, dense, nv, nv_col))
     return Plan(items, tuple(buckets), tuple(where), dp, align, bucket_size, tuple(extra))
 
 

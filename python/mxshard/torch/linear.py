@@ -17,6 +17,10 @@ path is the one used and tested. `torch._scaled_mm` with MX block scales
 (compute capability >= 10.0, swizzled scales) could read the planes directly;
 such a capability-gated fast path is future work and not implemented here.
 
+The autograd path, the fp32 initial master, main_grad and rebind_primary_
+live in _QuantLinear, which NVFP4Linear (mxshard.torch.nvfp4_linear) shares;
+convert() builds either (format='mxfp8' | 'nvfp4').
+
 The user guide, with the interface ShardedOptimizer relies on: docs/torch.md.
 """
 from __future__ import annotations
@@ -34,54 +38,55 @@ from ..ops import dequantize as _mx_dequantize
 from ..ops import quantize as _mx_quantize
 from ..weight import MXFP8Weight
 
-__all__ = ["MXFP8Linear", "convert", "is_mxfp8"]
+__all__ = ["MXFP8Linear", "convert", "is_mxfp8", "is_quantized"]
 
 _PLANES = ("row", "both")
 _LAYOUTS = ("compact", "padded", "swizzled")
 _ROUNDINGS = ("ceil", "floor")
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _POLICY_VALUES = ("row", "both", "dense")
+_FORMATS = ("mxfp8", "nvfp4")
 _BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale")
 
 
-# ---- option checks (one definition each) --------------------------------------
+# ---- option checks (one definition each; `who` names the class in messages) -----
 
-def _check_features(name, v):
+def _check_features(name, v, who="MXFP8Linear"):
     if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"MXFP8Linear: {name} must be an int, got {type(v).__name__}")
+        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}")
     if v < 1:
-        raise ValueError(f"MXFP8Linear: {name} must be >= 1, got {v}")
+        raise ValueError(f"{who}: {name} must be >= 1, got {v}")
     return v
 
 
-def _check_choice(name, v, allowed):
+def _check_choice(name, v, allowed, who="MXFP8Linear"):
     if not isinstance(v, str) or v not in allowed:
-        raise ValueError(f"MXFP8Linear: {name}={v!r} is not one of {', '.join(map(repr, allowed))}")
+        raise ValueError(f"{who}: {name}={v!r} is not one of {', '.join(map(repr, allowed))}")
     return v
 
 
-def _check_compute_dtype(dt):
+def _check_compute_dtype(dt, who="MXFP8Linear"):
     if dt not in _COMPUTE_DTYPES:
-        raise ValueError(f"MXFP8Linear: compute_dtype={dt!r} is not torch.float32, torch.bfloat16 or "
+        raise ValueError(f"{who}: compute_dtype={dt!r} is not torch.float32, torch.bfloat16 or "
                          f"torch.float16")
     return dt
 
 
-def _check_device(device):
+def _check_device(device, who="MXFP8Linear"):
     device = torch.device(device) if device is not None else torch.empty(0).device
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"MXFP8Linear: device {device} is not supported (cpu or cuda tensors only)")
+        raise ValueError(f"{who}: device {device} is not supported (cpu or cuda tensors only)")
     return device
 
 
-def _require_library(device):
+def _require_library(device, who="MXFP8Linear"):
     """Loads the library `device`'s tensors need; a clear LibraryNotFoundError otherwise."""
     which = "host library libmxshard_host (CPU tensors)" if device.type == "cpu" else \
         "CUDA library libmxshard_cuda (CUDA tensors)"
     try:
         L.host_lib() if device.type == "cpu" else L.cuda_lib()
     except L.LibraryNotFoundError as e:
-        raise L.LibraryNotFoundError(f"MXFP8Linear on {device} needs the {which}:\n{e}") from e
+        raise L.LibraryNotFoundError(f"{who} on {device} needs the {which}:\n{e}") from e
 
 
 def _dtype_code(dt):
@@ -90,8 +95,9 @@ def _dtype_code(dt):
 
 # ---- the autograd function -------------------------------------------------------
 
-class _MXFP8LinearFn(torch.autograd.Function):
-    """y = x @ W^T (+ b) with W dequantized from `module.primary` on the fly.
+class _QuantLinearFn(torch.autograd.Function):
+    """y = x @ W^T (+ b) with W dequantized from `module.primary` on the fly
+    (module: an MXFP8Linear or NVFP4Linear).
 
     Inputs: x and b already in compute_dtype (the casts are outside, so autograd
     returns their gradients in the callers' dtypes); `anchor` is an empty tensor
@@ -131,27 +137,28 @@ class _MXFP8LinearFn(torch.autograd.Function):
         return gx, gb, None, None
 
 
-# ---- the module ------------------------------------------------------------------
+# ---- the shared module machinery ---------------------------------------------------
 
-class MXFP8Linear(nn.Module):
-    """y = x @ W^T + b with W held only as an MXFP8 primary (see the module docstring).
+class _QuantLinear(nn.Module):
+    """What MXFP8Linear and NVFP4Linear share: options, the primary over the
+    module's buffers, the autograd path, the fp32 initial master, main_grad,
+    rebind_primary_. A subclass sets `format`, `_BUFS` (the primary's buffer
+    names), `_FIXED` (buffers that keep their dtype under .to(dtype)) and
+    implements _check_format, _empty_primary, _primary_from_buffers,
+    _dequant(plane, dtype=None) and _quantize(w)."""
 
-    planes: "row" (row-only; the backward dequantizes the row plane) or "both"
-    (bidirectional; the backward reads the column-wise plane). layout: the scale
-    layout, "compact" | "padded" (TE) | "swizzled" (cuBLAS). compute_dtype: the
-    dtype of the dequantized weight, of the GEMMs and of the output. rounding:
-    the E8M0 scale rounding of every quantize ("ceil" as TE, or "floor").
+    format = None     # "mxfp8" | "nvfp4"
+    _BUFS = ()
+    _FIXED = ()
 
-    A freshly built module initialises like nn.Linear (kaiming-uniform weight,
-    uniform bias) and keeps that fp32 weight as its initial master until
-    release_master_init()."""
+    @property
+    def _who(self):
+        return type(self).__name__
 
-    def __init__(self, in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
-                 compute_dtype=torch.bfloat16, rounding="ceil"):
-        super().__init__()
+    def _construct(self, in_features, out_features, bias, device, compute_dtype, **fmt):
         if not isinstance(bias, bool):
-            raise TypeError(f"MXFP8Linear: bias must be a bool, got {type(bias).__name__}")
-        device = self._setup(in_features, out_features, planes, layout, device, compute_dtype, rounding)
+            raise TypeError(f"{self._who}: bias must be a bool, got {type(bias).__name__}")
+        device = self._setup(in_features, out_features, device, compute_dtype, **fmt)
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features, dtype=torch.float32, device=device))
         else:
@@ -160,18 +167,17 @@ class MXFP8Linear(nn.Module):
 
     # -- construction helpers
 
-    def _setup(self, in_features, out_features, planes, layout, device, compute_dtype, rounding):
+    def _setup(self, in_features, out_features, device, compute_dtype, **fmt):
         """Validates every option, then allocates the planes (zeros). Returns the device."""
-        self.in_features = _check_features("in_features", in_features)
-        self.out_features = _check_features("out_features", out_features)
-        self.planes = _check_choice("planes", planes, _PLANES)
-        self.layout = _check_choice("layout", layout, _LAYOUTS)
-        self.rounding = _check_choice("rounding", rounding, _ROUNDINGS)
-        self.compute_dtype = _check_compute_dtype(compute_dtype)
-        device = _check_device(device)
-        _require_library(device)
-        w = MXFP8Weight.empty(out_features, in_features, planes=planes, layout=layout, device=device)
-        for name in _BUF_NAMES:
+        who = self._who
+        self.in_features = _check_features("in_features", in_features, who)
+        self.out_features = _check_features("out_features", out_features, who)
+        self._check_format(**fmt)
+        self.compute_dtype = _check_compute_dtype(compute_dtype, who)
+        device = _check_device(device, who)
+        self._require(device)
+        w = self._empty_primary(device)
+        for name in self._BUFS:
             self.register_buffer(name, getattr(w, name))
         self._primary = w
         self._master_init = None
@@ -180,13 +186,18 @@ class MXFP8Linear(nn.Module):
         return device
 
     @classmethod
-    def _from_linear(cls, lin, planes, layout, compute_dtype, rounding):
-        """An MXFP8Linear quantized from nn.Linear `lin` (same device, the same bias
+    def _require(cls, device):
+        """The libraries this class needs on `device` (a clear error otherwise)."""
+        _require_library(device, cls.__name__)
+
+    @classmethod
+    def _from_linear(cls, lin, compute_dtype, **fmt):
+        """A module quantized from nn.Linear `lin` (same device, the same bias
         Parameter); keeps lin's weight as an fp32 copy (the initial master)."""
         m = cls.__new__(cls)
         nn.Module.__init__(m)
         w = lin.weight.detach()
-        m._setup(lin.in_features, lin.out_features, planes, layout, w.device, compute_dtype, rounding)
+        m._setup(lin.in_features, lin.out_features, w.device, compute_dtype, **fmt)
         m.bias = lin.bias
         m.train(lin.training)
         m._set_master(w.to(torch.float32, copy=True), keep=True)
@@ -208,41 +219,38 @@ class MXFP8Linear(nn.Module):
 
     @property
     def primary(self):
-        """The MXFP8Weight over the module's current plane buffers (rebuilt when a
+        """The weight object over the module's current buffers (rebuilt when a
         buffer object was replaced, e.g. by .to() or rebind_primary_)."""
         p = self._primary
-        if any(getattr(p, n) is not self._buffers.get(n) for n in _BUF_NAMES):
-            p = MXFP8Weight.from_buffers(self.out_features, self.in_features, layout=self.layout,
-                                         **{n: self._buffers.get(n) for n in _BUF_NAMES})
+        if any(getattr(p, n) is not self._buffers.get(n) for n in self._BUFS):
+            p = self._primary_from_buffers()
             self._primary = p
         return p
-
-    def _dequant(self, plane):
-        return _mx_dequantize(self.primary, plane=plane, dtype=_dtype_code(self.compute_dtype))
 
     # -- master
 
     def _check_master(self, w, what):
+        who = self._who
         if not isinstance(w, torch.Tensor):
-            raise TypeError(f"MXFP8Linear.{what}: expected a torch.Tensor, got {type(w).__name__}")
+            raise TypeError(f"{who}.{what}: expected a torch.Tensor, got {type(w).__name__}")
         if tuple(w.shape) != (self.out_features, self.in_features):
-            raise ValueError(f"MXFP8Linear.{what}: shape {tuple(w.shape)}, the weight is "
+            raise ValueError(f"{who}.{what}: shape {tuple(w.shape)}, the weight is "
                              f"[{self.out_features}, {self.in_features}]")
         if w.dtype not in _COMPUTE_DTYPES:
-            raise ValueError(f"MXFP8Linear.{what}: dtype {w.dtype} is not float32, bfloat16 or float16")
+            raise ValueError(f"{who}.{what}: dtype {w.dtype} is not float32, bfloat16 or float16")
         if w.device != self.row_data.device:
-            raise ValueError(f"MXFP8Linear.{what}: tensor on {w.device}, the module is on {self.row_data.device}")
+            raise ValueError(f"{who}.{what}: tensor on {w.device}, the module is on {self.row_data.device}")
 
     def _set_master(self, w, keep):
         w = w.detach().contiguous()
-        _mx_quantize(self.primary, w, rounding=self.rounding)
+        self._quantize(w)
         if keep:
             self._master_init = w if w.dtype == torch.float32 else w.to(torch.float32)
 
     def set_master_(self, w_fp32):
         """Quantizes the whole [out, in] tensor into the primary's planes (round
-        through none, the module's rounding). While the module still keeps its
-        initial master, the kept copy becomes (an fp32 copy of) this tensor."""
+        through none). While the module still keeps its initial master, the
+        kept copy becomes (an fp32 copy of) this tensor."""
         self._check_master(w_fp32, "set_master_")
         keep = self._master_init is not None
         src = w_fp32.detach()
@@ -255,7 +263,7 @@ class MXFP8Linear(nn.Module):
         row plane dequantized to fp32 (a new tensor)."""
         if self._master_init is not None:
             return self._master_init
-        return _mx_dequantize(self.primary, plane="row", dtype="f32")
+        return self._dequant("row", "f32")
 
     def release_master_init(self):
         """Drops the kept fp32 copy (the optimizer owns the master from now on)."""
@@ -263,33 +271,28 @@ class MXFP8Linear(nn.Module):
 
     # -- storage
 
-    def rebind_primary_(self, row_data=None, row_scale=None, col_data=None, col_scale=None):
-        """Moves the present planes into the given uint8 tensors (same shapes and
-        device, e.g. views into an optimizer's bucket buffers): the current bytes
-        are copied into them, then the module buffers and self.primary point to
-        them. Arguments left None keep their current storage. Everything is
-        checked before anything is written."""
-        given = {n: t for n, t in zip(_BUF_NAMES, (row_data, row_scale, col_data, col_scale)) if t is not None}
+    def _rebind(self, given):
+        """rebind_primary_'s body: `given` maps buffer names to new tensors."""
+        who = f"{self._who}.rebind_primary_"
+        given = {n: t for n, t in given.items() if t is not None}
         for n, t in given.items():
             cur = self._buffers.get(n)
             if cur is None:
-                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} given, but the module (planes="
-                                 f"{self.planes!r}) has no such plane")
+                raise ValueError(f"{who}: {n} given, but the module (planes={self.planes!r}) has no such plane")
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"MXFP8Linear.rebind_primary_: {n} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dtype != torch.uint8:
-                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} has dtype {t.dtype}, expected torch.uint8")
+                raise TypeError(f"{who}: {n} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype != cur.dtype:
+                raise ValueError(f"{who}: {n} has dtype {t.dtype}, expected {cur.dtype}")
             if tuple(t.shape) != tuple(cur.shape):
-                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} has shape {tuple(t.shape)}, expected "
-                                 f"{tuple(cur.shape)}")
+                raise ValueError(f"{who}: {n} has shape {tuple(t.shape)}, expected {tuple(cur.shape)}")
             if t.device != cur.device:
-                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} is on {t.device}, the module on {cur.device}")
+                raise ValueError(f"{who}: {n} is on {t.device}, the module on {cur.device}")
             if not t.is_contiguous():
-                raise ValueError(f"MXFP8Linear.rebind_primary_: {n} must be contiguous")
-        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel(), n) for n, t in given.items())
+                raise ValueError(f"{who}: {n} must be contiguous")
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), n) for n, t in given.items())
         for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
             if b0 < a1:
-                raise ValueError(f"MXFP8Linear.rebind_primary_: {an} and {bn} overlap")
+                raise ValueError(f"{who}: {an} and {bn} overlap")
         with torch.no_grad():
             for n, t in given.items():
                 cur = self._buffers[n]
@@ -307,40 +310,106 @@ class MXFP8Linear(nn.Module):
             self.main_grad = g
         elif (g.dtype != torch.float32 or tuple(g.shape) != (self.out_features, self.in_features)
               or g.device != wgrad.device):
-            raise ValueError(f"MXFP8Linear.main_grad must be a float32 [{self.out_features}, {self.in_features}] "
+            raise ValueError(f"{self._who}.main_grad must be a float32 [{self.out_features}, {self.in_features}] "
                              f"tensor on {wgrad.device}, got {g.dtype} {tuple(g.shape)} on {g.device}")
         g.add_(wgrad)
 
     # -- nn.Module
 
     def forward(self, x):
+        who = self._who
         if not isinstance(x, torch.Tensor):
-            raise TypeError(f"MXFP8Linear: input must be a torch.Tensor, got {type(x).__name__}")
+            raise TypeError(f"{who}: input must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
-            raise ValueError(f"MXFP8Linear: input shape {tuple(x.shape)}, the last dim must be "
+            raise ValueError(f"{who}: input shape {tuple(x.shape)}, the last dim must be "
                              f"in_features={self.in_features}")
         if not x.is_floating_point():
-            raise ValueError(f"MXFP8Linear: input dtype {x.dtype} is not a floating-point type")
+            raise ValueError(f"{who}: input dtype {x.dtype} is not a floating-point type")
         dev = self.row_data.device
         if x.device != dev:
-            raise ValueError(f"MXFP8Linear: input on {x.device}, the weight on {dev}")
-        _require_library(dev)
+            raise ValueError(f"{who}: input on {x.device}, the weight on {dev}")
+        self._require(dev)
         dt = self.compute_dtype
         xc = x.to(dt)
         b = self.bias.to(dt) if self.bias is not None else None
         anchor = None
         if torch.is_grad_enabled() and not xc.requires_grad and not (b is not None and b.requires_grad):
             anchor = torch.empty(0, device=dev, requires_grad=True)
-        return _MXFP8LinearFn.apply(xc, b, anchor, self)
+        return _QuantLinearFn.apply(xc, b, anchor, self)
 
     def _apply(self, fn, *args, **kwargs):
-        out = super()._apply(fn, *args, **kwargs)
+        # buffers of a fixed dtype (NVFP4's fp32 amax) follow device moves only
+        fixed = {n: self._buffers.pop(n) for n in self._FIXED if self._buffers.get(n) is not None}
+        try:
+            out = super()._apply(fn, *args, **kwargs)
+        finally:
+            for n, t in fixed.items():
+                dev = fn(t[:0]).device
+                self._buffers[n] = t if dev == t.device else t.to(dev)
         dev = self.row_data.device
         for name in ("_master_init", "main_grad"):  # device moves only: they stay fp32
             t = getattr(self, name)
             if t is not None and t.device != dev:
                 setattr(self, name, t.to(dev))
         return out
+
+
+# ---- MXFP8 ---------------------------------------------------------------------
+
+class MXFP8Linear(_QuantLinear):
+    """y = x @ W^T + b with W held only as an MXFP8 primary (see the module docstring).
+
+    planes: "row" (row-only; the backward dequantizes the row plane) or "both"
+    (bidirectional; the backward reads the column-wise plane). layout: the scale
+    layout, "compact" | "padded" (TE) | "swizzled" (cuBLAS). compute_dtype: the
+    dtype of the dequantized weight, of the GEMMs and of the output. rounding:
+    the E8M0 scale rounding of every quantize ("ceil" as TE, or "floor").
+
+    A freshly built module initialises like nn.Linear (kaiming-uniform weight,
+    uniform bias) and keeps that fp32 weight as its initial master until
+    release_master_init()."""
+
+    format = "mxfp8"
+    _BUFS = _BUF_NAMES
+
+    def __init__(self, in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
+                 compute_dtype=torch.bfloat16, rounding="ceil"):
+        super().__init__()
+        self._construct(in_features, out_features, bias, device, compute_dtype, planes=planes, layout=layout,
+                        rounding=rounding)
+
+    def _check_format(self, planes, layout, rounding):
+        self.planes = _check_choice("planes", planes, _PLANES)
+        self.layout = _check_choice("layout", layout, _LAYOUTS)
+        self.rounding = _check_choice("rounding", rounding, _ROUNDINGS)
+
+    def _empty_primary(self, device):
+        return MXFP8Weight.empty(self.out_features, self.in_features, planes=self.planes, layout=self.layout,
+                                 device=device)
+
+    def _primary_from_buffers(self):
+        return MXFP8Weight.from_buffers(self.out_features, self.in_features, layout=self.layout,
+                                        **{n: self._buffers.get(n) for n in self._BUFS})
+
+    def _dequant(self, plane, dtype=None):
+        return _mx_dequantize(self.primary, plane=plane, dtype=dtype or _dtype_code(self.compute_dtype))
+
+    def _quantize(self, w):
+        _mx_quantize(self.primary, w, rounding=self.rounding)
+
+    def set_master_(self, w_fp32):
+        """Quantizes the whole [out, in] tensor into the primary's planes (round
+        through none, the module's rounding). While the module still keeps its
+        initial master, the kept copy becomes (an fp32 copy of) this tensor."""
+        return super().set_master_(w_fp32)
+
+    def rebind_primary_(self, row_data=None, row_scale=None, col_data=None, col_scale=None):
+        """Moves the present planes into the given uint8 tensors (same shapes and
+        device, e.g. views into an optimizer's bucket buffers): the current bytes
+        are copied into them, then the module buffers and self.primary point to
+        them. Arguments left None keep their current storage. Everything is
+        checked before anything is written."""
+        return self._rebind(dict(row_data=row_data, row_scale=row_scale, col_data=col_data, col_scale=col_scale))
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -351,6 +420,11 @@ class MXFP8Linear(nn.Module):
 def is_mxfp8(module) -> bool:
     """True for an MXFP8Linear."""
     return isinstance(module, MXFP8Linear)
+
+
+def is_quantized(module) -> bool:
+    """True for an MXFP8Linear or NVFP4Linear (module.format says which)."""
+    return isinstance(module, _QuantLinear)
 
 
 # ---- convert ---------------------------------------------------------------------
@@ -398,8 +472,25 @@ def _skip_patterns(skip):
     return pats
 
 
-def convert(model, policy="row", *, layout="padded", compute_dtype=torch.bfloat16, rounding="ceil", skip=None):
-    """Swaps the nn.Linear submodules of `model` in place for MXFP8Linear.
+def _format_options(format, rounding, block):
+    """convert's format options -> (module class, its format keywords); one rule per format."""
+    fmt = _check_choice("format", format, _FORMATS, "convert")
+    if fmt == "mxfp8":
+        if block is not None:
+            raise ValueError(f"convert: block={block!r} applies to format='nvfp4' only (MXFP8 blocks are 1x32)")
+        return MXFP8Linear, {"rounding": _check_choice("rounding", "ceil" if rounding is None else rounding,
+                                                      _ROUNDINGS, "convert")}
+    if rounding is not None:
+        raise ValueError(f"convert: rounding={rounding!r} applies to format='mxfp8' only (NVFP4 scales are E4M3, "
+                         f"rounded to nearest)")
+    from .nvfp4_linear import _BLOCKS, NVFP4Linear  # nvfp4_linear builds on this module
+    return NVFP4Linear, {"block": _check_choice("block", "1x16" if block is None else block, _BLOCKS, "convert")}
+
+
+def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dtype=torch.bfloat16, rounding=None,
+            block=None, skip=None):
+    """Swaps the nn.Linear submodules of `model` in place for MXFP8Linear
+    (format='mxfp8', the default) or NVFP4Linear (format='nvfp4').
 
     policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the
     qualified module name: value} (first match wins, unmatched -> dense); or a
@@ -411,14 +502,20 @@ def convert(model, policy="row", *, layout="padded", compute_dtype=torch.bfloat1
     its initial master (master_init). A weight shared with another module (tied)
     cannot be converted: ValueError. Everything is decided and checked before the
     first swap. Returns the model (the new module when `model` itself is a
-    converted nn.Linear)."""
+    converted nn.Linear).
+
+    Format options: rounding ('ceil' by default, or 'floor') is MXFP8's,
+    block ('1x16' by default, or '16x16') NVFP4's; giving the other format's
+    option is a ValueError. layout and compute_dtype apply to both. One call
+    converts to one format; for a model of both, call convert twice (the
+    second call sees only the nn.Linear modules the first one left dense)."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert: model must be an nn.Module, got {type(model).__name__}")
     decide = _policy_fn(policy)
     skips = _skip_patterns(skip)
-    _check_choice("layout", layout, _LAYOUTS)
-    _check_choice("rounding", rounding, _ROUNDINGS)
-    _check_compute_dtype(compute_dtype)
+    cls, fmt = _format_options(format, rounding, block)
+    _check_choice("layout", layout, _LAYOUTS, "convert")
+    _check_compute_dtype(compute_dtype, "convert")
     # a module reachable under several names is converted once and set at every name
     names = {}
     for name, mod in model.named_modules(remove_duplicate=False):
@@ -441,10 +538,10 @@ def convert(model, policy="row", *, layout="padded", compute_dtype=torch.bfloat1
         if uses.get(id(mod.weight), 0) > 1:
             raise ValueError(f"convert: the weight of {mod_names[0] or '<root>'} is shared with another module "
                              f"(tied); keep it dense (policy or skip)")
-        _require_library(_check_device(mod.weight.device))
+        cls._require(_check_device(mod.weight.device, cls.__name__))
         todo.append((mod, mod_names, v))
     for mod, mod_names, v in todo:
-        new = MXFP8Linear._from_linear(mod, v, layout, compute_dtype, rounding)
+        new = cls._from_linear(mod, compute_dtype, planes=v, layout=layout, **fmt)
         for name in mod_names:
             if name == "":
                 return new
