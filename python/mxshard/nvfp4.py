@@ -586,19 +586,29 @@ class NVFP4BucketWriteback(_WithClose):
         if narrow is not None:
             narrow.copy_(wire)
 
-    def run(self, group=None, gather=None):
+    def run(self, group=None, gather=None, error=None):
         """partial -> all_reduce(MAX, group) -> status check -> apply ->
         all-gathers -> finish. Without torch.distributed initialised and
         group None: a world of one. Raises the local error (after joining the
         collectives) or RemoteError when another rank failed. With
-        gather=False the caller gathers, then calls finish()."""
+        gather=False the caller gathers, then calls finish(). error: an
+        exception this rank already has (e.g. from its optimizer step): the
+        rank skips partial, marks its buffer failed, joins the all-reduce and
+        raises it; the other ranks raise RemoteError (as BucketWriteback.run)."""
         if self.is_cuda and not self._closed:
             t = A.torch_mod()
             if self._tdev.index is not None and self._tdev.index != t.cuda.current_device():
                 with t.cuda.device(self._tdev):
-                    return self.run(group, gather)
-        if _run_group_protocol(self, group, gather, "NVFP4BucketWriteback", self.partial, self.apply):
+                    return self.run(group, gather, error)
+        partial = self.partial if error is None else (lambda: self._fail_with(error))
+        if _run_group_protocol(self, group, gather, "NVFP4BucketWriteback", partial, self.apply):
             self.finish()
+
+    def _fail_with(self, error):
+        """run(error=...)'s partial: the buffer marked failed, then the error raised."""
+        if not self._closed:
+            self._mark_failed()
+        raise error
 
     # ---- the gathered byte ranges (BucketWriteback's group setup reads them) ----
 

@@ -128,11 +128,12 @@ import torch
 from torch import nn
 
 from .. import _lib as L
+from ..nvfp4 import NVFP4BucketWriteback, NVFP4Weight, _needs_stage
 from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
 from . import layout as LY
 from .comm import Comm
-from .linear import MXFP8Linear, is_mxfp8
+from .linear import _QuantLinear, is_quantized
 
 FORMAT = "mxshard.sharded_optimizer/1"
 ItemRow = namedtuple("ItemRow", "name kind bucket offset shape")
@@ -140,6 +141,11 @@ ItemRow = namedtuple("ItemRow", "name kind bucket offset shape")
 _DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _TORCH_DTYPE = {v: k for k, v in _DTYPES.items()}
 _ROUND_THROUGH = {None: None, "none": None, "f32": None, "bf16": "bf16", "f16": "f16"}
+# a bucket's buffers of quantized planes (and NVFP4 amaxes)
+_PLANE_BUFFERS = ("rowbuf", "colbuf", "rowscale", "colscale", "nvrow", "nvcol", "nvrowscale", "nvcolscale", "nvamax")
+# per module format: (item kind, the description that enters the fingerprint; a rounding is added for MXFP8)
+_QUANT_KIND = {"mxfp8": lambda m: ("mx_" + m.planes, f"mxfp8:{m.layout}"),
+               "nvfp4": lambda m: ("nv_" + m.planes, f"nvfp4:{m.block}:{m.layout}")}
 
 
 class _Item:
@@ -222,9 +228,13 @@ class _Bucket:
         self.spec = spec
         self.master = self.grad = self.grad_shard = None
         self.rowbuf = self.colbuf = self.rowscale = self.colscale = None
+        self.nvrow = self.nvcol = self.nvrowscale = self.nvcolscale = self.nvamax = None
         self.dense = []          # (dtype, lo, hi_ext, buffer)
-        self.wb = None
+        self.wb = None           # the MXFP8 items' BucketWriteback
         self.wb_items = []
+        self.nvwb = None         # the NVFP4 items' NVFP4BucketWriteback
+        self.nv_items = []
+        self.nv_planes = []
         self.gathers = []        # per dense dtype: a gather schedule
         self.seen = set()
         self.work = None         # the launched reduction (None: not launched)
@@ -344,13 +354,14 @@ class ShardedOptimizer:
         """The trainable items in model order (MXFP8Linear weight before its bias)."""
         items, seen_p, names = [], set(), {}
         for mname, m in model.named_modules():
-            if is_mxfp8(m):
+            if is_quantized(m):
                 if _owned(getattr(m, "_mxs_grad_hook", None)):
                     raise ValueError(f"{mname}: already managed by another ShardedOptimizer (still alive)")
                 if m.planes not in ("row", "both"):
-                    raise ValueError(f"{mname}: MXFP8Linear planes {m.planes!r} (expected 'row' or 'both')")
-                items.append(_Item(f"{mname}.weight" if mname else "weight", "mx_" + m.planes,
-                                   (m.out_features, m.in_features), f"mxfp8:{m.layout}", module=m))
+                    raise ValueError(f"{mname}: {type(m).__name__} planes {m.planes!r} (expected 'row' or 'both')")
+                kind, desc = _QUANT_KIND[m.format](m)
+                items.append(_Item(f"{mname}.weight" if mname else "weight", kind,
+                                   (m.out_features, m.in_features), desc, module=m))
                 names[mname] = items[-1]
             for pname, p in m.named_parameters(recurse=False):
                 if id(p) in seen_p:
@@ -379,7 +390,7 @@ class ShardedOptimizer:
         if it.kind == "dense":
             return [it.param.device]
         m = it.module
-        return [t.device for t in (m.row_data, m.row_scale, m.col_data, m.col_scale) if t is not None]
+        return [getattr(m, n).device for n in m._BUFS if getattr(m, n) is not None]
 
     def _check_devices(self, items):
         devs = {}
@@ -420,13 +431,13 @@ class ShardedOptimizer:
                 if isinstance(e, str):
                     it = names.get(e)
                     what = f"name {e!r}"
-                elif isinstance(e, (torch.Tensor, MXFP8Linear)):
+                elif isinstance(e, (torch.Tensor, _QuantLinear)):
                     it = by_id.get(id(e))
                     what = f"a {type(e).__name__}" + (f" of shape {tuple(e.shape)}" if isinstance(e, torch.Tensor)
                                                       else "")
                 else:
-                    raise TypeError(f"param_groups[{gi}]: entries must be Parameters, MXFP8Linear modules or "
-                                    f"names, got {type(e).__name__}")
+                    raise TypeError(f"param_groups[{gi}]: entries must be Parameters, MXFP8Linear / NVFP4Linear "
+                                    f"modules or names, got {type(e).__name__}")
                 if it is None:
                     raise ValueError(f"param_groups[{gi}]: {what} is not a trainable item of the model")
                 if id(it) in assigned:
@@ -450,7 +461,7 @@ class ShardedOptimizer:
         self._items, self.device = items, device
         roundings = {}
         for it in items:
-            if it.module is not None:
+            if it.kind in LY.MX_KINDS:
                 r = self.rounding or it.module.rounding
                 if r not in ("ceil", "floor"):
                     raise ValueError(f"{it.name}: rounding {r!r} (expected 'ceil' or 'floor')")
@@ -502,7 +513,7 @@ class ShardedOptimizer:
         b.shard_is_view = not self.comm.has_reduce_scatter
         b.grad_shard = b.grad[r * S:(r + 1) * S] if b.shard_is_view else torch.zeros(S, **f32)
         u8 = dict(dtype=torch.uint8, device=device)
-        mx = [p for p in bs.items if self._items[p.item].kind != "dense"]
+        mx = [p for p in bs.items if self._items[p.item].kind in LY.MX_KINDS]
         if mx:
             rs = [self._items[p.item].module.row_scale.numel() for p in mx]
             b.rowbuf = torch.zeros(bs.row[1] - bs.row[0], **u8)
@@ -511,6 +522,15 @@ class ShardedOptimizer:
             if both:
                 b.colbuf = torch.zeros(bs.col[1] - bs.col[0], **u8)
                 b.colscale = torch.zeros(sum(self._items[p.item].module.col_scale.numel() for p in both), **u8)
+        nv = [self._items[p.item].module for p in bs.items if self._items[p.item].kind in LY.NV_KINDS]
+        if nv:
+            b.nvrow = torch.zeros(LY.nv_bytes(*bs.nv), **u8)
+            b.nvrowscale = torch.zeros(sum(m.row_scale.numel() for m in nv), **u8)
+            b.nvamax = torch.zeros(len(nv), **f32)
+            both = [m for m in nv if m.planes == "both"]
+            if both:
+                b.nvcol = torch.zeros(sum(m.col_data.numel() for m in both), **u8)
+                b.nvcolscale = torch.zeros(sum(m.col_scale.numel() for m in both), **u8)
         for dt, lo, hi in bs.dense:
             hi_ext = bs.n_pad if hi == bs.numel else hi  # the last segment takes the padding: in-place gathers
             b.dense.append((dt, lo, hi_ext, torch.zeros(hi_ext - lo, dtype=_TORCH_DTYPE[dt], device=device)))
@@ -540,22 +560,14 @@ class ShardedOptimizer:
         self._expect = []
         for bi, b in enumerate(self._buckets):
             bs = b.spec
-            ro = co = 0
+            at = Counter()   # per buffer: how much of it the items so far took
             for pos, p in enumerate(bs.items):
                 it = self._items[p.item]
                 gview = b.grad[p.offset:p.end].view(it.shape)
                 if it.module is not None:
                     m = it.module
-                    rows, cols = it.shape
-                    kw = {"row_data": b.rowbuf[p.offset - bs.row[0]:p.end - bs.row[0]].view(rows, cols),
-                          "row_scale": b.rowscale[ro:ro + m.row_scale.numel()].view(m.row_scale.shape)}
-                    ro += m.row_scale.numel()
-                    if it.kind == "mx_both":
-                        kw["col_data"] = b.colbuf[p.offset - bs.col[0]:p.end - bs.col[0]].view(rows, cols)
-                        kw["col_scale"] = b.colscale[co:co + m.col_scale.numel()].view(m.col_scale.shape)
-                        co += m.col_scale.numel()
-                    old = {k: getattr(m, k) for k in ("row_data", "row_scale", "col_data", "col_scale")
-                           if getattr(m, k) is not None}
+                    kw = self._plane_views(b, p, it, at)
+                    old = {k: getattr(m, k) for k in m._BUFS if getattr(m, k) is not None}
                     old_grad, old_hook = getattr(m, "main_grad", None), getattr(m, "_mxs_grad_hook", None)
                     if old_grad is not None:
                         gview.copy_(old_grad)
@@ -567,7 +579,7 @@ class ShardedOptimizer:
                         m.rebind_primary_(**old)
                         m.main_grad, m._mxs_grad_hook = old_grad, old_hook
                     self._undo.append(undo)
-                    b.wb_items.append((it, kw))
+                    (b.wb_items if it.kind in LY.MX_KINDS else b.nv_items).append((it, kw))
                     self._expect.append((it, kw, gview))
                 else:
                     prm = it.param
@@ -584,6 +596,37 @@ class ShardedOptimizer:
                         prm.data = old_data
                     self._undo.append(undo)
                     self._expect.append((it, view, gview))
+
+    @staticmethod
+    def _plane_views(b, p, it, at):
+        """The views of bucket `b`'s buffers that become item `it`'s primary
+        (placed at `p`); `at` counts what earlier items took of each buffer.
+        MXFP8: data bytes at the item's flat offsets in the row (col) segment;
+        NVFP4: packed data bytes at (offset - nv lo) / 2 of the nv segment,
+        the column-wise data (never gathered: finish writes it) one after the
+        other, one amax element per item; scales one after the other."""
+        m = it.module
+
+        def take(name, buf, like):
+            t = buf[at[name]:at[name] + like.numel()].view(like.shape)
+            at[name] += like.numel()
+            return t
+        if it.kind in LY.MX_KINDS:
+            bs, (rows, cols) = b.spec, it.shape
+            kw = {"row_data": b.rowbuf[p.offset - bs.row[0]:p.end - bs.row[0]].view(rows, cols),
+                  "row_scale": take("rowscale", b.rowscale, m.row_scale)}
+            if it.kind == "mx_both":
+                kw["col_data"] = b.colbuf[p.offset - bs.col[0]:p.end - bs.col[0]].view(rows, cols)
+                kw["col_scale"] = take("colscale", b.colscale, m.col_scale)
+            return kw
+        o = (p.offset - b.spec.nv[0]) // 2
+        kw = {"row_data": b.nvrow[o:o + m.row_data.numel()].view(m.row_data.shape),
+              "row_scale": take("nvrowscale", b.nvrowscale, m.row_scale),
+              "amax": take("nvamax", b.nvamax, m.amax)}
+        if it.kind == "nv_both":
+            kw["col_data"] = take("nvcol", b.nvcol, m.col_data)
+            kw["col_scale"] = take("nvcolscale", b.nvcolscale, m.col_scale)
+        return kw
 
     def _rollback(self):
         for f in reversed(self._undo):
@@ -610,9 +653,23 @@ class ShardedOptimizer:
                                  f"ShardedOptimizer: configuration differs between ranks (rank 0 vs rank {ref_r}: "
                                  f"{diff})")
 
+    def _shard_items(self, b, weights, kinds):
+        """(weight, master view, start, length) of the bucket's items of `kinds`, in bucket order."""
+        shards = [(p, s, n, pos) for p, s, n, pos in LY.item_shards(b.spec, self.rank)
+                  if self._items[p.item].kind in kinds]
+        return [(w, b.master[pos:pos + n] if n > 0 else b.master[0:0], s, n)
+                for w, (p, s, n, pos) in zip(weights, shards)]
+
     def _build_writebacks(self):
         group = self.comm.group if self.comm.dist is not None else None
         for b in self._buckets:
+            if b.nv_items:
+                ws = [NVFP4Weight.from_buffers(*it.shape, block=it.module.block, layout=it.module.layout, **kw)
+                      for it, kw in b.nv_items]
+                b.nvwb = NVFP4BucketWriteback(self._shard_items(b, ws, LY.NV_KINDS), round_through=self.round_through,
+                                              group=group, gather=True)
+                self.comm.count("all_gather_setup", 2)
+                b.nv_planes = ["row"] + (["stage"] if any(_needs_stage(w) for w in ws) else [])
             if not b.wb_items:
                 continue
             items = []
@@ -620,10 +677,7 @@ class ShardedOptimizer:
                 rows, cols = it.shape
                 w = MXFP8Weight.from_buffers(rows, cols, layout=it.module.layout, **kw)
                 items.append(w)
-            shards = [(p, s, n, pos) for p, s, n, pos in LY.item_shards(b.spec, self.rank)
-                      if self._items[p.item].kind != "dense"]
-            wbi = [(w, b.master[pos:pos + n] if n > 0 else b.master[0:0], s, n)
-                   for w, (p, s, n, pos) in zip(items, shards)]
+            wbi = self._shard_items(b, items, LY.MX_KINDS)
             rounding = {self._roundings[it.name] for it, _ in b.wb_items}
             if len(rounding) != 1:
                 # the same on every rank (it is in the fingerprint): every rank raises here
@@ -668,7 +722,7 @@ class ShardedOptimizer:
     def _pointers(self):
         out = []
         for b in self._buckets:
-            for t in (b.master, b.grad, b.grad_shard, b.rowbuf, b.colbuf, b.rowscale, b.colscale):
+            for t in (b.master, b.grad, b.grad_shard) + tuple(getattr(b, k) for k in _PLANE_BUFFERS):
                 out.append(None if t is None else t.data_ptr())
         return out
 
@@ -856,20 +910,23 @@ class ShardedOptimizer:
         """Phases 4-5 on every rank whatever happened; errors collected."""
         group = self.comm.group if self.comm.dist is not None else None
         for bk in self._buckets:
-            if bk.wb is None:
-                continue
-            self.comm.count("all_reduce_max")
-            try:
-                # after a local failure (e.g. in the inner step) run() joins the one all-reduce
-                # with this rank's status byte set, so every other rank raises RemoteError
-                bk.wb.run(group, error=local[0] if local else None)
-                for pn in bk.wb_planes:
-                    self.comm.count(f"all_gather_{pn}")
-            except L.RemoteError as e:
-                remote.append(e)
-            except Exception as e:  # noqa: BLE001
-                if all(e is not x for x in local):  # run() re-raises the error it was handed
-                    local.append(e)
+            for wb, reduce_kind, gathers in ((bk.wb, "all_reduce_max", [f"all_gather_{pn}" for pn in bk.wb_planes]),
+                                             (bk.nvwb, "all_reduce_nvfp4",
+                                              [f"all_gather_nvfp4_{pn}" for pn in bk.nv_planes])):
+                if wb is None:
+                    continue
+                self.comm.count(reduce_kind)
+                try:
+                    # after a local failure (e.g. in the inner step) run() joins the one all-reduce
+                    # with this rank's status byte set, so every other rank raises RemoteError
+                    wb.run(group, error=local[0] if local else None)
+                    for kind in gathers:
+                        self.comm.count(kind)
+                except L.RemoteError as e:
+                    remote.append(e)
+                except Exception as e:  # noqa: BLE001
+                    if all(e is not x for x in local):  # run() re-raises the error it was handed
+                        local.append(e)
         for bk in self._buckets:
             for s in bk.gathers:
                 try:
@@ -974,9 +1031,10 @@ class ShardedOptimizer:
         self._handles = []
         for b in self._buckets:
             b.work = None
-            if b.wb is not None:
-                b.wb.close()
-                b.wb = None
+            for k in ("wb", "nvwb"):
+                if getattr(b, k) is not None:
+                    getattr(b, k).close()
+                    setattr(b, k, None)
             b.gathers = []
         self.comm.group = None
         self.comm.active = False
@@ -1000,7 +1058,7 @@ class ShardedOptimizer:
         """Bytes of this rank's storage by kind."""
         out = Counter()
         for b in self._buckets:
-            for k in ("master", "grad", "rowbuf", "colbuf", "rowscale", "colscale"):
+            for k in ("master", "grad") + _PLANE_BUFFERS:
                 t = getattr(b, k)
                 if t is not None:
                     out[k] += t.numel() * t.element_size()
