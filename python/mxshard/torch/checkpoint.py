@@ -27,9 +27,12 @@ Keys (item names as in opt.items, e.g. "b.weight"; N = numel of the item):
     master/<item>                 fp32 [N]  each rank its owned range (bucket shard order)
     state/<item>/<k>              inner state tensors of the master's shape (AdamW exp_avg,
                                   exp_avg_sq, SGD momentum_buffer), ranges as the master
-    primary/<item>/row_data       float8_e4m3fn [rows*cols], split evenly over the ranks
-    primary/<item>/row_scale      uint8 (E8M0) [numel of the layout's scale plane], split evenly
-    primary/<item>/col_data|col_scale   likewise, for planes="both"
+    primary/<item>/row_data       MXFP8: float8_e4m3fn [rows*cols], split evenly over the ranks
+                                  NVFP4: uint8 [ceil(rows*cols/2)] (packed E2M1), split evenly
+    primary/<item>/row_scale      MXFP8: uint8 (E8M0), NVFP4: float8_e4m3fn [numel of the layout's
+                                  scale plane], split evenly
+    primary/<item>/col_data|col_scale   likewise, for planes="both" (NVFP4: the transposed plane)
+    primary/<item>/amax           NVFP4: float32 [1], the global amax
     dense/<item>                  the parameter's dtype [N], split evenly
     model/<name>                  the rest of model.state_dict() (frozen parameters, other
                                   buffers; by state_dict name), split evenly; copied back on load
@@ -37,7 +40,8 @@ Keys (item names as in opt.items, e.g. "b.weight"; N = numel of the item):
     rng/<rank>/cpu|cuda<i>        uint8 RNG states of every rank (rng=True)
 
 The JSON (with its own sha256): format version, the configuration
-(item table: name, kind, shape, dtype with layout and rounding, group;
+(item table: name, kind, shape, dtype with layout and rounding (NVFP4:
+block and layout), group;
 number of groups; inner optimizer class; round_through), the DP size it was
 saved at, opt.steps, per param group the plain hyper-parameters and the
 scalar inner state (e.g. AdamW's step), the plain values of `extra`, and
@@ -81,6 +85,7 @@ from torch import nn
 from .. import _lib as L
 from . import layout as LY
 from .linear import is_mxfp8
+from .nvfp4_linear import is_nvfp4
 from .optim import FORMAT as _OPT_FORMAT
 from .optim import ShardedOptimizer, _plain
 
@@ -92,7 +97,9 @@ EXPORT_FORMAT = "mxshard.safetensors/1"
 _META = "mxshard/meta"
 _P = (1 << 31) - 1          # the checksum's modulus (a Mersenne prime)
 _CHUNK = 1 << 22            # words per checksum chunk
-_PLANES = {"mx_row": ("row_data", "row_scale"), "mx_both": ("row_data", "row_scale", "col_data", "col_scale")}
+_PLANES = {"mx_row": ("row_data", "row_scale"), "mx_both": ("row_data", "row_scale", "col_data", "col_scale"),
+           "nv_row": ("row_data", "row_scale", "amax"), "nv_both": ("row_data", "row_scale", "col_data", "col_scale",
+                                                                     "amax")}
 
 
 class CheckpointError(ValueError):
@@ -383,15 +390,23 @@ def _owned(opt):
     return out
 
 
+def _primary_view(it, pn):
+    """Buffer `pn` of item `it`'s primary, flat, in the dtype its key is saved as: the E4M3
+    bytes (MXFP8 data, NVFP4 scales) as float8_e4m3fn, the rest as they are (uint8 E8M0
+    scales, uint8 packed E2M1 data, the float32 amax)."""
+    t = getattr(it.module, pn).reshape(-1)
+    e4m3 = pn.endswith("_data") if it.kind in LY.MX_KINDS else pn.endswith("_scale")
+    return t.view(torch.float8_e4m3fn) if e4m3 else t
+
+
 def _replicated(opt):
     """The replicated keys written once (split evenly over the ranks): {key: flat view}
-    for every MXFP8 plane (data viewed as float8_e4m3fn) and dense parameter."""
+    for every MXFP8 / NVFP4 plane (and NVFP4 amax) and dense parameter."""
     out = {}
     for it in opt._items:
         if it.module is not None:
             for pn in _PLANES[it.kind]:
-                t = getattr(it.module, pn).reshape(-1)
-                out[f"primary/{it.name}/{pn}"] = t.view(torch.float8_e4m3fn) if pn.endswith("_data") else t
+                out[f"primary/{it.name}/{pn}"] = _primary_view(it, pn)
         else:
             out[f"dense/{it.name}"] = it.param.detach().reshape(-1)
     return out
@@ -581,8 +596,11 @@ def _item_meta(opt, it):
     if it.module is None:
         return {"kind": "dense", "shape": list(it.shape), "dtype": it.dtype}
     m = it.module
-    d = {"kind": it.kind, "shape": list(it.shape), "planes": m.planes, "layout": m.layout,
-         "rounding": opt._roundings[it.name]}
+    d = {"kind": it.kind, "shape": list(it.shape), "planes": m.planes, "layout": m.layout}
+    if it.kind in LY.MX_KINDS:
+        d["rounding"] = opt._roundings[it.name]
+    else:
+        d["block"] = m.block
     for pn in _PLANES[it.kind]:
         if pn.endswith("_scale"):
             d[pn] = list(getattr(m, pn).shape)
@@ -857,10 +875,12 @@ def export_safetensors(path, model):
     """A single-file safetensors of the whole model for inference: every
     MXFP8Linear's planes as `<module>.row_data` (F8_E4M3, [out, in]),
     `<module>.row_scale` (U8: E8M0 exponents, the layout's shape), and col
-    likewise for planes="both"; every other parameter and buffer of the
-    model in its dtype (the names of model.state_dict()). The metadata
-    holds the format and per MXFP8 module its shape, planes, layout and
-    rounding (JSON under "mxshard"). No collectives: global rank 0 writes
+    likewise for planes="both"; every NVFP4Linear's as `<module>.row_data`
+    (U8: packed E2M1, TE's shape), `<module>.row_scale` (F8_E4M3), col
+    likewise, `<module>.amax` (F32 [1]); every other parameter and buffer of
+    the model in its dtype (the names of model.state_dict()). The metadata
+    holds the format and per quantized module its shape, planes, layout and
+    rounding or block (JSON under "mxshard"). No collectives: global rank 0 writes
     (atomically, through a temporary file), the other ranks return. Needs
     the `safetensors` package."""
     if not isinstance(path, (str, os.PathLike)):
@@ -874,17 +894,22 @@ def export_safetensors(path, model):
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
         return
-    mx = {}
+    mx, e4m3 = {}, {}   # e4m3: per quantized module, the suffix of its E4M3 buffers
     for name, m in model.named_modules():
         if is_mxfp8(m):
             mx[name] = {"shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
                         "rounding": m.rounding, "block": 32, "data": "F8_E4M3", "scale": "E8M0 as U8"}
+            e4m3[name] = "_data"
+        elif is_nvfp4(m):
+            mx[name] = {"format": "nvfp4", "shape": [m.out_features, m.in_features], "planes": m.planes,
+                        "layout": m.layout, "block": m.block, "data": "E2M1 x2 as U8 (even index low; col_data "
+                        "transposed)", "scale": "F8_E4M3", "amax": "F32 [1]"}
+            e4m3[name] = "_scale"
     tensors = {}
     for key, t in model.state_dict().items():
         mod, _, leaf = key.rpartition(".")
-        if mod in mx or (mod == "" and "" in mx):
-            if leaf.endswith("_data"):
-                t = t.view(torch.float8_e4m3fn)
+        if mod in e4m3 and leaf.endswith(e4m3[mod]):
+            t = t.view(torch.float8_e4m3fn)
         tensors[key] = t.detach().to("cpu").contiguous().clone()
     meta = {"format": EXPORT_FORMAT, "mxshard": json.dumps(mx, sort_keys=True)}
     p = os.fspath(path)
