@@ -34,6 +34,7 @@
 #include <mxshard/cuda_nvfp4.h>
 
 #include "mxs_launch.cuh"
+#include "mxs_tile.cuh"
 
 using namespace mxs__cu;
 
@@ -168,6 +169,29 @@ __global__ void __launch_bounds__(kNvThreads)
 
 /* ---- writeback ------------------------------------------------------------------ */
 
+/* Warp tiles (docs/cuda.md "NVFP4"). On an item whose cols % 8 == 0, the
+ * data work of partial and apply runs in warp tiles of one 16-row group x
+ * 256 columns: lane l holds columns 8l .. 8l+7 of each row (one 16-byte
+ * vector, two for f32), so
+ *
+ *   lanes     0    1  |  2    3  | ...                31
+ *   columns  [8e][8e] | [8e][8e] |                     (32 x 8 = 256)
+ *            1x16 row block = a lane pair: its amax by one __shfl_xor
+ *   rows     r0 .. r0+15 (16x1 column blocks and 16x16 tiles: per lane,
+ *            running maxima over the rows; 16x16: then the pair)
+ *
+ * and each row's 8 nibbles are one 32-bit store. partial writes the block
+ * entries of the groups its shard touches (the memset before it wrote 0
+ * everywhere) and raises the item's tensor-amax entry with one atomic MAX per
+ * warp; apply casts with multipliers computed once per block (row blocks:
+ * the pair splits the 16 rows, then __shfl). finish transposes 16 rows x 256
+ * columns per warp (rows % 16 == 0): 8 bytes per column and lane. Everything
+ * else - scale bytes, and the data of items off the tile path - runs as one
+ * thread per output unit, in the same launch. */
+constexpr int kNvWarps = kNvThreads / 32;
+constexpr int kNvTileCols = 256;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
 /* One item of a writeback chunk. */
 struct NvItem {
     int64_t rows, cols, n, kr, kc;
@@ -176,11 +200,15 @@ struct NvItem {
     uint8_t *data[2], *scale[2], *stage;
     float *amax;
     mxs_scale_geom geom[2];
-    int64_t sbytes[2];                        /* scale bytes of the present planes (0: absent) */
-    int64_t row_entry, col_entry, tile_entry; /* entry indices (-1: absent) */
-    int64_t first_entry, n_entries;           /* all of the item's entries: contiguous */
-    int64_t unit0, units;                     /* this phase's units: [unit0, unit0 + units) of the chunk */
-    int dirs, two_d, dtype, pad_;
+    int64_t sbytes[2];                                    /* scale bytes of the present planes (0: absent) */
+    int64_t row_entry, col_entry, tile_entry, amax_entry; /* entry indices (-1: absent) */
+    int64_t first_entry, n_entries;                       /* the item's block entries: contiguous */
+    int64_t unit0, units;                                 /* this phase's thread units in the chunk */
+    int64_t tile0, tiles;                                 /* this phase's warp tiles in the chunk */
+    int64_t grp0, ctiles; /* tiles: first row group, column tiles per group (tile t: group grp0 + t / ctiles) */
+    int dirs, two_d, dtype;
+    int mis; /* master loads element-aligned only (ld16_elems) */
+    int st4; /* row plane and stage 4-byte aligned: 32-bit stores */
 };
 
 struct NvChunk {
@@ -188,18 +216,20 @@ struct NvChunk {
     int64_t w;             /* entry bytes */
     void *packed;          /* device */
     int64_t status_offset; /* the status byte */
-    int64_t status_entry;  /* partial: index of the status entry to zero (-1: not this chunk) */
-    int64_t units;         /* total units of the launch */
+    int64_t units;         /* thread units of the launch */
+    int64_t tiles;         /* warp tiles of the launch */
+    int64_t tile_blocks;   /* CTAs of the tiles: ceil(tiles / kNvWarps); the units' CTAs follow */
     NvItem it[kChunk];
 };
 static_assert(sizeof(NvChunk) <= 32000, "kernel parameters of a chunk must stay under 32 KiB");
 
-/* The item holding chunk unit u (units ascend with the item index). */
-__device__ __forceinline__ int nv_item_of(const NvChunk &C, int64_t u) {
+/* The item holding chunk unit u / tile t (starts ascend with the item index;
+ * the last item whose start is <= u holds it). */
+__device__ __forceinline__ int nv_item_of(const NvChunk &C, int64_t u, bool tile) {
     int lo = 0, hi = C.n - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (C.it[mid].unit0 <= u)
+        if ((tile ? C.it[mid].tile0 : C.it[mid].unit0) <= u)
             lo = mid;
         else
             hi = mid - 1;
@@ -211,9 +241,103 @@ __device__ __forceinline__ uint32_t nv_entry(const NvChunk &C, int64_t i) {
     return mxs__nvfp4_entry_get(C.packed, C.w, i);
 }
 
+__device__ __forceinline__ void nv_put(const NvChunk &C, int64_t i, float a) {
+    const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
+    if (C.w == 2)
+        static_cast<uint16_t *>(C.packed)[i] = (uint16_t)v;
+    else
+        static_cast<uint32_t *>(C.packed)[i] = v;
+}
+
+/* entry i = max(entry i, entry of a), atomically (the tensor-amax entries,
+ * raised by many warps; zeroed by the memset before the launch). 2-byte
+ * entries: a CAS on the aligned word holding it (inside the buffer's
+ * allocation: cudaMalloc aligns to 256 bytes). Reads first: once the max is
+ * there, a warp leaves after one load. */
+__device__ void nv_raise_atomic(const NvChunk &C, int64_t i, float a) {
+    const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
+    if (C.w == 4) {
+        unsigned *p = static_cast<unsigned *>(C.packed) + i;
+        if (__ldcg(p) < v) atomicMax(p, v);
+        return;
+    }
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(static_cast<uint16_t *>(C.packed) + i);
+    unsigned *word = reinterpret_cast<unsigned *>(addr & ~(uintptr_t)3);
+    const unsigned sh = (unsigned)(addr & 2u) * 8u;
+    unsigned old = __ldcg(word);
+    while (((old >> sh) & 0xFFFFu) < v) {
+        const unsigned want = (old & ~(0xFFFFu << sh)) | (v << sh);
+        const unsigned seen = atomicCAS(word, old, want);
+        if (seen == old) break;
+        old = seen;
+    }
+}
+
+/* The tensor's S_enc from its reduced tensor-amax entry. */
+__device__ __forceinline__ float nv_s_enc(const NvChunk &C, const NvItem &I) {
+    return mxs_nvfp4_global_encode(mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w));
+}
+
 /* Master element at flat index f of the item (f inside the shard). */
 __device__ __forceinline__ float nv_master(const NvChunk &C, const NvItem &I, int64_t f) {
     return nv_load(I.master, I.dtype, f - I.start, C.rt);
+}
+
+/* The 8 elements f .. f+7 of a tile row (0 outside the shard): one vector
+ * load when all 8 are inside, else element by element. */
+__device__ __forceinline__ void nv_load8(const NvChunk &C, const NvItem &I, int64_t f, float *x) {
+    const int64_t end = I.start + I.len;
+    if (f >= I.start && f + 8 <= end) {
+        uint4 raw[2];
+        if (I.mis)
+            ld_vec8<true>(I.master, I.dtype, f - I.start, raw);
+        else
+            ld_vec8<false>(I.master, I.dtype, f - I.start, raw);
+        unpack8(x, raw, I.dtype);
+        if (C.rt != MXS_F32 && C.rt != I.dtype) round_through8(x, C.rt);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) x[j] = f + j >= I.start && f + j < end ? nv_master(C, I, f + j) : 0.0f;
+}
+
+/* Partial, one warp tile: the block entries of group g, columns c0 .. */
+__device__ void nv_partial_tile(const NvChunk &C, const NvItem &I, int64_t t) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
+    const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+    const int64_t end = I.start + I.len;
+    const bool active = c0 < I.cols, rowb = I.row_entry >= 0, colb = I.col_entry >= 0;
+    float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, tm = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+        if ((r + 1) * I.cols <= I.start || r * I.cols >= end) continue; /* warp-uniform */
+        float x[8], a = 0.0f;
+        if (active)
+            nv_load8(C, I, r * I.cols + c0, x);
+        else
+#pragma unroll
+            for (int j = 0; j < 8; j++) x[j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            a = mxs_amax_step(a, x[j]);
+            cm[j] = mxs_amax_step(cm[j], x[j]);
+        }
+        tm = fmaxf(tm, a);
+        if (rowb) {
+            const float b = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
+            if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.row_entry + r * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+        }
+    }
+    if (I.two_d) {
+        const float b = fmaxf(tm, __shfl_xor_sync(kFull, tm, 1));
+        if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.tile_entry + g * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+    } else if (colb && active) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (cm[j] > 0.0f) nv_put(C, I.col_entry + (c0 + j) * I.kc + g, cm[j]);
+    }
+    for (int o = 16; o > 0; o >>= 1) tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, o));
+    if (lane == 0 && tm > 0.0f) nv_raise_atomic(C, I.amax_entry, tm);
 }
 
 /* Amax of the shard's elements in row r, columns [c0, c1). */
@@ -227,43 +351,48 @@ __device__ float nv_shard_row_amax(const NvChunk &C, const NvItem &I, int64_t r,
     return a;
 }
 
-/* Partial: unit = one entry of an item; then the status entry. */
+/* Partial, one thread unit: one block entry of an item off the tile path. */
+__device__ void nv_partial_unit(const NvChunk &C, int64_t u) {
+    const NvItem &I = C.it[nv_item_of(C, u, false)];
+    const int64_t e = u - I.unit0;
+    float a = 0.0f;
+    if (I.two_d) { /* tile (R, Cc) */
+        const int64_t R = e / I.kr, Cc = e % I.kr, r0 = R * MXS_NVFP4_BLOCK, c0 = Cc * MXS_NVFP4_BLOCK;
+        const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+        const int64_t c1 = c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols;
+        for (int64_t r = r0; r < r1; r++) a = fmaxf(a, nv_shard_row_amax(C, I, r, c0, c1));
+    } else if (I.row_entry >= 0 && e < I.rows * I.kr) { /* row block (r, k) */
+        const int64_t r = e / I.kr, c0 = (e % I.kr) * MXS_NVFP4_BLOCK;
+        a = nv_shard_row_amax(C, I, r, c0, c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols);
+    } else { /* column block (c, g): rows 16g.. of column c */
+        const int64_t q = I.row_entry >= 0 ? e - I.rows * I.kr : e, c = q / I.kc, r0 = (q % I.kc) * MXS_NVFP4_BLOCK;
+        const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t f = r * I.cols + c;
+            if (f >= I.start && f < I.start + I.len) a = mxs_amax_step(a, nv_master(C, I, f));
+        }
+    }
+    if (a > 0.0f) {
+        nv_put(C, I.first_entry + e, a);
+        nv_raise_atomic(C, I.amax_entry, a);
+    }
+}
+
+/* Partial (after a memset of the packed buffer: every entry 0, the status
+ * entry included): warp tiles, then thread units. */
 __global__ void __launch_bounds__(kNvThreads) nv_partial_kernel(const __grid_constant__ NvChunk C) {
-    for (int64_t u = unit_first(); u < C.units; u += unit_stride()) {
-        if (C.n == 0 || u >= C.it[C.n - 1].unit0 + C.it[C.n - 1].units) { /* the status entry */
-            if (C.w == 2)
-                static_cast<uint16_t *>(C.packed)[C.status_entry] = 0;
-            else
-                static_cast<uint32_t *>(C.packed)[C.status_entry] = 0;
-            continue;
-        }
-        const NvItem &I = C.it[nv_item_of(C, u)];
-        const int64_t e = u - I.unit0;
-        float a = 0.0f;
-        if (I.len > 0) {
-            if (I.two_d) { /* tile (R, Cc) */
-                const int64_t R = e / I.kr, Cc = e % I.kr, r0 = R * MXS_NVFP4_BLOCK, c0 = Cc * MXS_NVFP4_BLOCK;
-                const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
-                const int64_t c1 = c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols;
-                for (int64_t r = r0; r < r1; r++) a = fmaxf(a, nv_shard_row_amax(C, I, r, c0, c1));
-            } else if (I.row_entry >= 0 && e < I.rows * I.kr) { /* row block (r, k) */
-                const int64_t r = e / I.kr, c0 = (e % I.kr) * MXS_NVFP4_BLOCK;
-                a = nv_shard_row_amax(C, I, r, c0, c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols);
-            } else { /* column block (c, g): rows 16g.. of column c */
-                const int64_t q = I.row_entry >= 0 ? e - I.rows * I.kr : e, c = q / I.kc,
-                              r0 = (q % I.kc) * MXS_NVFP4_BLOCK;
-                const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
-                for (int64_t r = r0; r < r1; r++) {
-                    const int64_t f = r * I.cols + c;
-                    if (f >= I.start && f < I.start + I.len) a = mxs_amax_step(a, nv_master(C, I, f));
-                }
+    const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        if (blk < C.tile_blocks) {
+            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
+            if (t < C.tiles) {
+                const NvItem &I = C.it[nv_item_of(C, t, true)];
+                nv_partial_tile(C, I, t - I.tile0);
             }
+        } else {
+            const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
+            if (u < C.units) nv_partial_unit(C, u);
         }
-        const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
-        if (C.w == 2)
-            static_cast<uint16_t *>(C.packed)[I.first_entry + e] = (uint16_t)v;
-        else
-            static_cast<uint32_t *>(C.packed)[I.first_entry + e] = v;
     }
 }
 
@@ -271,35 +400,82 @@ __device__ __forceinline__ bool nv_remote_failed(const NvChunk &C) {
     return static_cast<const uint8_t *>(C.packed)[C.status_offset] != 0;
 }
 
-/* Apply, step 1: one CTA per item, *amax = the max of its reduced entries
- * (maxNum over non-negative, non-NaN values: any order gives the host's). */
-__global__ void __launch_bounds__(kNvThreads) nv_apply_amax_kernel(const __grid_constant__ NvChunk C) {
-    __shared__ float part[kNvThreads / 32];
-    if (nv_remote_failed(C)) return;
-    for (int j = (int)blockIdx.x; j < C.n; j += (int)gridDim.x) {
-        const NvItem &I = C.it[j];
-        float m = 0.0f;
-        for (int64_t i = threadIdx.x; i < I.n_entries; i += blockDim.x) {
-            const float a = mxs_nvfp4_entry_amax(nv_entry(C, I.first_entry + i), C.w);
-            m = a > m ? a : m;
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            const float a = __shfl_xor_sync(0xFFFFFFFFu, m, o);
-            m = a > m ? a : m;
-        }
-        if ((threadIdx.x & 31u) == 0) part[threadIdx.x / 32] = m;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int k = 1; k < kNvThreads / 32; k++) m = part[k] > m ? part[k] : m;
-            *I.amax = m;
-        }
-        __syncthreads();
-    }
-}
-
 /* Element multiplier of the block whose reduced entry is i. */
 __device__ __forceinline__ float nv_mult(const NvChunk &C, int64_t i, float s_enc) {
     return mxs__nvfp4_wb_mult(C.packed, C.w, i, s_enc);
+}
+
+/* 8 nibbles E2M1(x[j] * e[j]) as 4 bytes, the even index low. */
+__device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
+    uint32_t q = 0;
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+        q |= (uint32_t)mxs_e2m1x2_from_f32(__fmul_rn(x[2 * p], e[2 * p]), __fmul_rn(x[2 * p + 1], e[2 * p + 1]))
+             << (8 * p);
+    return q;
+}
+
+/* Bytes q of nibbles f .. f+7 (f % 8 == 0) into plane d: one 32-bit store
+ * when all 8 are inside the shard (and d is 4-byte aligned), else the bytes
+ * inside it (shard boundaries are even: a byte is wholly inside or out). */
+__device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t f, uint32_t q) {
+    const int64_t end = I.start + I.len;
+    if (I.st4 && f >= I.start && f + 8 <= end) {
+        *reinterpret_cast<uint32_t *>(d + f / 2) = q;
+        return;
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+        if (f + 2 * p >= I.start && f + 2 * p < end) d[f / 2 + p] = (uint8_t)(q >> (8 * p));
+}
+
+/* Apply, one warp tile: the shard's nibbles of group g, columns c0 .. in the
+ * row-wise plane and the stage. */
+__device__ void nv_apply_tile(const NvChunk &C, const NvItem &I, int64_t t) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
+    const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+    const int64_t end = I.start + I.len, k = c0 / MXS_NVFP4_BLOCK;
+    const bool active = c0 < I.cols, do_row = I.data[0] != nullptr, do_stage = I.stage != nullptr;
+    const float s_enc = nv_s_enc(C, I);
+    float ec[8], mr[8], et = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ec[j] = mr[j] = 0.0f;
+    if (I.two_d) {
+        if (active) et = nv_mult(C, I.tile_entry + g * I.kr + k, s_enc);
+    } else {
+        /* the pair splits its block's rows: this lane's are r0 + (lane & 1) + 2i
+         * (also when only its partner has columns: cols % 16 == 8) */
+        if (do_row && k * MXS_NVFP4_BLOCK < I.cols)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int64_t r = r0 + (lane & 1) + 2 * i;
+                if (r < r1) mr[i] = nv_mult(C, I.row_entry + r * I.kr + k, s_enc);
+            }
+        if (do_stage && active)
+#pragma unroll
+            for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
+    }
+#pragma unroll
+    for (int i = 0; i < MXS_NVFP4_BLOCK; i++) {
+        const int64_t r = r0 + i;
+        if (r >= r1) break; /* warp-uniform */
+        const float er = I.two_d ? et : __shfl_sync(kFull, mr[i / 2], (lane & ~1) | (i & 1));
+        const int64_t f = r * I.cols + c0;
+        if (!active || f + 8 <= I.start || f >= end) continue;
+        float x[8], e[8];
+        nv_load8(C, I, f, x);
+        if (do_row) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) e[j] = er;
+            nv_store8(I, I.data[0], f, nv_cast8(x, e));
+        }
+        if (do_stage) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
+            nv_store8(I, I.stage, f, nv_cast8(x, e));
+        }
+    }
 }
 
 /* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
@@ -312,71 +488,128 @@ __device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int6
                    : I.col_entry + c * I.kc + r / MXS_NVFP4_BLOCK;
 }
 
-/* Apply, step 2: unit = a row-wise scale byte, a column-wise scale byte, or
- * a data byte of the shard (row-wise plane and stage). */
+/* Apply, one thread unit: a row-wise scale byte, a column-wise scale byte,
+ * or (items off the tile path) a data byte of the shard (row-wise plane and
+ * stage). Unit 0 of an item also stores its global amax. */
+__device__ void nv_apply_unit(const NvChunk &C, int64_t u) {
+    const NvItem &I = C.it[nv_item_of(C, u, false)];
+    const float s_enc = nv_s_enc(C, I);
+    int64_t e = u - I.unit0;
+    if (e == 0) *I.amax = mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w);
+    if (e < I.sbytes[0] + I.sbytes[1]) { /* a scale byte */
+        const int p = e < I.sbytes[0] ? 0 : 1;
+        const int64_t off = p == 0 ? e : e - I.sbytes[0];
+        int64_t m, k, ent;
+        uint8_t sc = 0;
+        mxs_scale_geom_coords(&I.geom[p], off, &m, &k);
+        if (mxs_scale_geom_is_logical(&I.geom[p], m, k)) {
+            if (I.two_d) {
+                int64_t R, Cc;
+                mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
+                ent = I.tile_entry + R * I.kr + Cc;
+            } else {
+                ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
+            }
+            sc = mxs__nvfp4_wb_scale(C.packed, C.w, ent, s_enc);
+        }
+        I.scale[p][off] = sc;
+        return;
+    }
+    e -= I.sbytes[0] + I.sbytes[1]; /* a data byte: nibbles 2b, 2b+1 */
+    const int64_t b = I.start / 2 + e, j = 2 * b;
+    float x[2] = {0.0f, 0.0f}, er[2] = {0.0f, 0.0f}, ec[2] = {0.0f, 0.0f};
+    const int both = j + 1 < I.n; /* else the spare nibble (0) */
+    for (int h = 0; h <= both; h++) {
+        const int64_t f = j + h, r = f / I.cols, c = f % I.cols;
+        x[h] = nv_master(C, I, f);
+        if (I.data[0] || I.two_d) er[h] = nv_mult(C, nv_row_entry(I, r, c), s_enc);
+        if (I.stage) ec[h] = I.two_d ? er[h] : nv_mult(C, nv_col_entry(I, r, c), s_enc);
+    }
+    if (I.data[0])
+        I.data[0][b] = both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
+                            : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
+    if (I.stage)
+        I.stage[b] = both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
+                          : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
+}
+
+/* Apply: warp tiles, then thread units; nothing when a rank failed. */
 __global__ void __launch_bounds__(kNvThreads) nv_apply_kernel(const __grid_constant__ NvChunk C) {
     if (nv_remote_failed(C)) return;
-    for (int64_t u = unit_first(); u < C.units; u += unit_stride()) {
-        const NvItem &I = C.it[nv_item_of(C, u)];
-        const float s_enc = mxs_nvfp4_global_encode(*I.amax);
-        int64_t e = u - I.unit0;
-        if (e < I.sbytes[0] + I.sbytes[1]) { /* a scale byte */
-            const int p = e < I.sbytes[0] ? 0 : 1;
-            const int64_t off = p == 0 ? e : e - I.sbytes[0];
-            int64_t m, k, ent;
-            uint8_t sc = 0;
-            mxs_scale_geom_coords(&I.geom[p], off, &m, &k);
-            if (mxs_scale_geom_is_logical(&I.geom[p], m, k)) {
-                if (I.two_d) {
-                    int64_t R, Cc;
-                    mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
-                    ent = I.tile_entry + R * I.kr + Cc;
-                } else {
-                    ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
-                }
-                sc = mxs__nvfp4_wb_scale(C.packed, C.w, ent, s_enc);
+    const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        if (blk < C.tile_blocks) {
+            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
+            if (t < C.tiles) {
+                const NvItem &I = C.it[nv_item_of(C, t, true)];
+                nv_apply_tile(C, I, t - I.tile0);
             }
-            I.scale[p][off] = sc;
-            continue;
+        } else {
+            const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
+            if (u < C.units) nv_apply_unit(C, u);
         }
-        e -= I.sbytes[0] + I.sbytes[1]; /* a data byte: nibbles 2b, 2b+1 */
-        const int64_t b = I.start / 2 + e, j = 2 * b;
-        float x[2] = {0.0f, 0.0f}, er[2] = {0.0f, 0.0f}, ec[2] = {0.0f, 0.0f};
-        const int both = j + 1 < I.n; /* else the spare nibble (0) */
-        for (int h = 0; h <= both; h++) {
-            const int64_t f = j + h, r = f / I.cols, c = f % I.cols;
-            x[h] = nv_master(C, I, f);
-            if (I.data[0] || I.two_d) er[h] = nv_mult(C, nv_row_entry(I, r, c), s_enc);
-            if (I.stage) ec[h] = I.two_d ? er[h] : nv_mult(C, nv_col_entry(I, r, c), s_enc);
-        }
-        if (I.data[0])
-            I.data[0][b] = both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
-                                : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
-        if (I.stage)
-            I.stage[b] = both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
-                              : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
     }
 }
 
-/* Finish: unit = one byte of a column-wise data plane, from the stage (or
- * the row-wise plane): dst nibble c*rows + r = src nibble r*cols + c. */
+/* Finish, one warp tile (rows % 16 == 0, cols % 8 == 0; tiles run down a
+ * 256-column stripe, so a CTA's 8 warps fill 64 consecutive bytes of each
+ * column): 16 rows x 8 columns per lane, one 8-byte store per column. */
+__device__ void nv_finish_tile(const NvItem &I, int64_t t) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t G = I.rows / MXS_NVFP4_BLOCK, g = t % G, c0 = (t / G) * kNvTileCols + lane * 8;
+    if (c0 >= I.cols) return;
+    const uint8_t *src = I.stage ? I.stage : I.data[0];
+    uint32_t w[MXS_NVFP4_BLOCK];
+#pragma unroll
+    for (int i = 0; i < MXS_NVFP4_BLOCK; i++)
+        w[i] = __ldg(reinterpret_cast<const uint32_t *>(src + ((g * MXS_NVFP4_BLOCK + i) * I.cols + c0) / 2));
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            lo |= ((w[i] >> (4 * j)) & 0xFu) << (4 * i);
+            hi |= ((w[i + 8] >> (4 * j)) & 0xFu) << (4 * i);
+        }
+        *reinterpret_cast<uint2 *>(I.data[1] + ((c0 + j) * I.rows + g * MXS_NVFP4_BLOCK) / 2) = make_uint2(lo, hi);
+    }
+}
+
+/* Finish, one thread unit: one byte of a column-wise data plane, from the
+ * stage (or the row-wise plane): dst nibble c*rows + r = src nibble r*cols + c. */
+__device__ void nv_finish_unit(const NvChunk &C, int64_t u) {
+    const NvItem &I = C.it[nv_item_of(C, u, false)];
+    const int64_t b = u - I.unit0, j = 2 * b;
+    const uint8_t *src = I.stage ? I.stage : I.data[0];
+    const uint8_t lo = mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE, j % I.rows, j / I.rows));
+    const uint8_t hi =
+        j + 1 < I.n
+            ? mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE, (j + 1) % I.rows, (j + 1) / I.rows))
+            : 0;
+    I.data[1][b] = (uint8_t)(lo | (hi << 4));
+}
+
 __global__ void __launch_bounds__(kNvThreads) nv_finish_kernel(const __grid_constant__ NvChunk C) {
-    for (int64_t u = unit_first(); u < C.units; u += unit_stride()) {
-        const NvItem &I = C.it[nv_item_of(C, u)];
-        const int64_t b = u - I.unit0, j = 2 * b;
-        const uint8_t *src = I.stage ? I.stage : I.data[0];
-        const uint8_t lo =
-            mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE, j % I.rows, j / I.rows));
-        const uint8_t hi = j + 1 < I.n ? mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE,
-                                                                                 (j + 1) % I.rows, (j + 1) / I.rows))
-                                       : 0;
-        I.data[1][b] = (uint8_t)(lo | (hi << 4));
+    const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        if (blk < C.tile_blocks) {
+            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
+            if (t < C.tiles) {
+                const NvItem &I = C.it[nv_item_of(C, t, true)];
+                nv_finish_tile(I, t - I.tile0);
+            }
+        } else {
+            const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
+            if (u < C.units) nv_finish_unit(C, u);
+        }
     }
 }
 
 /* ---- host side ---------------------------------------------------------------------- */
 
 enum { PH_PARTIAL = 0, PH_APPLY = 1, PH_FINISH = 2 };
+
+bool nv_aligned_to(const void *p, uintptr_t a) { return p == nullptr || aligned(p, a); }
 
 /* Item `in` (validated) as a chunk record, its entries at slot `sl`. */
 void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvItem *I) {
@@ -405,60 +638,92 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
     I->row_entry = sl->row_entry;
     I->col_entry = sl->col_entry;
     I->tile_entry = sl->tile_entry;
+    I->amax_entry = sl->amax_entry;
     I->first_entry = sl->tile_entry >= 0 ? sl->tile_entry : (sl->row_entry >= 0 ? sl->row_entry : sl->col_entry);
     I->n_entries = I->two_d ? I->kc * I->kr
                             : (sl->row_entry >= 0 ? I->rows * I->kr : 0) + (sl->col_entry >= 0 ? I->cols * I->kc : 0);
+    I->ctiles = mxs_ceil_div(t->cols, kNvTileCols);
+    const int64_t es = mxs_dtype_bytes(in->master_dtype);
+    I->mis = in->len > 0 &&
+             (reinterpret_cast<uintptr_t>(in->master) - (uintptr_t)(in->start * es)) % 16u != 0; /* vec rule */
+    I->st4 = nv_aligned_to(I->data[0], 4) && nv_aligned_to(I->stage, 4);
 }
 
-/* Units of item I in phase ph. */
-int64_t nv_item_units(const NvItem &I, int ph) {
-    if (ph == PH_PARTIAL) return I.n_entries;
-    if (ph == PH_APPLY) {
-        const int64_t db = I.len > 0 && (I.data[0] || I.stage) ? (I.start + I.len + 1) / 2 - I.start / 2 : 0;
-        return I.sbytes[0] + I.sbytes[1] + db;
+/* Thread units and warp tiles of item I in phase ph. */
+void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
+    *units = *tiles = 0;
+    if (ph == PH_FINISH) {
+        if (!(I->dirs & MXS_COLWISE)) return;
+        const uint8_t *src = I->stage ? I->stage : I->data[0];
+        if (I->rows % MXS_NVFP4_BLOCK == 0 && I->cols % 8 == 0 && nv_aligned_to(src, 4) && nv_aligned_to(I->data[1], 8))
+            *tiles = (I->rows / MXS_NVFP4_BLOCK) * I->ctiles;
+        else
+            *units = (I->n + 1) / 2;
+        return;
     }
-    return (I.dirs & MXS_COLWISE) ? (I.n + 1) / 2 : 0;
+    const bool tile_path = I->cols % 8 == 0 && I->len > 0;
+    if (tile_path) {
+        const int64_t g0 = (I->start / I->cols) / MXS_NVFP4_BLOCK;
+        const int64_t g1 = ((I->start + I->len - 1) / I->cols) / MXS_NVFP4_BLOCK;
+        I->grp0 = g0;
+        *tiles = (g1 - g0 + 1) * I->ctiles;
+    }
+    if (ph == PH_PARTIAL) {
+        if (!tile_path && I->len > 0) *units = I->n_entries;
+        return;
+    }
+    const int64_t db =
+        !tile_path && I->len > 0 && (I->data[0] || I->stage) ? (I->start + I->len + 1) / 2 - I->start / 2 : 0;
+    *units = I->sbytes[0] + I->sbytes[1] + db;
 }
 
 unsigned nv_grid(int64_t units) { return grid_for(mxs_ceil_div(units, kNvThreads)); }
 
-/* Runs phase ph over the validated batch, chunk by chunk. */
+/* Runs phase ph over the validated batch, chunk by chunk (partial: one
+ * memset of the whole packed buffer first). */
 mxs_status nv_wb_run(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, const void *packed, int ph,
                      cudaStream_t stream) {
     NvChunk C;
-    int64_t at = 0, i0 = 0;
+    int64_t at = b->n_items, i0 = 0;
     mxs_status s;
     if ((s = launch_begin()) != MXS_OK) return s;
-    do {
+    if (ph == PH_PARTIAL &&
+        cudaMemsetAsync(const_cast<void *>(packed), 0, (size_t)plan->packed_bytes, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return MXS_ERR_CUDA;
+    }
+    while (i0 < b->n_items) {
         memset(&C, 0, sizeof C);
         C.rt = (int)b->round_through;
         C.w = plan->entry_bytes;
         C.packed = const_cast<void *>(packed);
         C.status_offset = plan->status_offset;
-        C.status_entry = i0 == 0 ? plan->packed_count - 1 : -1;
         for (int64_t i = i0; i < b->n_items && C.n < kChunk; i++) {
             mxs_nvfp4_wb_slot sl;
             NvItem I;
-            mxs__nvfp4_packed_slot(&b->items[i].primary, &at, &sl);
+            mxs__nvfp4_packed_slot(&b->items[i].primary, i, &at, &sl);
             nv_item_make(&b->items[i], &sl, &I);
+            nv_item_work(&I, ph, &I.units, &I.tiles);
             I.unit0 = C.units;
-            I.units = nv_item_units(I, ph);
+            I.tile0 = C.tiles;
             C.units += I.units;
+            C.tiles += I.tiles;
             C.it[C.n++] = I;
         }
         i0 += C.n;
-        if (ph == PH_PARTIAL) {
-            if (C.status_entry >= 0) C.units++;
-            if (C.units > 0) nv_partial_kernel<<<nv_grid(C.units), kNvThreads, 0, stream>>>(C);
-        } else if (ph == PH_APPLY) {
-            if (C.n > 0) nv_apply_amax_kernel<<<(unsigned)C.n, kNvThreads, 0, stream>>>(C);
-            if (C.units > 0) nv_apply_kernel<<<nv_grid(C.units), kNvThreads, 0, stream>>>(C);
-        } else if (C.units > 0) {
-            nv_finish_kernel<<<nv_grid(C.units), kNvThreads, 0, stream>>>(C);
+        C.tile_blocks = mxs_ceil_div(C.tiles, kNvWarps);
+        const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
+        if (blocks > 0) {
+            if (ph == PH_PARTIAL)
+                nv_partial_kernel<<<grid_for(blocks), kNvThreads, 0, stream>>>(C);
+            else if (ph == PH_APPLY)
+                nv_apply_kernel<<<grid_for(blocks), kNvThreads, 0, stream>>>(C);
+            else
+                nv_finish_kernel<<<grid_for(blocks), kNvThreads, 0, stream>>>(C);
         }
         if ((s = launch_end()) != MXS_OK) return s;
-    } while (i0 < b->n_items);
-    return MXS_OK;
+    }
+    return launch_end();
 }
 
 } /* namespace */

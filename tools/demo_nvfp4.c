@@ -338,7 +338,8 @@ static int64_t mx_reduce_bytes(const mxs_sim_weight *w) {
     return b;
 }
 
-/* NVFP4 entries of weight w in the packed buffer (the plan's slots). */
+/* NVFP4 entries of weight w in the packed buffer (the plan's slots): its
+ * block regions plus its tensor-amax entry. */
 static int64_t nv_entries(const nv_demo *d, int w) {
     int64_t first = -1, next;
     const mxs_nvfp4_wb_slot *s = &d->slots[w];
@@ -355,7 +356,7 @@ static int64_t nv_entries(const nv_demo *d, int w) {
     } else {
         next = d->ranks[0].plan.packed_count - 1; /* the status entry */
     }
-    return next - first;
+    return next - first + 1;
 }
 
 /* TE's sharded NVFP4 master cast, per weight and step: 4 bytes (fp32 amax)

@@ -12,13 +12,15 @@
  *                                        packed buffer; fingerprint
  *   2 partial  mxs_host_nvfp4_wb_partial zero the buffer, write this rank's
  *                                        partial amax of every block its
- *                                        shard touches (0 elsewhere)
+ *                                        shard touches (0 elsewhere) and of
+ *                                        each tensor
  *   3 reduce   (caller)                  ONE all-reduce, MAX over uint16
  *                                        (bf16 round-through) or uint32, of
  *                                        plan.packed_count entries - e.g.
  *                                        ncclAllReduce(p, p, n, ncclBfloat16, ncclMax)
- *   4 apply    mxs_host_nvfp4_wb_apply   global amax = max of the reduced
- *                                        block amaxes (local: no second
+ *   4 apply    mxs_host_nvfp4_wb_apply   global amax = the reduced tensor
+ *                                        amax entry (= the max of the reduced
+ *                                        block amaxes: no second
  *                                        reduction); every block's E4M3
  *                                        scale into complete scale planes;
  *                                        cast the shard into its bytes of the
@@ -43,14 +45,21 @@
  * (half the gather bytes).
  *
  * Packed buffer: an array of plan.entry_bytes-wide unsigned entries
- * (uint16 with round_through = MXS_BF16, else uint32), host byte order;
- * per item in batch order:
+ * (uint16 with round_through = MXS_BF16, else uint32), host byte order:
  *
+ *   [ tensor amaxes: one entry per item, item i at entry i ]
+ *   then per item in batch order:
  *   1x16 item   [ row blocks: rows x ceil(cols/16) ][ col blocks: cols x ceil(rows/16) ]
  *               (each only if the plane is present; entry (m, k) at m*K + k)
  *   16x16 item  [ tiles: ceil(rows/16) x ceil(cols/16), entry (R, C) at R*TC + C ]
  *               (one region for either plane set: both planes share the tiles)
  *   then one status entry: the last; its last byte is plan.status_offset.
+ *
+ * A tensor-amax entry is the max of the item's block entries on this rank
+ * (0 without a shard), so after the MAX reduction it is the tensor's global
+ * amax: the max of the reduced block amaxes, carried by the same reduction
+ * (apply reads it instead of scanning every block: the GPU's apply is then
+ * one pass with no grid-wide dependency).
  *
  * An entry is the block amax as mxs_nvfp4_amax_entry: the high 16 bits of its
  * f32 pattern (exactly its bf16 pattern: with bf16 round-through every
@@ -111,10 +120,11 @@ typedef struct mxs_nvfp4_wb_plan {
     uint64_t local_hash;   /* rank-local: hash of the validated batch (pointers, shards, ...) */
 } mxs_nvfp4_wb_plan;
 
-/* Where one item's block amaxes sit, as ENTRY indices into the packed buffer
- * (-1: region absent). 1x16: row_entry / col_entry; 16x16: tile_entry. */
+/* Where one item's amaxes sit, as ENTRY indices into the packed buffer
+ * (-1: region absent). 1x16: row_entry / col_entry; 16x16: tile_entry;
+ * amax_entry: the tensor amax (the item's index). */
 typedef struct mxs_nvfp4_wb_slot {
-    int64_t row_entry, col_entry, tile_entry;
+    int64_t row_entry, col_entry, tile_entry, amax_entry;
 } mxs_nvfp4_wb_slot;
 
 /* Reduction callback of mxs_host_nvfp4_wb_writeback: MAX over `count`
@@ -163,12 +173,14 @@ MXS_HD void mxs__nvfp4_entry_raise(void *packed, int64_t w, int64_t i, float a) 
         ((uint32_t *)packed)[i] = v;
 }
 
-/* Entries of one item's regions (a checked shape): rows*ceil(cols/16) and
- * cols*ceil(rows/16) for 1x16 (present planes only), ceil(rows/16) *
- * ceil(cols/16) for 16x16. The running index *at advances past them. */
-MXS_HD void mxs__nvfp4_packed_slot(const mxs_nvfp4_tensor *t, int64_t *at, mxs_nvfp4_wb_slot *s) {
+/* Entries of item `index`'s block regions (a checked shape): rows *
+ * ceil(cols/16) and cols*ceil(rows/16) for 1x16 (present planes only),
+ * ceil(rows/16) * ceil(cols/16) for 16x16. The running index *at (n_items
+ * for the first item: the tensor amaxes come first) advances past them. */
+MXS_HD void mxs__nvfp4_packed_slot(const mxs_nvfp4_tensor *t, int64_t index, int64_t *at, mxs_nvfp4_wb_slot *s) {
     const int64_t kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
     s->row_entry = s->col_entry = s->tile_entry = -1;
+    s->amax_entry = index;
     if (t->block == MXS_NVFP4_16X16) {
         s->tile_entry = *at;
         *at += kc * kr;
@@ -322,20 +334,20 @@ MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_make_plan(const mxs_nvfp4_wb_batch
     for (i = 0; i < b->n_items; i++) {
         const mxs_nvfp4_tensor *t = &b->items[i].primary;
         mxs_nvfp4_wb_slot sl;
-        int64_t at = 0;
+        int64_t at = 1; /* its tensor amax */
         if ((s = mxs_nvfp4_wb_item_check(&b->items[i])) != MXS_OK) return s;
-        mxs__nvfp4_packed_slot(t, &at, &sl); /* at = this item's entries (<= 2*rows*cols) */
+        mxs__nvfp4_packed_slot(t, i, &at, &sl); /* at = 1 + this item's block entries (<= 2*rows*cols) */
         if (!mxs_add_ok(entries, at, &entries)) return MXS_ERR_OVERFLOW;
         h = mxs__fnv_u64(h, (uint64_t)t->rows);
         h = mxs__fnv_u64(h, (uint64_t)t->cols);
         h = mxs__fnv_u64(h, (uint64_t)t->dirs | (uint64_t)t->block << 8);
     }
-    /* the block amaxes, then the status entry */
+    /* the tensor amaxes and block amaxes, then the status entry */
     if (!mxs_add_ok(entries, 1, &entries) || !mxs_mul_ok(entries, w, &bytes)) return MXS_ERR_OVERFLOW;
     if ((s = mxs__nvfp4_wb_check_overlaps(b)) != MXS_OK) return s;
     if (slots) {
-        int64_t at = 0;
-        for (i = 0; i < b->n_items; i++) mxs__nvfp4_packed_slot(&b->items[i].primary, &at, &slots[i]);
+        int64_t at = b->n_items;
+        for (i = 0; i < b->n_items; i++) mxs__nvfp4_packed_slot(&b->items[i].primary, i, &at, &slots[i]);
     }
     now.n_items = b->n_items;
     now.entry_bytes = w;
@@ -452,21 +464,7 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
     }
 }
 
-/* Partial on a checked batch: zero the packed buffer (status entry included),
- * then every item's partial block amaxes. */
-MXS_PRIVATE void mxs__nvfp4_wb_host_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, void *packed) {
-    int64_t i, at = 0;
-    if (!packed) return; /* never (checked); keeps gcc's -Wnonnull quiet where a NULL is inlined */
-    memset(packed, 0, (size_t)plan->packed_bytes);
-    for (i = 0; i < b->n_items; i++) {
-        const mxs_nvfp4_wb_item *it = &b->items[i];
-        mxs_nvfp4_wb_slot sl;
-        mxs__nvfp4_packed_slot(&it->primary, &at, &sl);
-        if (it->len > 0) mxs__nvfp4_wb_walk(it, b->round_through, packed, plan->entry_bytes, &sl, 0, 0.0f);
-    }
-}
-
-/* Max over n reduced entries from index first (the global amax). */
+/* Max over n entries from index first. */
 MXS_PRIVATE float mxs__nvfp4_wb_region_max(const void *packed, int64_t w, int64_t first, int64_t n) {
     float m = 0.0f;
     int64_t i;
@@ -477,28 +475,44 @@ MXS_PRIVATE float mxs__nvfp4_wb_region_max(const void *packed, int64_t w, int64_
     return m;
 }
 
+/* Partial on a checked batch: zero the packed buffer (status entry included),
+ * then every item's partial block amaxes and, as their max, its tensor amax
+ * entry. */
+MXS_PRIVATE void mxs__nvfp4_wb_host_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, void *packed) {
+    const int64_t w = plan->entry_bytes;
+    int64_t i, at = b->n_items;
+    if (!packed) return; /* never (checked); keeps gcc's -Wnonnull quiet where a NULL is inlined */
+    memset(packed, 0, (size_t)plan->packed_bytes);
+    for (i = 0; i < b->n_items; i++) {
+        const mxs_nvfp4_wb_item *it = &b->items[i];
+        const mxs_nvfp4_tensor *t = &it->primary;
+        const int64_t first = at;
+        mxs_nvfp4_wb_slot sl;
+        mxs__nvfp4_packed_slot(t, i, &at, &sl);
+        if (it->len <= 0) continue;
+        mxs__nvfp4_wb_walk(it, b->round_through, packed, w, &sl, 0, 0.0f);
+        mxs__nvfp4_entry_raise(packed, w, sl.amax_entry, mxs__nvfp4_wb_region_max(packed, w, first, at - first));
+    }
+}
+
 /* Apply on a checked batch whose status byte is 0: per item the global amax,
  * *amax, every scale (padding 0x00), then the cast of the shard. */
 MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
                                           const void *packed) {
     const int64_t w = plan->entry_bytes;
-    int64_t i, at = 0;
+    int64_t i, at = b->n_items;
     for (i = 0; i < b->n_items; i++) {
         const mxs_nvfp4_wb_item *it = &b->items[i];
         const mxs_nvfp4_tensor *t = &it->primary;
         const int64_t kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
         mxs_scale_geom gr, gc;
         mxs_nvfp4_wb_slot sl;
-        float amax = 0.0f, s_enc, a;
+        float amax, s_enc;
         int64_t m, k, q;
-        mxs__nvfp4_packed_slot(t, &at, &sl);
+        mxs__nvfp4_packed_slot(t, i, &at, &sl);
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, MXS_ROWWISE, t->scale_layout, &gr);
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, MXS_COLWISE, t->scale_layout, &gc);
-        if (sl.tile_entry >= 0) amax = mxs__nvfp4_wb_region_max(packed, w, sl.tile_entry, kc * kr);
-        if (sl.row_entry >= 0)
-            amax = (a = mxs__nvfp4_wb_region_max(packed, w, sl.row_entry, t->rows * kr)) > amax ? a : amax;
-        if (sl.col_entry >= 0)
-            amax = (a = mxs__nvfp4_wb_region_max(packed, w, sl.col_entry, t->cols * kc)) > amax ? a : amax;
+        amax = mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.amax_entry), w); /* the reduced tensor amax */
         s_enc = mxs_nvfp4_global_encode(amax);
         *t->amax = amax;
         if (t->scale_layout != MXS_SCALES_COMPACT) { /* padding entries are 0x00 */
@@ -574,7 +588,7 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_partial(const mxs_nvfp4_wb_ba
 /* Step 4, after the MAX reduction of `packed`: same checks as partial; then,
  * when the status byte (((uint8_t *)packed)[plan->status_offset]) is not 0,
  * writes nothing and returns MXS_ERR_REMOTE. Otherwise, for every item: the
- * global amax (max of its reduced block amaxes) into *amax, every E4M3 scale
+ * global amax (its reduced tensor-amax entry) into *amax, every E4M3 scale
  * of every present plane in the primary's layout (padding 0x00), and the
  * cast of this rank's shard into bytes [start/2, ceil((start+len)/2)) of the
  * row-wise plane and of the column stage. */

@@ -513,7 +513,8 @@ class Nvfp4WbPlan(ctypes.Structure):
 
 class Nvfp4WbSlot(ctypes.Structure):
     """struct mxs_nvfp4_wb_slot (nvfp4_writeback.h): entry indices, -1 absent."""
-    _fields_ = [("row_entry", ctypes.c_int64), ("col_entry", ctypes.c_int64), ("tile_entry", ctypes.c_int64)]
+    _fields_ = [("row_entry", ctypes.c_int64), ("col_entry", ctypes.c_int64), ("tile_entry", ctypes.c_int64),
+                ("amax_entry", ctypes.c_int64)]
 
 
 def _nvfp4_layout_facts():

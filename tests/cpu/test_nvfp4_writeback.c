@@ -285,6 +285,36 @@ static void group_reduce(group *g) {
     }
 }
 
+/* After the reduction: each item's tensor-amax entry is the max of its
+ * reduced block entries, and that is the whole tensor's amax. */
+static void check_amax_entries(group *g) {
+    mxs_nvfp4_wb_slot sl[MAXW];
+    mxs_nvfp4_wb_plan plan;
+    const int64_t wd = g->plan[0].entry_bytes;
+    int w;
+    cr_assert_eq(mxs_nvfp4_wb_make_plan(&g->batch[0], &plan, sl), MXS_OK);
+    for (w = 0; w < g->nw; w++) {
+        const int64_t end = w + 1 < g->nw ? (sl[w + 1].tile_entry >= 0  ? sl[w + 1].tile_entry
+                                             : sl[w + 1].row_entry >= 0 ? sl[w + 1].row_entry
+                                                                        : sl[w + 1].col_entry)
+                                          : plan.packed_count - 1;
+        const int64_t begin = sl[w].tile_entry >= 0  ? sl[w].tile_entry
+                              : sl[w].row_entry >= 0 ? sl[w].row_entry
+                                                     : sl[w].col_entry;
+        uint32_t m = 0, e;
+        int64_t i;
+        for (i = begin; i < end; i++) {
+            e = wd == 2 ? ((uint16_t *)(void *)g->packed[0])[i] : ((uint32_t *)(void *)g->packed[0])[i];
+            m = e > m ? e : m;
+        }
+        e = wd == 2 ? ((uint16_t *)(void *)g->packed[0])[sl[w].amax_entry]
+                    : ((uint32_t *)(void *)g->packed[0])[sl[w].amax_entry];
+        cr_assert_eq(sl[w].amax_entry, w);
+        cr_assert_eq(e, m, "%s: weight %d: tensor-amax entry %x, max of its block entries %x", what, w, e, m);
+        cr_assert_eq(mxs_nvfp4_entry_amax(e, wd), g->ref_amax[w], "%s: weight %d: reduced tensor amax", what, w);
+    }
+}
+
 /* Bytes [start/2, ceil(end/2)) of a shard: its part of a data plane / stage. */
 static void byte_range(mxs_range s, int64_t *b0, int64_t *b1) {
     *b0 = s.first / 2;
@@ -403,6 +433,7 @@ static void group_step(group *g, int poisoned) {
                           t_all_poisoned(g->rb[q][w].amax, 4));
             }
     group_reduce(g);
+    check_amax_entries(g);
     for (q = 0; q < g->R; q++) {
         mxs_status s = mxs_host_nvfp4_wb_apply(&g->batch[q], &g->plan[q], g->packed[q]);
         cr_assert_eq(s, MXS_OK, "%s: apply: %s", what, mxs_status_str(s));
@@ -554,20 +585,25 @@ Test(nvfp4_writeback, packed_layout_slots_and_fingerprint) {
     mxs_nvfp4_wb_slot sl[3];
     one_make(&o);
     cr_assert_eq(mxs_nvfp4_wb_make_plan(&o.batch, &plan, sl), MXS_OK);
-    /* item 0: 1x16 both: 20 x 3 row blocks, then 33 x 2 column blocks; item 1:
-     * 16x16 row-only: 2 x 3 tiles; item 2: 1x16 column-only: 5 x 1; status */
-    cr_assert_eq(sl[0].row_entry, 0);
-    cr_assert_eq(sl[0].col_entry, 60);
+    /* the 3 tensor amaxes; item 0: 1x16 both: 20 x 3 row blocks, then 33 x 2
+     * column blocks; item 1: 16x16 row-only: 2 x 3 tiles; item 2: 1x16
+     * column-only: 5 x 1; status */
+    cr_assert_eq(sl[0].amax_entry, 0);
+    cr_assert_eq(sl[1].amax_entry, 1);
+    cr_assert_eq(sl[2].amax_entry, 2);
+    cr_assert_eq(sl[0].row_entry, 3);
+    cr_assert_eq(sl[0].col_entry, 63);
     cr_assert_eq(sl[0].tile_entry, -1);
     cr_assert_eq(sl[1].row_entry, -1);
     cr_assert_eq(sl[1].col_entry, -1);
-    cr_assert_eq(sl[1].tile_entry, 126);
+    cr_assert_eq(sl[1].tile_entry, 129);
     cr_assert_eq(sl[2].row_entry, -1);
-    cr_assert_eq(sl[2].col_entry, 132);
-    cr_assert_eq(plan.packed_count, 138);
+    cr_assert_eq(sl[2].col_entry, 135);
+    cr_assert_eq(sl[2].tile_entry, -1);
+    cr_assert_eq(plan.packed_count, 141);
     cr_assert_eq(plan.entry_bytes, 2);
-    cr_assert_eq(plan.packed_bytes, 276);
-    cr_assert_eq(plan.status_offset, 275);
+    cr_assert_eq(plan.packed_bytes, 282);
+    cr_assert_eq(plan.status_offset, 281);
     /* the fingerprint ignores shards, pointers and layouts; not shapes, planes, blocks, round-through */
     o.items[0].start = 2;
     o.items[0].len = 100;
@@ -585,7 +621,7 @@ Test(nvfp4_writeback, packed_layout_slots_and_fingerprint) {
     cr_assert_eq(mxs_nvfp4_wb_make_plan(&o.batch, &plan2, NULL), MXS_OK);
     cr_assert_neq(plan2.fingerprint, plan.fingerprint);
     cr_assert_eq(plan2.entry_bytes, 4);
-    cr_assert_eq(plan2.packed_bytes, 4 * 138);
+    cr_assert_eq(plan2.packed_bytes, 4 * 141);
     /* an empty batch still has its status entry */
     o.batch.n_items = 0;
     cr_assert_eq(mxs_nvfp4_wb_make_plan(&o.batch, &plan2, NULL), MXS_OK);

@@ -133,9 +133,10 @@ static int64_t nv_scale_bytes(int64_t rows, int64_t cols, int layout, mxs_dirs p
 }
 
 /* all_planes: absent planes get (poisoned) buffers too - they must stay
- * untouched; else their pointers are NULL. device: also the device side. */
+ * untouched; else their pointers are NULL. device: also the device side;
+ * mis: its planes at odd offsets (the kernels' byte-store paths). */
 static void nv_make(Nv &T, int64_t rows, int64_t cols, unsigned dirs, int block, int layout, bool all_planes,
-                    bool device) {
+                    bool device, bool mis = false) {
     uint8_t *hp[5], *dp[5];
     memset(&T.h, 0, sizeof T.h);
     T.h.rows = rows;
@@ -154,7 +155,7 @@ static void nv_make(Nv &T, int64_t rows, int64_t cols, unsigned dirs, int block,
         T.hb[k].assign((size_t)n, POISON);
         hp[k] = T.hb[k].data();
         if (device) {
-            T.db[k] = dev_alloc(n);
+            T.db[k] = dev_alloc(n, mis && k < 4 ? rnd_in(1, k % 2 == 0 ? 7 : 3) : 0);
             dp[k] = T.db[k].p;
         }
     }
@@ -363,6 +364,8 @@ static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 9
         s.rows = rdim(maxdim);
         s.cols = rdim(maxdim);
         if (maxdim >= 90 && rnd() % 8 == 0) s.cols = rnd_in(200, 600);
+        if (rnd() % 2 == 0) s.cols = 8 * mxs_ceil_div(s.cols, 8);   /* the kernels' warp-tile path */
+        if (rnd() % 3 == 0) s.rows = 16 * mxs_ceil_div(s.rows, 16); /* finish's warp tiles */
         s.dirs = (unsigned)(k % 3 + 1);
         s.block = (k / 3) % 2;
         s.layout = (k / 6) % 3;
@@ -381,11 +384,12 @@ static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 9
             const WSpec &s = g.w[w];
             RankW &b = g.rw[q][w];
             const int64_t db = (s.rows * s.cols + 1) / 2, mb = b.shard.count * mxs_dtype_bytes(s.mdt);
-            nv_make(b.T, s.rows, s.cols, s.dirs, s.block, s.layout, true, true);
+            const bool mis = rnd() % 4 == 0; /* planes, stage and master off their vector grids */
+            nv_make(b.T, s.rows, s.cols, s.dirs, s.block, s.layout, true, true, mis);
             b.hstage.assign((size_t)db, POISON);
-            b.dstage = dev_alloc(db);
+            b.dstage = dev_alloc(db, mis ? rnd_in(1, 7) : 0);
             b.hmaster.assign((size_t)mb + 1, POISON);
-            b.dmaster = dev_alloc(mb);
+            b.dmaster = dev_alloc(mb, mis ? mxs_dtype_bytes(s.mdt) * rnd_in(1, 7) : 0);
             const bool stage = (s.dirs & MXS_COLWISE) && s.stage;
             for (int side = 0; side < 2; side++) {
                 mxs_nvfp4_wb_item &it = side ? g.dit[q][w] : g.hit[q][w];
@@ -592,6 +596,21 @@ static void test_writeback(void) {
     }
 }
 
+/* Larger weights: many warp tiles per item, partial groups and lanes at
+ * shard edges inside them. */
+static void test_large(void) {
+    for (int it = 0; it < 8; it++) {
+        Group *g = new Group();
+        group_make(*g, 1 + it % 3, it % SH_KINDS, (int)rnd_in(1, 2), 700);
+        group_fill(*g);
+        group_step(*g, nullptr, 0);
+        group_fill(*g);
+        group_step(*g, nullptr, 0);
+        group_free(*g);
+        delete g;
+    }
+}
+
 /* A batch of 70 items: three launch chunks per phase. */
 static void test_many_items(void) {
     for (int it = 0; it < 4; it++) {
@@ -759,6 +778,8 @@ int main(void) {
     tap_point("quantize / dequantize / convert_scales == host");
     test_writeback();
     tap_point("sharded writeback on R simulated ranks == host writeback == whole-tensor quantize");
+    test_large();
+    tap_point("larger weights (many warp tiles per item) == host");
     test_many_items();
     tap_point("a batch of 70 items (three launch chunks per phase)");
     test_remote_failure();
