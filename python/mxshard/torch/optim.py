@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """ShardedOptimizer: a ZeRO-1 / Megatron-style distributed optimizer for any
-nn.Module whose linears may be MXFP8Linear (weights held only as MXFP8
-primaries; the fp32 masters live sharded in the optimizer).
+nn.Module whose linears may be MXFP8Linear or NVFP4Linear (weights held only
+as MXFP8 / NVFP4 primaries; the fp32 masters live sharded in the optimizer).
 
     model = mxshard.torch.convert(model, policy="row")
     opt = mxshard.torch.ShardedOptimizer(
@@ -16,12 +16,15 @@ What it owns (assigned once at construction, never moved afterwards):
 
 - per bucket an fp32 master SHARD (this rank's S elements), an fp32 gradient
   buffer over the whole bucket (the local accumulation target: every
-  MXFP8Linear's ``main_grad`` is a view of it, dense parameters' gradients
-  are added into it by a post-accumulate-grad hook, which then sets
-  ``p.grad = None``), a row-plane byte buffer holding every MXFP8 weight's
-  ``row_data`` (and a col-plane one for the "both" weights), one scale
-  buffer per plane, and one buffer per dense dtype whose views ARE the dense
-  parameters' ``.data``;
+  MXFP8Linear's / NVFP4Linear's ``main_grad`` is a view of it, dense
+  parameters' gradients are added into it by a post-accumulate-grad hook,
+  which then sets ``p.grad = None``), a row-plane byte buffer holding every
+  MXFP8 weight's ``row_data`` (and a col-plane one for the "both" weights),
+  one scale buffer per plane, likewise for the NVFP4 weights (packed row
+  planes, the transposed column planes, E4M3 scales, one fp32 ``amax`` per
+  weight), and one buffer per dense dtype whose views ARE the dense
+  parameters' ``.data``. A bucket may mix MXFP8, NVFP4 and dense items
+  (mxshard.torch.layout: NVFP4 items at even offsets, even shard boundaries);
 - the inner optimizer (any torch.optim.Optimizer, built by
   ``optimizer_factory``) over views of the master shards: per bucket, one
   view per run of items of one param group inside this rank's range.
@@ -53,7 +56,13 @@ step(), in order:
      (torch.nn.utils.clip_grad_norm_'s formula);
   3. the inner optimizer's step on the fp32 shards;
   4. per bucket with MXFP8 weights, one mxshard.BucketWriteback run: one
-     uint8 MAX all-reduce, then one byte all-gather per present plane;
+     uint8 MAX all-reduce, then one byte all-gather per present plane; per
+     bucket with NVFP4 weights, one mxshard.NVFP4BucketWriteback run: ONE
+     MAX all-reduce of the packed block amaxes (each weight's global amax is
+     the max of its reduced block amaxes: no second reduction), the cast of
+     the shard, one byte all-gather of the row planes and, when a "both"
+     1x16 weight is in the bucket, one of the column stage, then the local
+     transpose into the column-wise planes;
   5. per bucket and dense dtype: the cast of this rank's master range into
      that dtype and one all-gather.
   Nothing is zeroed: call zero_grad() before the next backward.
@@ -65,18 +74,24 @@ construction's own are in ``opt.setup_collectives``):
     reduce_scatter     1 per bucket (backends with reduce_scatter_tensor)
     all_reduce_grad    1 per bucket (gloo: all_reduce of the bucket, then slice)
     all_reduce_norm    1
-    all_reduce_max     1 per bucket with MXFP8 weights
-    all_gather_row     1 per bucket with MXFP8 weights
-    all_gather_col     1 per bucket with "both" MXFP8 weights
-    all_gather_dense   1 per bucket and dense dtype
+    all_reduce_max          1 per bucket with MXFP8 weights
+    all_gather_row          1 per bucket with MXFP8 weights
+    all_gather_col          1 per bucket with "both" MXFP8 weights
+    all_reduce_nvfp4        1 per bucket with NVFP4 weights
+    all_gather_nvfp4_row    1 per bucket with NVFP4 weights
+    all_gather_nvfp4_stage  1 per bucket with "both" 1x16 NVFP4 weights (16x16
+                            ones rebuild the column plane from the row plane)
+    all_gather_dense        1 per bucket and dense dtype
 
-so B buckets, of which M hold MXFP8 weights (C of them "both" ones), with D
-(bucket, dense dtype) pairs cost B + 1 + 2M + C + D collectives per step; of
-those only the 1 + M small ones are latency-bound (the norm and the exponent
-maxima).
+so B buckets, of which M hold MXFP8 weights (C of them "both" ones) and N
+hold NVFP4 weights (T of them "both" 1x16 ones), with D (bucket, dense
+dtype) pairs cost B + 1 + 2M + C + 2N + T + D collectives per step; of those
+only the 1 + M + N small ones are latency-bound (the norm, the exponent and
+the amax maxima). A bucket holding both formats runs both writebacks (two
+small maxima).
 Construction: 1 all_gather of the fingerprints (+1 all_gather_object only
-when they differ), 2 small all_gathers per MXFP8 bucket (BucketWriteback's
-setup), then one writeback (steps 4-5). A world of one issues none.
+when they differ), 2 small all_gathers per MXFP8 and per NVFP4 writeback
+(their setups), then one writeback (steps 4-5). A world of one issues none.
 
 Gradients: "mean" (default) divides the reduced SUM by the world size, on
 the shard after the reduction (one rounding; the sum itself is the
@@ -98,8 +113,8 @@ all-reduce (a replaced parameter, a gradient of the wrong shape, a late
 gradient) travels in its flag; an error in the inner step marks the
 buckets' writeback status bytes, so the others raise RemoteError there;
 every rank still runs the remaining collectives of the step before raising
-(a model without MXFP8 weights has no status byte to carry an inner-step
-error: then only the failing rank raises). After an exception from step()
+(a model without MXFP8 or NVFP4 weights has no status byte to carry an
+inner-step error: then only the failing rank raises). After an exception from step()
 call zero_grad() before the next backward.
 
 Learning-rate schedulers and anything else that wants a torch.optim
@@ -246,9 +261,10 @@ class ShardedOptimizer:
     """ZeRO-1 sharded optimizer over `model` (see the module doc).
 
     model              any nn.Module; trainable items are every MXFP8Linear's
-                       weight (its master comes from module.master_init(),
-                       which is then released) and every Parameter with
-                       requires_grad, in model order, tied ones once
+                       and NVFP4Linear's weight (its master comes from
+                       module.master_init(), which is then released) and
+                       every Parameter with requires_grad, in model order,
+                       tied ones once
     optimizer_factory  callable(list of param-group dicts) -> a
                        torch.optim.Optimizer over exactly those params, e.g.
                        ``lambda g: torch.optim.AdamW(g, lr=1e-3)``
@@ -256,16 +272,18 @@ class ShardedOptimizer:
                        torch.distributed is initialised, else a world of one)
     bucket_size        elements per bucket (about; a larger item gets its own)
     param_groups       [{"params": [...], **options}, ...]: entries are
-                       Parameters, MXFP8Linear modules (their weight), or
-                       names (an item's name such as "fc.weight", or an
-                       MXFP8Linear's module name); items named nowhere go to
+                       Parameters, MXFP8Linear / NVFP4Linear modules (their
+                       weight), or names (an item's name such as "fc.weight",
+                       or such a module's name); items named nowhere go to
                        a last group without overrides
     grad_reduce        "mean" (divide the sum by the world size) or "sum"
     max_grad_norm      clip the global 2-norm to this (None: no clipping)
     round_through      "bf16" (default, as Transformer Engine), "f16" or None:
                        the writeback quantizes the master rounded through it
+                       (MXFP8 and NVFP4 alike)
     rounding           "ceil"/"floor" for every MXFP8 weight (None: each
-                       module's own; the weights of one bucket must agree)
+                       module's own; the weights of one bucket must agree;
+                       NVFP4 has none)
     overlap            launch reductions from the backward hooks
     align              shard alignment in elements (each bucket is padded
                        to a multiple of world*align)
@@ -351,7 +369,7 @@ class ShardedOptimizer:
         self.rounding, self.overlap = rounding, overlap
 
     def _collect(self, model):
-        """The trainable items in model order (MXFP8Linear weight before its bias)."""
+        """The trainable items in model order (a quantized module's weight before its bias)."""
         items, seen_p, names = [], set(), {}
         for mname, m in model.named_modules():
             if is_quantized(m):
