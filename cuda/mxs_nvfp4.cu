@@ -201,6 +201,7 @@ struct NvItem {
     float *amax;
     mxs_scale_geom geom[2];
     int64_t sbytes[2];                                    /* scale bytes of the present planes (0: absent) */
+    int64_t sunits[2];                                    /* apply: ceil(sbytes / 4) units of 4 scale bytes */
     int64_t row_entry, col_entry, tile_entry, amax_entry; /* entry indices (-1: absent) */
     int64_t first_entry, n_entries;                       /* the item's block entries: contiguous */
     int64_t unit0, units;                                 /* this phase's thread units in the chunk */
@@ -309,6 +310,7 @@ __device__ void nv_partial_tile(const NvChunk &C, const NvItem &I, int64_t t) {
     const int64_t end = I.start + I.len;
     const bool active = c0 < I.cols, rowb = I.row_entry >= 0, colb = I.col_entry >= 0;
     float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, tm = 0.0f;
+#pragma unroll 4
     for (int64_t r = r0; r < r1; r++) {
         if ((r + 1) * I.cols <= I.start || r * I.cols >= end) continue; /* warp-uniform */
         float x[8], a = 0.0f;
@@ -430,50 +432,52 @@ __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t f
 }
 
 /* Apply, one warp tile: the shard's nibbles of group g, columns c0 .. in the
- * row-wise plane and the stage. */
+ * row-wise plane and the stage. Rows go in pairs: the lane pair of a 1x16
+ * row block computes one multiplier each (lane 2p row i, lane 2p+1 row i+1)
+ * and swaps them by __shfl_xor. */
 __device__ void nv_apply_tile(const NvChunk &C, const NvItem &I, int64_t t) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
     const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
     const int64_t end = I.start + I.len, k = c0 / MXS_NVFP4_BLOCK;
-    const bool active = c0 < I.cols, do_row = I.data[0] != nullptr, do_stage = I.stage != nullptr;
+    /* the pair's block exists even when only the even lane has columns (cols % 16 == 8) */
+    const bool active = c0 < I.cols, block = k * MXS_NVFP4_BLOCK < I.cols;
+    const bool do_row = I.data[0] != nullptr, do_stage = I.stage != nullptr;
     const float s_enc = nv_s_enc(C, I);
-    float ec[8], mr[8], et = 0.0f;
+    float ec[8], et = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; j++) ec[j] = mr[j] = 0.0f;
+    for (int j = 0; j < 8; j++) ec[j] = 0.0f;
     if (I.two_d) {
         if (active) et = nv_mult(C, I.tile_entry + g * I.kr + k, s_enc);
-    } else {
-        /* the pair splits its block's rows: this lane's are r0 + (lane & 1) + 2i
-         * (also when only its partner has columns: cols % 16 == 8) */
-        if (do_row && k * MXS_NVFP4_BLOCK < I.cols)
+    } else if (do_stage && active) {
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int64_t r = r0 + (lane & 1) + 2 * i;
-                if (r < r1) mr[i] = nv_mult(C, I.row_entry + r * I.kr + k, s_enc);
-            }
-        if (do_stage && active)
-#pragma unroll
-            for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
+        for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
     }
-#pragma unroll
-    for (int i = 0; i < MXS_NVFP4_BLOCK; i++) {
-        const int64_t r = r0 + i;
-        if (r >= r1) break; /* warp-uniform */
-        const float er = I.two_d ? et : __shfl_sync(kFull, mr[i / 2], (lane & ~1) | (i & 1));
-        const int64_t f = r * I.cols + c0;
-        if (!active || f + 8 <= I.start || f >= end) continue;
-        float x[8], e[8];
-        nv_load8(C, I, f, x);
-        if (do_row) {
-#pragma unroll
-            for (int j = 0; j < 8; j++) e[j] = er;
-            nv_store8(I, I.data[0], f, nv_cast8(x, e));
+#pragma unroll 1
+    for (int64_t ri = r0; ri < r1; ri += 2) {
+        float mine = et;
+        if (!I.two_d && do_row && block) {
+            const int64_t r = ri + (lane & 1);
+            mine = r < r1 ? nv_mult(C, I.row_entry + r * I.kr + k, s_enc) : 0.0f;
         }
-        if (do_stage) {
+        const float other = __shfl_xor_sync(kFull, mine, 1);
 #pragma unroll
-            for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
-            nv_store8(I, I.stage, f, nv_cast8(x, e));
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = ri + h, f = r * I.cols + c0;
+            if (r >= r1 || !active || f + 8 <= I.start || f >= end) continue;
+            const float er = I.two_d ? et : ((lane & 1) == h ? mine : other);
+            float x[8], e[8];
+            nv_load8(C, I, f, x);
+            if (do_row) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = er;
+                nv_store8(I, I.data[0], f, nv_cast8(x, e));
+            }
+            if (do_stage) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
+                nv_store8(I, I.stage, f, nv_cast8(x, e));
+            }
         }
     }
 }
@@ -488,34 +492,45 @@ __device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int6
                    : I.col_entry + c * I.kc + r / MXS_NVFP4_BLOCK;
 }
 
-/* Apply, one thread unit: a row-wise scale byte, a column-wise scale byte,
- * or (items off the tile path) a data byte of the shard (row-wise plane and
- * stage). Unit 0 of an item also stores its global amax. */
+/* Scale byte `off` of plane p (padding 0x00) from the reduced entries. */
+__device__ __forceinline__ uint8_t nv_scale_byte(const NvChunk &C, const NvItem &I, int p, int64_t off, float s_enc) {
+    int64_t m, k, ent;
+    mxs_scale_geom_coords(&I.geom[p], off, &m, &k);
+    if (!mxs_scale_geom_is_logical(&I.geom[p], m, k)) return 0;
+    if (I.two_d) {
+        int64_t R, Cc;
+        mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
+        ent = I.tile_entry + R * I.kr + Cc;
+    } else {
+        ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
+    }
+    return mxs__nvfp4_wb_scale(C.packed, C.w, ent, s_enc);
+}
+
+/* Apply, one thread unit: 4 consecutive bytes of a scale plane (one 32-bit
+ * store when they are whole and aligned), or (items off the tile path) a
+ * data byte of the shard (row-wise plane and stage). Unit 0 of an item also
+ * stores its global amax. */
 __device__ void nv_apply_unit(const NvChunk &C, int64_t u) {
     const NvItem &I = C.it[nv_item_of(C, u, false)];
     const float s_enc = nv_s_enc(C, I);
     int64_t e = u - I.unit0;
     if (e == 0) *I.amax = mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w);
-    if (e < I.sbytes[0] + I.sbytes[1]) { /* a scale byte */
-        const int p = e < I.sbytes[0] ? 0 : 1;
-        const int64_t off = p == 0 ? e : e - I.sbytes[0];
-        int64_t m, k, ent;
-        uint8_t sc = 0;
-        mxs_scale_geom_coords(&I.geom[p], off, &m, &k);
-        if (mxs_scale_geom_is_logical(&I.geom[p], m, k)) {
-            if (I.two_d) {
-                int64_t R, Cc;
-                mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
-                ent = I.tile_entry + R * I.kr + Cc;
-            } else {
-                ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
-            }
-            sc = mxs__nvfp4_wb_scale(C.packed, C.w, ent, s_enc);
+    if (e < I.sunits[0] + I.sunits[1]) {
+        const int p = e < I.sunits[0] ? 0 : 1;
+        const int64_t off = 4 * (p == 0 ? e : e - I.sunits[0]);
+        const int64_t nb = I.sbytes[p] - off < 4 ? I.sbytes[p] - off : 4;
+        uint8_t *d = I.scale[p] + off;
+        uint32_t v = 0;
+        for (int b = 0; b < nb; b++) v |= (uint32_t)nv_scale_byte(C, I, p, off + b, s_enc) << (8 * b);
+        if (nb == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
+            *reinterpret_cast<uint32_t *>(d) = v;
+        } else {
+            for (int b = 0; b < nb; b++) d[b] = (uint8_t)(v >> (8 * b));
         }
-        I.scale[p][off] = sc;
         return;
     }
-    e -= I.sbytes[0] + I.sbytes[1]; /* a data byte: nibbles 2b, 2b+1 */
+    e -= I.sunits[0] + I.sunits[1]; /* a data byte: nibbles 2b, 2b+1 */
     const int64_t b = I.start / 2 + e, j = 2 * b;
     float x[2] = {0.0f, 0.0f}, er[2] = {0.0f, 0.0f}, ec[2] = {0.0f, 0.0f};
     const int both = j + 1 < I.n; /* else the spare nibble (0) */
@@ -633,6 +648,7 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
         I->scale[p] = p == 0 ? t->row_scale : t->col_scale;
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &I->geom[p]);
         I->sbytes[p] = mxs_scale_geom_bytes(&I->geom[p]);
+        I->sunits[p] = mxs_ceil_div(I->sbytes[p], 4);
     }
     I->stage = (t->dirs & MXS_COLWISE) ? in->col_stage : nullptr;
     I->row_entry = sl->row_entry;
@@ -674,7 +690,7 @@ void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
     }
     const int64_t db =
         !tile_path && I->len > 0 && (I->data[0] || I->stage) ? (I->start + I->len + 1) / 2 - I->start / 2 : 0;
-    *units = I->sbytes[0] + I->sbytes[1] + db;
+    *units = I->sunits[0] + I->sunits[1] + db;
 }
 
 unsigned nv_grid(int64_t units) { return grid_for(mxs_ceil_div(units, kNvThreads)); }
