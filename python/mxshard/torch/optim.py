@@ -58,9 +58,8 @@ step(), in order:
   4. per bucket with MXFP8 weights, one mxshard.BucketWriteback run: one
      uint8 MAX all-reduce, then one byte all-gather per present plane; per
      bucket with NVFP4 weights, one mxshard.NVFP4BucketWriteback run: ONE
-     MAX all-reduce of the packed block amaxes (each weight's global amax is
-     the max of its reduced block amaxes: no second reduction), the cast of
-     the shard, one byte all-gather of the row planes and, when a "both"
+     MAX all-reduce of the packed block amaxes (which also yields each
+     weight's global amax: no second reduction), the cast of the shard, one byte all-gather of the row planes and, when a "both"
      1x16 weight is in the bucket, one of the column stage, then the local
      transpose into the column-wise planes;
   5. per bucket and dense dtype: the cast of this rank's master range into
