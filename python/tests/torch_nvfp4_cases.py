@@ -7,7 +7,6 @@ import os
 import zlib
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import mxshard
@@ -23,7 +22,8 @@ NV_MODULES = [
     ("row", "1x16", "compact", (33, 17)), ("row", "1x16", "padded", (16, 8)), ("row", "1x16", "swizzled", (40, 3)),
     ("row", "16x16", "compact", (9, 5)), ("row", "16x16", "padded", (48, 20)), ("row", "16x16", "swizzled", (17, 33)),
     ("both", "1x16", "compact", (20, 9)), ("both", "1x16", "padded", (65, 7)), ("both", "1x16", "swizzled", (32, 32)),
-    ("both", "16x16", "compact", (1, 1)), ("both", "16x16", "padded", (31, 18)), ("both", "16x16", "swizzled", (24, 37)),
+    ("both", "16x16", "compact", (1, 1)), ("both", "16x16", "padded", (31, 18)),
+    ("both", "16x16", "swizzled", (24, 37)),
 ]
 
 

@@ -59,9 +59,10 @@ step(), in order:
      uint8 MAX all-reduce, then one byte all-gather per present plane; per
      bucket with NVFP4 weights, one mxshard.NVFP4BucketWriteback run: ONE
      MAX all-reduce of the packed block amaxes (which also yields each
-     weight's global amax: no second reduction), the cast of the shard, one byte all-gather of the row planes and, when a "both"
-     1x16 weight is in the bucket, one of the column stage, then the local
-     transpose into the column-wise planes;
+     weight's global amax: no second reduction), the cast of the shard,
+     one byte all-gather of the row planes and, when a "both" 1x16 weight
+     is in the bucket, one of the column stage, then the local transpose
+     into the column-wise planes;
   5. per bucket and dense dtype: the cast of this rank's master range into
      that dtype and one all-gather.
   Nothing is zeroed: call zero_grad() before the next backward.
