@@ -201,7 +201,7 @@ struct NvItem {
     float *amax;
     mxs_scale_geom geom[2];
     int64_t sbytes[2];                                    /* scale bytes of the present planes (0: absent) */
-    int64_t sunits[2];                                    /* apply: ceil(sbytes / 4) units of 4 scale bytes */
+    int64_t sunits[2];                                    /* apply: units of 4 scale entries (nv_apply_unit) */
     int64_t row_entry, col_entry, tile_entry, amax_entry; /* entry indices (-1: absent) */
     int64_t first_entry, n_entries;                       /* the item's block entries: contiguous */
     int64_t unit0, units;                                 /* this phase's thread units in the chunk */
@@ -492,25 +492,23 @@ __device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int6
                    : I.col_entry + c * I.kc + r / MXS_NVFP4_BLOCK;
 }
 
-/* Scale byte `off` of plane p (padding 0x00) from the reduced entries. */
-__device__ __forceinline__ uint8_t nv_scale_byte(const NvChunk &C, const NvItem &I, int p, int64_t off, float s_enc) {
-    int64_t m, k, ent;
-    mxs_scale_geom_coords(&I.geom[p], off, &m, &k);
-    if (!mxs_scale_geom_is_logical(&I.geom[p], m, k)) return 0;
+/* Scale entry (m, k) of plane p: its block's packed entry index. */
+__device__ __forceinline__ int64_t nv_scale_entry(const NvItem &I, int p, int64_t m, int64_t k) {
     if (I.two_d) {
         int64_t R, Cc;
         mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
-        ent = I.tile_entry + R * I.kr + Cc;
-    } else {
-        ent = p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
+        return I.tile_entry + R * I.kr + Cc;
     }
-    return mxs__nvfp4_wb_scale(C.packed, C.w, ent, s_enc);
+    return p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
 }
 
-/* Apply, one thread unit: 4 consecutive bytes of a scale plane (one 32-bit
- * store when they are whole and aligned), or (items off the tile path) a
- * data byte of the shard (row-wise plane and stage). Unit 0 of an item also
- * stores its global amax. */
+/* Apply, one thread unit: scale entries (m, 4q .. 4q+3) of a plane - in
+ * every NVFP4 layout 4 consecutive bytes (COMPACT m*K + k, PADDED m*Kp + k,
+ * SWIZZLED k % 4 innermost), so one 32-bit store when whole and aligned;
+ * padding entries 0x00. The units run over the stored grid (COMPACT M x K,
+ * else Mp x Kp), so every byte of the plane is written once. Or (items off
+ * the tile path) a data byte of the shard (row-wise plane and stage). Unit 0
+ * of an item also stores its global amax. */
 __device__ void nv_apply_unit(const NvChunk &C, int64_t u) {
     const NvItem &I = C.it[nv_item_of(C, u, false)];
     const float s_enc = nv_s_enc(C, I);
@@ -518,11 +516,15 @@ __device__ void nv_apply_unit(const NvChunk &C, int64_t u) {
     if (e == 0) *I.amax = mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w);
     if (e < I.sunits[0] + I.sunits[1]) {
         const int p = e < I.sunits[0] ? 0 : 1;
-        const int64_t off = 4 * (p == 0 ? e : e - I.sunits[0]);
-        const int64_t nb = I.sbytes[p] - off < 4 ? I.sbytes[p] - off : 4;
-        uint8_t *d = I.scale[p] + off;
+        const mxs_scale_geom &G = I.geom[p];
+        const int64_t q = p == 0 ? e : e - I.sunits[0];
+        const int64_t kdim = G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, kq = mxs_ceil_div(kdim, 4);
+        const int64_t m = q / kq, k0 = 4 * (q % kq), nb = kdim - k0 < 4 ? kdim - k0 : 4;
+        uint8_t *d = I.scale[p] + mxs_scale_geom_offset(&G, m, k0);
         uint32_t v = 0;
-        for (int b = 0; b < nb; b++) v |= (uint32_t)nv_scale_byte(C, I, p, off + b, s_enc) << (8 * b);
+        for (int b = 0; b < nb; b++)
+            if (mxs_scale_geom_is_logical(&G, m, k0 + b))
+                v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, nv_scale_entry(I, p, m, k0 + b), s_enc) << (8 * b);
         if (nb == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
             *reinterpret_cast<uint32_t *>(d) = v;
         } else {
@@ -648,7 +650,9 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
         I->scale[p] = p == 0 ? t->row_scale : t->col_scale;
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &I->geom[p]);
         I->sbytes[p] = mxs_scale_geom_bytes(&I->geom[p]);
-        I->sunits[p] = mxs_ceil_div(I->sbytes[p], 4);
+        const mxs_scale_geom &G = I->geom[p]; /* nv_apply_unit's grid */
+        I->sunits[p] = (G.layout == MXS_SCALES_COMPACT ? G.M : G.Mp) *
+                       mxs_ceil_div(G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, 4);
     }
     I->stage = (t->dirs & MXS_COLWISE) ? in->col_stage : nullptr;
     I->row_entry = sl->row_entry;
