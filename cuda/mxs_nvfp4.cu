@@ -42,6 +42,9 @@ namespace {
 
 constexpr int kNvThreads = 256;
 constexpr int kChunk = MXS_CUDA_NVFP4_CHUNK;
+constexpr int kNvWarps = kNvThreads / 32; /* warp tiles per CTA */
+constexpr int kNvTileCols = 256;          /* columns of a warp tile: 32 lanes x 8 */
+constexpr unsigned kFull = 0xFFFFFFFFu;
 
 /* ---- device helpers --------------------------------------------------------- */
 
@@ -70,10 +73,23 @@ struct NvTensor {
     float *amax;
 };
 
+/* The global amax: 8 elements per thread and step (ld_vec8: one or two
+ * 16-byte loads; MIS: src only element-aligned), the last n % 8 one by one. */
+template <bool MIS>
 __global__ void __launch_bounds__(kNvThreads)
     nv_amax_kernel(const void *src, int dtype, int rt, int64_t n, float *amax) {
     float a = 0.0f;
-    for (int64_t i = unit_first(); i < n; i += unit_stride()) a = mxs_amax_step(a, nv_load(src, dtype, i, rt));
+    const int64_t n8 = n / 8;
+    for (int64_t i = unit_first(); i < n8; i += unit_stride()) {
+        uint4 raw[2];
+        float x[8];
+        ld_vec8<MIS>(src, dtype, 8 * i, raw);
+        unpack8(x, raw, dtype);
+        if (rt != MXS_F32 && rt != dtype) round_through8(x, rt);
+#pragma unroll
+        for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
+    }
+    for (int64_t i = 8 * n8 + unit_first(); i < n; i += unit_stride()) a = mxs_amax_step(a, nv_load(src, dtype, i, rt));
     for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
     if ((threadIdx.x & 31u) == 0 && a > 0.0f) atomicMax(reinterpret_cast<unsigned *>(amax), mxs_f32_bits(a));
 }
@@ -188,9 +204,6 @@ __global__ void __launch_bounds__(kNvThreads)
  * columns per warp (rows % 16 == 0): 8 bytes per column and lane. Everything
  * else - scale bytes, and the data of items off the tile path - runs as one
  * thread per output unit, in the same launch. */
-constexpr int kNvWarps = kNvThreads / 32;
-constexpr int kNvTileCols = 256;
-constexpr unsigned kFull = 0xFFFFFFFFu;
 
 /* One item of a writeback chunk. */
 struct NvItem {
@@ -622,6 +635,151 @@ __global__ void __launch_bounds__(kNvThreads) nv_finish_kernel(const __grid_cons
     }
 }
 
+/* ---- quantize in warp tiles ---------------------------------------------------------
+ *
+ * The same warp tile (16 rows x 256 columns, lane = 8 columns) over the whole
+ * tensor, for cols % 8 == 0 (and, with a column-wise plane, rows % 16 == 0):
+ * the block amaxes come from the source in registers, so every source
+ * element is read once per pass instead of once per scale byte and nibble.
+ *   1x16 row-wise   per row: the pair's block amax (__shfl_xor), its scale
+ *                   byte (even lane), the 8 nibbles: one pass
+ *   16x1 / 16x16    pass 1: running column maxima over the 16 rows (16x16:
+ *                   then the pair); the scales; pass 2 (the tile again, from
+ *                   L1/L2): the casts
+ *   column-wise     the lane's 16 nibbles of each of its 8 columns in two
+ *   data            32-bit words, one 8-byte store per column
+ * Padding bytes of PADDED / SWIZZLED scale planes: thread units over the
+ * stored grid after the tiles (the tiles write every logical byte). */
+
+struct NvQuant {
+    NvTensor T;
+    int64_t ctiles, tiles, tile_blocks, units; /* units: padding units of 4 entries, row plane first */
+    int64_t punits[2];
+};
+
+template <bool MIS> __device__ __forceinline__ void nv_src8(const NvTensor &T, int64_t f, float *x) {
+    uint4 raw[2];
+    ld_vec8<MIS>(T.src, T.dtype, f, raw);
+    unpack8(x, raw, T.dtype);
+    if (T.rt != MXS_F32 && T.rt != T.dtype) round_through8(x, T.rt);
+}
+
+template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc) {
+    const NvTensor &T = Q.T;
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t g = t / Q.ctiles, c0 = (t % Q.ctiles) * kNvTileCols + lane * 8;
+    const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < T.rows ? r0 + MXS_NVFP4_BLOCK : T.rows;
+    const int64_t k = c0 / MXS_NVFP4_BLOCK;
+    const bool active = c0 < T.cols, rowp = T.data[0] != nullptr, colp = T.data[1] != nullptr;
+    const bool two_d = T.block == MXS_NVFP4_16X16;
+    float ec[8], et = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ec[j] = 0.0f;
+    if (two_d || colp) { /* pass 1 */
+        float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if (active) {
+#pragma unroll 4
+            for (int64_t r = r0; r < r1; r++) {
+                float x[8];
+                nv_src8<MIS>(T, r * T.cols + c0, x);
+#pragma unroll
+                for (int j = 0; j < 8; j++) cm[j] = mxs_amax_step(cm[j], x[j]);
+            }
+        }
+        if (two_d) {
+            float tm = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) tm = fmaxf(tm, cm[j]);
+            tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, 1));
+            const uint8_t sc = mxs_nvfp4_block_scale(tm, s_enc);
+            et = mxs_nvfp4_encode_mult(sc, s_enc);
+            /* the tile's entry in each of its rows (the pair splits them; also
+             * when only the even lane has columns: cols % 16 == 8) ... */
+            if (rowp && k * MXS_NVFP4_BLOCK < T.cols)
+                for (int64_t r = r0 + (lane & 1); r < r1; r += 2)
+                    T.scale[0][mxs_scale_geom_offset(&T.geom[0], r, k)] = sc;
+            if (colp && active) /* ... and in each of its columns: this lane's 8 */
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    if (c0 + j < T.cols) T.scale[1][mxs_scale_geom_offset(&T.geom[1], c0 + j, g)] = sc;
+        } else if (active) { /* 16x1 blocks (c, g) */
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const uint8_t sc = mxs_nvfp4_block_scale(cm[j], s_enc);
+                ec[j] = mxs_nvfp4_encode_mult(sc, s_enc);
+                T.scale[1][mxs_scale_geom_offset(&T.geom[1], c0 + j, g)] = sc;
+            }
+        }
+    }
+    uint32_t cw[8][2];
+#pragma unroll
+    for (int j = 0; j < 8; j++) cw[j][0] = cw[j][1] = 0u;
+#pragma unroll
+    for (int i = 0; i < MXS_NVFP4_BLOCK; i++) { /* pass 2 (the only pass for 1x16 row-only) */
+        const int64_t r = r0 + i;
+        if (r >= r1) break; /* warp-uniform */
+        float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, e[8];
+        if (active) nv_src8<MIS>(T, r * T.cols + c0, x);
+        if (rowp) {
+            float er = et;
+            if (!two_d) {
+                float a = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
+                a = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
+                const uint8_t sc = mxs_nvfp4_block_scale(a, s_enc);
+                er = mxs_nvfp4_encode_mult(sc, s_enc);
+                if (active && !(lane & 1)) T.scale[0][mxs_scale_geom_offset(&T.geom[0], r, k)] = sc;
+            }
+            if (active) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = er;
+                *reinterpret_cast<uint32_t *>(T.data[0] + (r * T.cols + c0) / 2) = nv_cast8(x, e);
+            }
+        }
+        if (colp && active)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                cw[j][i / 8] |= (uint32_t)mxs_nvfp4_quantize_elem(x[j], two_d ? et : ec[j]) << (4 * (i % 8));
+    }
+    if (colp && active) /* rows % 16 == 0: the group is whole */
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            *reinterpret_cast<uint2 *>(T.data[1] + ((c0 + j) * T.rows + r0) / 2) = make_uint2(cw[j][0], cw[j][1]);
+}
+
+/* Padding unit: stored-grid entries (m, 4q .. 4q+3) of a PADDED / SWIZZLED
+ * plane (4 consecutive bytes, nv_apply_unit's grid); writes 0 to those that
+ * are padding. */
+__device__ void nv_quantize_pad_unit(const NvQuant &Q, int64_t u) {
+    const int p = u < Q.punits[0] ? 0 : 1;
+    const mxs_scale_geom &G = Q.T.geom[p];
+    const int64_t q = p == 0 ? u : u - Q.punits[0], kq = G.Kp / 4, m = q / kq, k0 = 4 * (q % kq);
+    uint8_t *d = Q.T.scale[p] + mxs_scale_geom_offset(&G, m, k0);
+    const bool all = m >= G.M || k0 >= G.K;
+    if (all && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
+        *reinterpret_cast<uint32_t *>(d) = 0u;
+        return;
+    }
+    for (int b = 0; b < 4; b++)
+        if (all || k0 + b >= G.K) d[b] = 0;
+}
+
+template <bool MIS>
+__global__ void __launch_bounds__(kNvThreads) nv_quantize_kernel(const __grid_constant__ NvQuant Q) {
+    const float s_enc = mxs_nvfp4_global_encode(*Q.T.amax);
+    const int64_t blocks = Q.tile_blocks + mxs_ceil_div(Q.units, kNvThreads);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        if (blk < Q.tile_blocks) {
+            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
+            if (t < Q.tiles) nv_quantize_tile<MIS>(Q, t, s_enc);
+        } else {
+            const int64_t u = (blk - Q.tile_blocks) * kNvThreads + threadIdx.x;
+            if (u < Q.units) nv_quantize_pad_unit(Q, u);
+        }
+    }
+}
+
 /* ---- host side ---------------------------------------------------------------------- */
 
 enum { PH_PARTIAL = 0, PH_APPLY = 1, PH_FINISH = 2 };
@@ -782,10 +940,34 @@ mxs_status mxs_cuda_nvfp4_quantize(const mxs_nvfp4_tensor *dst, const void *src,
     }
     int device, sms;
     if ((s = device_sms(&device, &sms)) != MXS_OK) return s;
-    const int64_t amax_ctas = mxs_ceil_div(T.n, kNvThreads);
+    const int64_t amax_ctas = mxs_ceil_div(mxs_ceil_div(T.n, 8), kNvThreads);
     const int64_t cap = (int64_t)sms * 8;
-    nv_amax_kernel<<<grid_for(amax_ctas < cap ? amax_ctas : cap), kNvThreads, 0, stream>>>(src, T.dtype, T.rt, T.n,
-                                                                                           T.amax);
+    const unsigned amax_grid = grid_for(amax_ctas < cap ? (amax_ctas > 0 ? amax_ctas : 1) : cap);
+    const bool mis = !aligned(src, 16);
+    if (mis)
+        nv_amax_kernel<true><<<amax_grid, kNvThreads, 0, stream>>>(src, T.dtype, T.rt, T.n, T.amax);
+    else
+        nv_amax_kernel<false><<<amax_grid, kNvThreads, 0, stream>>>(src, T.dtype, T.rt, T.n, T.amax);
+    /* the warp tiles (NvQuant) where the shape and the planes' alignment allow */
+    const bool tiles = T.cols % 8 == 0 && nv_aligned_to(T.data[0], 4) &&
+                       (!T.data[1] || (T.rows % MXS_NVFP4_BLOCK == 0 && nv_aligned_to(T.data[1], 8)));
+    if (tiles) {
+        NvQuant Q;
+        memset(&Q, 0, sizeof Q);
+        Q.T = T;
+        Q.ctiles = mxs_ceil_div(T.cols, kNvTileCols);
+        Q.tiles = mxs_ceil_div(T.rows, MXS_NVFP4_BLOCK) * Q.ctiles;
+        Q.tile_blocks = mxs_ceil_div(Q.tiles, kNvWarps);
+        for (int p = 0; p < 2; p++)
+            if (T.scale[p] && T.geom[p].layout != MXS_SCALES_COMPACT) Q.punits[p] = T.geom[p].Mp * (T.geom[p].Kp / 4);
+        Q.units = Q.punits[0] + Q.punits[1];
+        const unsigned grid = grid_for(Q.tile_blocks + mxs_ceil_div(Q.units, kNvThreads));
+        if (mis)
+            nv_quantize_kernel<true><<<grid, kNvThreads, 0, stream>>>(Q);
+        else
+            nv_quantize_kernel<false><<<grid, kNvThreads, 0, stream>>>(Q);
+        return launch_end();
+    }
     const int64_t sunits = T.sbytes[0] + T.sbytes[1];
     nv_scale_kernel<<<nv_grid(sunits), kNvThreads, 0, stream>>>(T, sunits);
     const int planes = (dst->dirs & MXS_ROWWISE ? 1 : 0) + (dst->dirs & MXS_COLWISE ? 1 : 0);

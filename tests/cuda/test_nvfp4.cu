@@ -213,12 +213,12 @@ static std::vector<uint8_t> nv_source(int64_t n, mxs_dtype dtype) {
 /* ---- 2 quantize / dequantize / convert ---------------------------------------------- */
 
 static void quantize_case(int64_t rows, int64_t cols, unsigned dirs, int block, int layout, mxs_dtype dtype,
-                          mxs_dtype rt) {
+                          mxs_dtype rt, bool mis = false) {
     char ctx[200];
     snprintf(ctx, sizeof ctx, "nvfp4 quantize %lldx%lld dirs=%u block=%d layout=%d %s rt=%s", (long long)rows,
              (long long)cols, dirs, block, layout, dtype_name(dtype), dtype_name(rt));
     Nv T;
-    nv_make(T, rows, cols, dirs, block, layout, false, true);
+    nv_make(T, rows, cols, dirs, block, layout, false, true, mis);
     const int64_t n = rows * cols, esz = mxs_dtype_bytes(dtype);
     for (int round = 0; round < 2; round++) { /* the second one over the first one's bytes */
         std::vector<uint8_t> src = nv_source(n, dtype);
@@ -269,9 +269,14 @@ static void test_quantize(void) {
         const int k = c % 162;
         int64_t rows = rdim(150), cols = rdim(300);
         if (c % 40 == 0) cols = rnd_in(300, 700);
+        if (c % 2) cols = 8 * mxs_ceil_div(cols, 8);       /* the warp-tile path */
+        if (c % 4 < 2) rows = 16 * mxs_ceil_div(rows, 16); /* ... with a column-wise plane */
         quantize_case(rows, cols, (unsigned)(k % 3 + 1), (k / 3) % 2, (k / 6) % 3, (mxs_dtype)((k / 18) % 3),
-                      (mxs_dtype)((k / 54) % 3));
+                      (mxs_dtype)((k / 54) % 3), c % 5 == 0);
     }
+    quantize_case(1024, 2056, MXS_BOTH, MXS_NVFP4_1X16, MXS_SCALES_SWIZZLED, MXS_BF16, MXS_BF16);
+    quantize_case(512, 1544, MXS_BOTH, MXS_NVFP4_16X16, MXS_SCALES_PADDED, MXS_F32, MXS_BF16);
+    quantize_case(300, 1032, MXS_ROWWISE, MXS_NVFP4_1X16, MXS_SCALES_COMPACT, MXS_F16, MXS_F16, true);
     quantize_case(1, 1, MXS_BOTH, MXS_NVFP4_16X16, MXS_SCALES_SWIZZLED, MXS_BF16, MXS_BF16);
     quantize_case(513, 1000, MXS_BOTH, MXS_NVFP4_16X16, MXS_SCALES_SWIZZLED, MXS_BF16, MXS_BF16);
     quantize_case(1000, 513, MXS_BOTH, MXS_NVFP4_1X16, MXS_SCALES_PADDED, MXS_F32, MXS_F32);
@@ -352,7 +357,7 @@ static void make_shards(Group &g, int sharding, int64_t used) {
         }
 }
 
-static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 90) {
+static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 90, bool allow_mis = true) {
     int64_t used = 0;
     g.R = R;
     g.nw = nw;
@@ -384,7 +389,7 @@ static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 9
             const WSpec &s = g.w[w];
             RankW &b = g.rw[q][w];
             const int64_t db = (s.rows * s.cols + 1) / 2, mb = b.shard.count * mxs_dtype_bytes(s.mdt);
-            const bool mis = rnd() % 4 == 0; /* planes, stage and master off their vector grids */
+            const bool mis = allow_mis && rnd() % 4 == 0; /* planes, stage and master off their vector grids */
             nv_make(b.T, s.rows, s.cols, s.dirs, s.block, s.layout, true, true, mis);
             b.hstage.assign((size_t)db, POISON);
             b.dstage = dev_alloc(db, mis ? rnd_in(1, 7) : 0);
@@ -682,7 +687,7 @@ static void test_bad_input(void) {
         if (g->R) group_free(*g);
         delete g;
         g = new Group();
-        group_make(*g, 1, SH_REPLICA, 1);
+        group_make(*g, 1, SH_REPLICA, 1, 90, false); /* aligned buffers: a packed buffer over them is aligned */
     } while (g->rw[0][0].shard.count < 4);
     group_fill(*g);
     mxs_nvfp4_wb_batch *b = &g->db[0];
