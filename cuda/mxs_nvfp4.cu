@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(kNvThreads)
  * thread per output unit, in the same launch. */
 
 /* One item of a writeback chunk. */
-struct NvItem {
+struct alignas(16) NvItem {
     int64_t rows, cols, n, kr, kc;
     int64_t start, len;
     const void *master;
@@ -225,25 +225,34 @@ struct NvItem {
     int st4; /* row plane and stage 4-byte aligned: 32-bit stores */
 };
 
-struct NvChunk {
-    int n, rt;
+/* What a launch needs besides its items. */
+struct NvHead {
+    int64_t n; /* items */
+    int rt, pad_;
     int64_t w;             /* entry bytes */
     void *packed;          /* device */
     int64_t status_offset; /* the status byte */
     int64_t units;         /* thread units of the launch */
     int64_t tiles;         /* warp tiles of the launch */
     int64_t tile_blocks;   /* CTAs of the tiles: ceil(tiles / kNvWarps); the units' CTAs follow */
+};
+
+/* A launch with its items as kernel parameters (the unprepared calls). */
+struct NvChunk {
+    NvHead h;
     NvItem it[kChunk];
 };
 static_assert(sizeof(NvChunk) <= 32000, "kernel parameters of a chunk must stay under 32 KiB");
 
+enum { PH_PARTIAL = 0, PH_APPLY = 1, PH_FINISH = 2 };
+
 /* The item holding chunk unit u / tile t (starts ascend with the item index;
  * the last item whose start is <= u holds it). */
-__device__ __forceinline__ int nv_item_of(const NvChunk &C, int64_t u, bool tile) {
-    int lo = 0, hi = C.n - 1;
+__device__ __forceinline__ int64_t nv_item_of(const NvHead &C, const NvItem *it, int64_t u, bool tile) {
+    int64_t lo = 0, hi = C.n - 1;
     while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if ((tile ? C.it[mid].tile0 : C.it[mid].unit0) <= u)
+        const int64_t mid = (lo + hi + 1) / 2;
+        if ((tile ? it[mid].tile0 : it[mid].unit0) <= u)
             lo = mid;
         else
             hi = mid - 1;
@@ -251,11 +260,11 @@ __device__ __forceinline__ int nv_item_of(const NvChunk &C, int64_t u, bool tile
     return lo;
 }
 
-__device__ __forceinline__ uint32_t nv_entry(const NvChunk &C, int64_t i) {
+__device__ __forceinline__ uint32_t nv_entry(const NvHead &C, int64_t i) {
     return mxs__nvfp4_entry_get(C.packed, C.w, i);
 }
 
-__device__ __forceinline__ void nv_put(const NvChunk &C, int64_t i, float a) {
+__device__ __forceinline__ void nv_put(const NvHead &C, int64_t i, float a) {
     const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
     if (C.w == 2)
         static_cast<uint16_t *>(C.packed)[i] = (uint16_t)v;
@@ -268,7 +277,7 @@ __device__ __forceinline__ void nv_put(const NvChunk &C, int64_t i, float a) {
  * entries: a CAS on the aligned word holding it (inside the buffer's
  * allocation: cudaMalloc aligns to 256 bytes). Reads first: once the max is
  * there, a warp leaves after one load. */
-__device__ void nv_raise_atomic(const NvChunk &C, int64_t i, float a) {
+__device__ void nv_raise_atomic(const NvHead &C, int64_t i, float a) {
     const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
     if (C.w == 4) {
         unsigned *p = static_cast<unsigned *>(C.packed) + i;
@@ -288,18 +297,18 @@ __device__ void nv_raise_atomic(const NvChunk &C, int64_t i, float a) {
 }
 
 /* The tensor's S_enc from its reduced tensor-amax entry. */
-__device__ __forceinline__ float nv_s_enc(const NvChunk &C, const NvItem &I) {
+__device__ __forceinline__ float nv_s_enc(const NvHead &C, const NvItem &I) {
     return mxs_nvfp4_global_encode(mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w));
 }
 
 /* Master element at flat index f of the item (f inside the shard). */
-__device__ __forceinline__ float nv_master(const NvChunk &C, const NvItem &I, int64_t f) {
+__device__ __forceinline__ float nv_master(const NvHead &C, const NvItem &I, int64_t f) {
     return nv_load(I.master, I.dtype, f - I.start, C.rt);
 }
 
 /* The 8 elements f .. f+7 of a tile row (0 outside the shard): one vector
  * load when all 8 are inside, else element by element. */
-__device__ __forceinline__ void nv_load8(const NvChunk &C, const NvItem &I, int64_t f, float *x) {
+__device__ __forceinline__ void nv_load8(const NvHead &C, const NvItem &I, int64_t f, float *x) {
     const int64_t end = I.start + I.len;
     if (f >= I.start && f + 8 <= end) {
         uint4 raw[2];
@@ -316,7 +325,7 @@ __device__ __forceinline__ void nv_load8(const NvChunk &C, const NvItem &I, int6
 }
 
 /* Partial, one warp tile: the block entries of group g, columns c0 .. */
-__device__ void nv_partial_tile(const NvChunk &C, const NvItem &I, int64_t t) {
+__device__ void nv_partial_tile(const NvHead &C, const NvItem &I, int64_t t) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
     const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
@@ -356,7 +365,7 @@ __device__ void nv_partial_tile(const NvChunk &C, const NvItem &I, int64_t t) {
 }
 
 /* Amax of the shard's elements in row r, columns [c0, c1). */
-__device__ float nv_shard_row_amax(const NvChunk &C, const NvItem &I, int64_t r, int64_t c0, int64_t c1) {
+__device__ float nv_shard_row_amax(const NvHead &C, const NvItem &I, int64_t r, int64_t c0, int64_t c1) {
     int64_t f0 = r * I.cols + c0, f1 = r * I.cols + c1;
     const int64_t end = I.start + I.len;
     float a = 0.0f;
@@ -367,8 +376,8 @@ __device__ float nv_shard_row_amax(const NvChunk &C, const NvItem &I, int64_t r,
 }
 
 /* Partial, one thread unit: one block entry of an item off the tile path. */
-__device__ void nv_partial_unit(const NvChunk &C, int64_t u) {
-    const NvItem &I = C.it[nv_item_of(C, u, false)];
+__device__ void nv_partial_unit(const NvHead &C, const NvItem *it, int64_t u) {
+    const NvItem &I = it[nv_item_of(C, it, u, false)];
     const int64_t e = u - I.unit0;
     float a = 0.0f;
     if (I.two_d) { /* tile (R, Cc) */
@@ -393,30 +402,12 @@ __device__ void nv_partial_unit(const NvChunk &C, int64_t u) {
     }
 }
 
-/* Partial (after a memset of the packed buffer: every entry 0, the status
- * entry included): warp tiles, then thread units. */
-__global__ void __launch_bounds__(kNvThreads) nv_partial_kernel(const __grid_constant__ NvChunk C) {
-    const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
-    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
-        if (blk < C.tile_blocks) {
-            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
-            if (t < C.tiles) {
-                const NvItem &I = C.it[nv_item_of(C, t, true)];
-                nv_partial_tile(C, I, t - I.tile0);
-            }
-        } else {
-            const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
-            if (u < C.units) nv_partial_unit(C, u);
-        }
-    }
-}
-
-__device__ __forceinline__ bool nv_remote_failed(const NvChunk &C) {
+__device__ __forceinline__ bool nv_remote_failed(const NvHead &C) {
     return static_cast<const uint8_t *>(C.packed)[C.status_offset] != 0;
 }
 
 /* Element multiplier of the block whose reduced entry is i. */
-__device__ __forceinline__ float nv_mult(const NvChunk &C, int64_t i, float s_enc) {
+__device__ __forceinline__ float nv_mult(const NvHead &C, int64_t i, float s_enc) {
     return mxs__nvfp4_wb_mult(C.packed, C.w, i, s_enc);
 }
 
@@ -448,7 +439,7 @@ __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t f
  * row-wise plane and the stage. Rows go in pairs: the lane pair of a 1x16
  * row block computes one multiplier each (lane 2p row i, lane 2p+1 row i+1)
  * and swaps them by __shfl_xor. */
-__device__ void nv_apply_tile(const NvChunk &C, const NvItem &I, int64_t t) {
+__device__ void nv_apply_tile(const NvHead &C, const NvItem &I, int64_t t) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
     const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
@@ -522,8 +513,8 @@ __device__ __forceinline__ int64_t nv_scale_entry(const NvItem &I, int p, int64_
  * else Mp x Kp), so every byte of the plane is written once. Or (items off
  * the tile path) a data byte of the shard (row-wise plane and stage). Unit 0
  * of an item also stores its global amax. */
-__device__ void nv_apply_unit(const NvChunk &C, int64_t u) {
-    const NvItem &I = C.it[nv_item_of(C, u, false)];
+__device__ void nv_apply_unit(const NvHead &C, const NvItem *it, int64_t u) {
+    const NvItem &I = it[nv_item_of(C, it, u, false)];
     const float s_enc = nv_s_enc(C, I);
     int64_t e = u - I.unit0;
     if (e == 0) *I.amax = mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w);
@@ -563,24 +554,6 @@ __device__ void nv_apply_unit(const NvChunk &C, int64_t u) {
                           : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
 }
 
-/* Apply: warp tiles, then thread units; nothing when a rank failed. */
-__global__ void __launch_bounds__(kNvThreads) nv_apply_kernel(const __grid_constant__ NvChunk C) {
-    if (nv_remote_failed(C)) return;
-    const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
-    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
-        if (blk < C.tile_blocks) {
-            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
-            if (t < C.tiles) {
-                const NvItem &I = C.it[nv_item_of(C, t, true)];
-                nv_apply_tile(C, I, t - I.tile0);
-            }
-        } else {
-            const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
-            if (u < C.units) nv_apply_unit(C, u);
-        }
-    }
-}
-
 /* Finish, one warp tile (rows % 16 == 0, cols % 8 == 0; tiles run down a
  * 256-column stripe, so a CTA's 8 warps fill 64 consecutive bytes of each
  * column): 16 rows x 8 columns per lane, one 8-byte store per column. */
@@ -607,8 +580,8 @@ __device__ void nv_finish_tile(const NvItem &I, int64_t t) {
 
 /* Finish, one thread unit: one byte of a column-wise data plane, from the
  * stage (or the row-wise plane): dst nibble c*rows + r = src nibble r*cols + c. */
-__device__ void nv_finish_unit(const NvChunk &C, int64_t u) {
-    const NvItem &I = C.it[nv_item_of(C, u, false)];
+__device__ void nv_finish_unit(const NvHead &C, const NvItem *it, int64_t u) {
+    const NvItem &I = it[nv_item_of(C, it, u, false)];
     const int64_t b = u - I.unit0, j = 2 * b;
     const uint8_t *src = I.stage ? I.stage : I.data[0];
     const uint8_t lo = mxs_nvfp4_get(src, mxs_nvfp4_data_index(I.rows, I.cols, MXS_ROWWISE, j % I.rows, j / I.rows));
@@ -619,20 +592,45 @@ __device__ void nv_finish_unit(const NvChunk &C, int64_t u) {
     I.data[1][b] = (uint8_t)(lo | (hi << 4));
 }
 
-__global__ void __launch_bounds__(kNvThreads) nv_finish_kernel(const __grid_constant__ NvChunk C) {
+/* A writeback phase: warp tiles, then thread units (partial after a memset
+ * of the packed buffer: every entry 0, the status entry included; apply
+ * writes nothing when a rank failed). The items are kernel parameters
+ * (nv_wb_kernel: a chunk of the unprepared calls) or a device table
+ * (nv_wb_table_kernel: a prepared bucket). */
+template <int PH> __device__ __forceinline__ void nv_wb_body(const NvHead &C, const NvItem *it) {
+    if (PH == PH_APPLY && nv_remote_failed(C)) return;
     const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
         if (blk < C.tile_blocks) {
             const int64_t t = blk * kNvWarps + threadIdx.x / 32;
-            if (t < C.tiles) {
-                const NvItem &I = C.it[nv_item_of(C, t, true)];
+            if (t >= C.tiles) continue;
+            const NvItem &I = it[nv_item_of(C, it, t, true)];
+            if (PH == PH_PARTIAL)
+                nv_partial_tile(C, I, t - I.tile0);
+            else if (PH == PH_APPLY)
+                nv_apply_tile(C, I, t - I.tile0);
+            else
                 nv_finish_tile(I, t - I.tile0);
-            }
         } else {
             const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
-            if (u < C.units) nv_finish_unit(C, u);
+            if (u >= C.units) continue;
+            if (PH == PH_PARTIAL)
+                nv_partial_unit(C, it, u);
+            else if (PH == PH_APPLY)
+                nv_apply_unit(C, it, u);
+            else
+                nv_finish_unit(C, it, u);
         }
     }
+}
+
+template <int PH> __global__ void __launch_bounds__(kNvThreads) nv_wb_kernel(const __grid_constant__ NvChunk C) {
+    nv_wb_body<PH>(C.h, C.it);
+}
+
+template <int PH>
+__global__ void __launch_bounds__(kNvThreads) nv_wb_table_kernel(const __grid_constant__ NvHead H, const NvItem *it) {
+    nv_wb_body<PH>(H, it);
 }
 
 /* ---- quantize in warp tiles ---------------------------------------------------------
@@ -711,41 +709,44 @@ template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t
             }
         }
     }
-    uint32_t cw[8][2];
+#pragma unroll 1
+    for (int h = 0; h < 2; h++) { /* pass 2 (the only pass for 1x16 row-only), 8 rows at a time */
+        uint32_t cw[8];
 #pragma unroll
-    for (int j = 0; j < 8; j++) cw[j][0] = cw[j][1] = 0u;
+        for (int j = 0; j < 8; j++) cw[j] = 0u;
 #pragma unroll
-    for (int i = 0; i < MXS_NVFP4_BLOCK; i++) { /* pass 2 (the only pass for 1x16 row-only) */
-        const int64_t r = r0 + i;
-        if (r >= r1) break; /* warp-uniform */
-        float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, e[8];
-        if (active) nv_src8<MIS>(T, r * T.cols + c0, x);
-        if (rowp) {
-            float er = et;
-            if (!two_d) {
-                float a = 0.0f;
+        for (int i = 0; i < 8; i++) {
+            const int64_t r = r0 + 8 * h + i;
+            if (r >= r1) break; /* warp-uniform */
+            float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, e[8];
+            if (active) nv_src8<MIS>(T, r * T.cols + c0, x);
+            if (rowp) {
+                float er = et;
+                if (!two_d) {
+                    float a = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
-                a = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
-                const uint8_t sc = mxs_nvfp4_block_scale(a, s_enc);
-                er = mxs_nvfp4_encode_mult(sc, s_enc);
-                if (active && !(lane & 1)) T.scale[0][mxs_scale_geom_offset(&T.geom[0], r, k)] = sc;
+                    for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
+                    a = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
+                    const uint8_t sc = mxs_nvfp4_block_scale(a, s_enc);
+                    er = mxs_nvfp4_encode_mult(sc, s_enc);
+                    if (active && !(lane & 1)) T.scale[0][mxs_scale_geom_offset(&T.geom[0], r, k)] = sc;
+                }
+                if (active) {
+#pragma unroll
+                    for (int j = 0; j < 8; j++) e[j] = er;
+                    *reinterpret_cast<uint32_t *>(T.data[0] + (r * T.cols + c0) / 2) = nv_cast8(x, e);
+                }
             }
-            if (active) {
+            if (colp && active)
 #pragma unroll
-                for (int j = 0; j < 8; j++) e[j] = er;
-                *reinterpret_cast<uint32_t *>(T.data[0] + (r * T.cols + c0) / 2) = nv_cast8(x, e);
-            }
+                for (int j = 0; j < 8; j++)
+                    cw[j] |= (uint32_t)mxs_nvfp4_quantize_elem(x[j], two_d ? et : ec[j]) << (4 * i);
         }
-        if (colp && active)
+        if (colp && active) /* rows % 16 == 0: the group is whole; 8 nibbles = 4 aligned bytes */
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                cw[j][i / 8] |= (uint32_t)mxs_nvfp4_quantize_elem(x[j], two_d ? et : ec[j]) << (4 * (i % 8));
+                *reinterpret_cast<uint32_t *>(T.data[1] + ((c0 + j) * T.rows + r0 + 8 * h) / 2) = cw[j];
     }
-    if (colp && active) /* rows % 16 == 0: the group is whole */
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            *reinterpret_cast<uint2 *>(T.data[1] + ((c0 + j) * T.rows + r0) / 2) = make_uint2(cw[j][0], cw[j][1]);
 }
 
 /* Padding unit: stored-grid entries (m, 4q .. 4q+3) of a PADDED / SWIZZLED
@@ -781,8 +782,6 @@ __global__ void __launch_bounds__(kNvThreads) nv_quantize_kernel(const __grid_co
 }
 
 /* ---- host side ---------------------------------------------------------------------- */
-
-enum { PH_PARTIAL = 0, PH_APPLY = 1, PH_FINISH = 2 };
 
 bool nv_aligned_to(const void *p, uintptr_t a) { return p == nullptr || aligned(p, a); }
 
@@ -857,49 +856,151 @@ void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
 
 unsigned nv_grid(int64_t units) { return grid_for(mxs_ceil_div(units, kNvThreads)); }
 
+/* The launch header of a validated batch (units and tiles: 0). */
+NvHead nv_head(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, const void *packed) {
+    NvHead h;
+    memset(&h, 0, sizeof h);
+    h.rt = (int)b->round_through;
+    h.w = plan->entry_bytes;
+    h.packed = const_cast<void *>(packed);
+    h.status_offset = plan->status_offset;
+    return h;
+}
+
+/* Records of items [i0, i1) for phase ph into it[0 ..), their units and
+ * tiles numbered on from h->units / h->tiles; *at: the running entry index
+ * (b->n_items before item 0). */
+void nv_items_build(const mxs_nvfp4_wb_batch *b, int64_t i0, int64_t i1, int ph, int64_t *at, NvHead *h, NvItem *it) {
+    for (int64_t i = i0; i < i1; i++) {
+        mxs_nvfp4_wb_slot sl;
+        NvItem &I = it[i - i0];
+        mxs__nvfp4_packed_slot(&b->items[i].primary, i, at, &sl);
+        nv_item_make(&b->items[i], &sl, &I);
+        nv_item_work(&I, ph, &I.units, &I.tiles);
+        I.unit0 = h->units;
+        I.tile0 = h->tiles;
+        h->units += I.units;
+        h->tiles += I.tiles;
+    }
+    h->tile_blocks = mxs_ceil_div(h->tiles, kNvWarps);
+}
+
+int64_t nv_blocks(const NvHead &h) { return h.tile_blocks + mxs_ceil_div(h.units, kNvThreads); }
+
+/* The memset that starts every partial: the whole packed buffer. */
+mxs_status nv_zero_packed(void *packed, int64_t bytes, cudaStream_t stream) {
+    if (cudaMemsetAsync(packed, 0, (size_t)bytes, stream) == cudaSuccess) return MXS_OK;
+    (void)cudaGetLastError();
+    return MXS_ERR_CUDA;
+}
+
 /* Runs phase ph over the validated batch, chunk by chunk (partial: one
  * memset of the whole packed buffer first). */
 mxs_status nv_wb_run(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan, const void *packed, int ph,
                      cudaStream_t stream) {
     NvChunk C;
-    int64_t at = b->n_items, i0 = 0;
+    int64_t at = b->n_items;
     mxs_status s;
     if ((s = launch_begin()) != MXS_OK) return s;
-    if (ph == PH_PARTIAL &&
-        cudaMemsetAsync(const_cast<void *>(packed), 0, (size_t)plan->packed_bytes, stream) != cudaSuccess) {
+    if (ph == PH_PARTIAL && (s = nv_zero_packed(const_cast<void *>(packed), plan->packed_bytes, stream)) != MXS_OK)
+        return s;
+    for (int64_t i0 = 0; i0 < b->n_items; i0 += kChunk) {
+        const int64_t i1 = b->n_items - i0 < kChunk ? b->n_items : i0 + kChunk;
+        memset(&C, 0, sizeof C);
+        C.h = nv_head(b, plan, packed);
+        C.h.n = i1 - i0;
+        nv_items_build(b, i0, i1, ph, &at, &C.h, C.it);
+        const unsigned grid = grid_for(nv_blocks(C.h));
+        if (grid > 0) {
+            if (ph == PH_PARTIAL)
+                nv_wb_kernel<PH_PARTIAL><<<grid, kNvThreads, 0, stream>>>(C);
+            else if (ph == PH_APPLY)
+                nv_wb_kernel<PH_APPLY><<<grid, kNvThreads, 0, stream>>>(C);
+            else
+                nv_wb_kernel<PH_FINISH><<<grid, kNvThreads, 0, stream>>>(C);
+        }
+        if ((s = launch_end()) != MXS_OK) return s;
+    }
+    return launch_end();
+}
+
+/* ---- the prepared bucket ------------------------------------------------------------ */
+
+constexpr int kNvPhases = 3;
+
+/* Copies n records (kernel parameters) to dst: prepare's table stores. */
+__global__ void __launch_bounds__(kNvThreads)
+    nv_table_store(const __grid_constant__ NvChunk C, NvItem *dst, int64_t n) {
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(C.it);
+    uint32_t *d = reinterpret_cast<uint32_t *>(dst);
+    const int64_t words = n * (int64_t)(sizeof(NvItem) / 4);
+    for (int64_t i = threadIdx.x; i < words; i += blockDim.x) d[i] = src[i];
+}
+static_assert(sizeof(NvItem) % 16 == 0, "table records keep 16-byte alignment");
+
+/* Workspace of a bucket of n items: one record per item and phase. */
+mxs_status nv_bucket_bytes(int64_t n, int64_t *bytes) {
+    return mxs_mul_ok(n, (int64_t)(kNvPhases * sizeof(NvItem)), bytes) ? MXS_OK : MXS_ERR_OVERFLOW;
+}
+
+/* FNV-1a over every field after `check`. */
+uint64_t nv_bucket_hash(const mxs_cuda_nvfp4_wb_bucket *bk) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    h = mxs__fnv_u64(h, (uint64_t)bk->n_items);
+    h = mxs__fnv_u64(h, (uint64_t)(uintptr_t)bk->packed);
+    h = mxs__fnv_u64(h, (uint64_t)bk->packed_bytes);
+    h = mxs__fnv_u64(h, (uint64_t)bk->entry_bytes);
+    h = mxs__fnv_u64(h, (uint64_t)bk->status_offset);
+    for (int p = 0; p < kNvPhases; p++) {
+        h = mxs__fnv_u64(h, (uint64_t)(uintptr_t)bk->table[p]);
+        h = mxs__fnv_u64(h, (uint64_t)bk->units[p]);
+        h = mxs__fnv_u64(h, (uint64_t)bk->tiles[p]);
+    }
+    h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->round_through);
+    h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->device);
+    return h;
+}
+
+/* The header of a prepared bucket's phase. */
+NvHead nv_bucket_head(const mxs_cuda_nvfp4_wb_bucket *bk, int ph) {
+    NvHead h;
+    memset(&h, 0, sizeof h);
+    h.n = bk->n_items;
+    h.rt = bk->round_through;
+    h.w = bk->entry_bytes;
+    h.packed = bk->packed;
+    h.status_offset = bk->status_offset;
+    h.units = bk->units[ph];
+    h.tiles = bk->tiles[ph];
+    h.tile_blocks = mxs_ceil_div(h.tiles, kNvWarps);
+    return h;
+}
+
+/* A phase call's checks and launches: a prepared, unmodified bucket on the
+ * device it was prepared on, no CUDA error pending; partial: the memset,
+ * then one kernel; apply, finish: one kernel (none without work). */
+mxs_status nv_bucket_run(const mxs_cuda_nvfp4_wb_bucket *bk, int ph, cudaStream_t stream) {
+    int device;
+    mxs_status s;
+    if (!bk || bk->magic != MXS_CUDA_NVFP4_WB_BUCKET_MAGIC || bk->check != nv_bucket_hash(bk))
+        return MXS_ERR_INVALID_ARGUMENT;
+    if (launch_begin() != MXS_OK) return MXS_ERR_CUDA; /* peek before any other runtime call */
+    if (cudaGetDevice(&device) != cudaSuccess) {
         (void)cudaGetLastError();
         return MXS_ERR_CUDA;
     }
-    while (i0 < b->n_items) {
-        memset(&C, 0, sizeof C);
-        C.rt = (int)b->round_through;
-        C.w = plan->entry_bytes;
-        C.packed = const_cast<void *>(packed);
-        C.status_offset = plan->status_offset;
-        for (int64_t i = i0; i < b->n_items && C.n < kChunk; i++) {
-            mxs_nvfp4_wb_slot sl;
-            NvItem I;
-            mxs__nvfp4_packed_slot(&b->items[i].primary, i, &at, &sl);
-            nv_item_make(&b->items[i], &sl, &I);
-            nv_item_work(&I, ph, &I.units, &I.tiles);
-            I.unit0 = C.units;
-            I.tile0 = C.tiles;
-            C.units += I.units;
-            C.tiles += I.tiles;
-            C.it[C.n++] = I;
-        }
-        i0 += C.n;
-        C.tile_blocks = mxs_ceil_div(C.tiles, kNvWarps);
-        const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
-        if (blocks > 0) {
-            if (ph == PH_PARTIAL)
-                nv_partial_kernel<<<grid_for(blocks), kNvThreads, 0, stream>>>(C);
-            else if (ph == PH_APPLY)
-                nv_apply_kernel<<<grid_for(blocks), kNvThreads, 0, stream>>>(C);
-            else
-                nv_finish_kernel<<<grid_for(blocks), kNvThreads, 0, stream>>>(C);
-        }
-        if ((s = launch_end()) != MXS_OK) return s;
+    if (device != bk->device) return MXS_ERR_INVALID_ARGUMENT;
+    if (ph == PH_PARTIAL && (s = nv_zero_packed(bk->packed, bk->packed_bytes, stream)) != MXS_OK) return s;
+    const NvHead h = nv_bucket_head(bk, ph);
+    const NvItem *table = static_cast<const NvItem *>(bk->table[ph]);
+    const unsigned grid = grid_for(nv_blocks(h));
+    if (grid > 0) {
+        if (ph == PH_PARTIAL)
+            nv_wb_table_kernel<PH_PARTIAL><<<grid, kNvThreads, 0, stream>>>(h, table);
+        else if (ph == PH_APPLY)
+            nv_wb_table_kernel<PH_APPLY><<<grid, kNvThreads, 0, stream>>>(h, table);
+        else
+            nv_wb_table_kernel<PH_FINISH><<<grid, kNvThreads, 0, stream>>>(h, table);
     }
     return launch_end();
 }
@@ -950,7 +1051,7 @@ mxs_status mxs_cuda_nvfp4_quantize(const mxs_nvfp4_tensor *dst, const void *src,
         nv_amax_kernel<false><<<amax_grid, kNvThreads, 0, stream>>>(src, T.dtype, T.rt, T.n, T.amax);
     /* the warp tiles (NvQuant) where the shape and the planes' alignment allow */
     const bool tiles = T.cols % 8 == 0 && nv_aligned_to(T.data[0], 4) &&
-                       (!T.data[1] || (T.rows % MXS_NVFP4_BLOCK == 0 && nv_aligned_to(T.data[1], 8)));
+                       (!T.data[1] || (T.rows % MXS_NVFP4_BLOCK == 0 && nv_aligned_to(T.data[1], 4)));
     if (tiles) {
         NvQuant Q;
         memset(&Q, 0, sizeof Q);
@@ -1017,6 +1118,83 @@ mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4
     if (s != MXS_OK) return s;
     if (b->n_items == 0) return MXS_OK;
     return nv_wb_run(b, plan, nullptr, PH_FINISH, stream);
+}
+
+size_t mxs_cuda_nvfp4_wb_bucket_size(void) { return sizeof(mxs_cuda_nvfp4_wb_bucket); }
+
+mxs_status mxs_cuda_nvfp4_wb_prepare_bytes(const mxs_nvfp4_wb_batch *b, int64_t *workspace_bytes) {
+    mxs_nvfp4_wb_plan plan;
+    mxs_status s;
+    if (!workspace_bytes) return MXS_ERR_INVALID_ARGUMENT;
+    if ((s = mxs_nvfp4_wb_make_plan(b, &plan, NULL)) != MXS_OK) return s;
+    return nv_bucket_bytes(b->n_items, workspace_bytes);
+}
+
+mxs_status mxs_cuda_nvfp4_wb_prepare(mxs_cuda_nvfp4_wb_bucket *bucket, const mxs_nvfp4_wb_batch *b,
+                                     const mxs_nvfp4_wb_plan *plan, void *packed, void *workspace,
+                                     int64_t workspace_bytes, cudaStream_t stream) {
+    mxs_cuda_nvfp4_wb_bucket bk;
+    int64_t need = 0;
+    mxs_status s;
+    if (!bucket) return MXS_ERR_INVALID_ARGUMENT;
+    memset(bucket, 0, sizeof *bucket);
+    memset(&bk, 0, sizeof bk);
+    /* the planned batch; packed non-NULL, aligned, over no buffer of it */
+    if ((s = mxs__nvfp4_wb_check_phase(b, plan, packed)) != MXS_OK) return s;
+    if ((s = nv_bucket_bytes(b->n_items, &need)) != MXS_OK) return s;
+    if (need > 0 && (!workspace || !aligned(workspace, 16))) return MXS_ERR_INVALID_ARGUMENT;
+    if (workspace_bytes < need) return MXS_ERR_BUFFER_SIZE;
+    if (mxs__overlap(packed, plan->packed_bytes, workspace, need)) return MXS_ERR_ALIASING;
+    if ((s = mxs_nvfp4_wb_check_buffer(b, workspace, need)) != MXS_OK) return s;
+    if ((s = launch_begin()) != MXS_OK) return s;
+    if (cudaGetDevice(&bk.device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return MXS_ERR_CUDA;
+    }
+    bk.n_items = b->n_items;
+    bk.packed = packed;
+    bk.packed_bytes = plan->packed_bytes;
+    bk.entry_bytes = plan->entry_bytes;
+    bk.status_offset = plan->status_offset;
+    bk.round_through = (int)b->round_through;
+    for (int ph = 0; ph < kNvPhases; ph++) {
+        NvItem *dev = static_cast<NvItem *>(workspace) + (int64_t)ph * b->n_items;
+        NvHead h = nv_head(b, plan, packed);
+        int64_t at = b->n_items;
+        NvChunk C; /* ~30 KB: the records travel to the table as kernel parameters */
+        for (int64_t i0 = 0; i0 < b->n_items; i0 += kChunk) {
+            const int64_t i1 = b->n_items - i0 < kChunk ? b->n_items : i0 + kChunk;
+            memset(&C, 0, sizeof C);
+            nv_items_build(b, i0, i1, ph, &at, &h, C.it);
+            nv_table_store<<<1, kNvThreads, 0, stream>>>(C, dev + i0, i1 - i0);
+            if ((s = launch_end()) != MXS_OK) return s;
+        }
+        bk.table[ph] = b->n_items > 0 ? dev : nullptr;
+        bk.units[ph] = h.units;
+        bk.tiles[ph] = h.tiles;
+    }
+    bk.check = nv_bucket_hash(&bk);
+    bk.magic = MXS_CUDA_NVFP4_WB_BUCKET_MAGIC;
+    *bucket = bk;
+    return MXS_OK;
+}
+
+mxs_status mxs_cuda_nvfp4_wb_bucket_partial(const mxs_cuda_nvfp4_wb_bucket *bucket, cudaStream_t stream) {
+    return nv_bucket_run(bucket, PH_PARTIAL, stream);
+}
+
+mxs_status mxs_cuda_nvfp4_wb_bucket_apply(const mxs_cuda_nvfp4_wb_bucket *bucket, cudaStream_t stream) {
+    return nv_bucket_run(bucket, PH_APPLY, stream);
+}
+
+mxs_status mxs_cuda_nvfp4_wb_bucket_finish(const mxs_cuda_nvfp4_wb_bucket *bucket, cudaStream_t stream) {
+    return nv_bucket_run(bucket, PH_FINISH, stream);
+}
+
+mxs_status mxs_cuda_nvfp4_wb_bucket_release(mxs_cuda_nvfp4_wb_bucket *bucket) {
+    if (!bucket) return MXS_ERR_INVALID_ARGUMENT;
+    memset(bucket, 0, sizeof *bucket);
+    return MXS_OK;
 }
 
 } /* extern "C" */

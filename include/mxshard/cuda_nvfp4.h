@@ -14,9 +14,11 @@
  * sm_100a/f-class builds the E2M1 conversion is the hardware cvt (nvfp4.h);
  * on Hopper it is the exact software rule.
  *
- * No workspace is needed: the per-item work records travel as kernel
- * parameters (up to MXS_CUDA_NVFP4_CHUNK items per launch), and the global
- * amax is accumulated in the tensor's own amax word.
+ * The unprepared writeback calls need no workspace: the per-item work
+ * records travel as kernel parameters (up to MXS_CUDA_NVFP4_CHUNK items per
+ * launch). The prepared bucket (below) keeps them in a device workspace and
+ * runs every phase in one kernel for any number of items. Quantize
+ * accumulates the global amax in the tensor's own amax word.
  */
 #ifndef MXSHARD_CUDA_NVFP4_H
 #define MXSHARD_CUDA_NVFP4_H
@@ -70,17 +72,18 @@ MXS_NODISCARD mxs_status mxs_cuda_nvfp4_convert_scales(int64_t rows, int64_t col
  * disjoint from every buffer of the batch), then launch_begin's pending-error
  * check (MXS_ERR_CUDA), then launches; MXS_ERR_CUDA when a launch fails. */
 
-/* Step 2: every byte of `packed` (plan->packed_bytes) - each block's partial
- * amax entry (0 where the shard has no element), the status entry 0. Same
- * bytes as mxs_host_nvfp4_wb_partial. One launch per chunk of items. Writes
- * nothing but `packed`. */
+/* Step 2: every byte of `packed` (plan->packed_bytes) - each tensor's and
+ * each block's partial amax entry (0 where the shard has no element), the
+ * status entry 0. Same bytes as mxs_host_nvfp4_wb_partial. A memset of
+ * `packed`, then one launch per chunk of items. Writes nothing but `packed`. */
 MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_partial(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
                                                    void *packed, cudaStream_t stream);
 
-/* Step 4, after the MAX reduction: per item the global amax (*amax), every
- * scale byte of every present plane (padding 0x00) and the cast of the shard
- * into its bytes of the row-wise plane and of the column stage - the bytes of
- * mxs_host_nvfp4_wb_apply. Two launches per chunk (amax, then scales + cast).
+/* Step 4, after the MAX reduction: per item the global amax (*amax, its
+ * reduced tensor-amax entry), every scale byte of every present plane
+ * (padding 0x00) and the cast of the shard into its bytes of the row-wise
+ * plane and of the column stage - the bytes of mxs_host_nvfp4_wb_apply. One
+ * launch per chunk of items.
  * The host call cannot read the group status byte without a synchronisation,
  * so it never returns MXS_ERR_REMOTE; instead the KERNELS read
  * packed[plan->status_offset] and write nothing when it is not 0 (as the
@@ -94,6 +97,81 @@ MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_apply(const mxs_nvfp4_wb_batch *b, co
  * items (none when no item has a column-wise plane). */
 MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
                                                   cudaStream_t stream);
+
+/* ---- the prepared bucket ---------------------------------------------------
+ *
+ * As <mxshard/cuda.h>'s mxs_cuda_wb_bucket for MXFP8: a distributed
+ * optimizer writes the same bucket back every step (same items, pointers and
+ * shards; only the master VALUES change). mxs_cuda_nvfp4_wb_prepare
+ * validates such a batch once (the planned batch, the packed buffer and the
+ * workspace against every buffer of it and each other) and stores the
+ * per-item work records of every phase in the caller's device workspace.
+ * The phase calls then only launch, for ANY number of items:
+ *
+ *   partial   a memset of the packed buffer, then ONE kernel
+ *   apply     ONE kernel (the global amaxes come from the reduced tensor-amax
+ *             entries: no amax pass)
+ *   finish    ONE kernel (none when no item has a column-wise plane)
+ *
+ * with no validation, allocation or synchronisation: graph-capturable.
+ *
+ *   mxs_cuda_nvfp4_wb_prepare_bytes(&b, &ws_bytes);
+ *   mxs_cuda_nvfp4_wb_prepare(&bk, &b, &plan, packed, ws, ws_bytes, stream);
+ *   every step: partial -> MAX all-reduce of packed -> apply -> gather -> finish
+ *   mxs_cuda_nvfp4_wb_bucket_release(&bk);
+ *
+ * Re-prepare when anything but master values changes (pointers, shards,
+ * shapes, planes, block, layout, master dtype, the items or their order,
+ * round_through, the packed buffer or the workspace); a stale bucket writes
+ * where the old batch said. The workspace and packed buffer must stay
+ * allocated and the workspace untouched while the bucket is in use. A NULL,
+ * never-prepared, zeroed, released or modified bucket, or one prepared on
+ * another device, is rejected with MXS_ERR_INVALID_ARGUMENT, nothing
+ * enqueued. Apply's kernel reads the group status byte itself and writes
+ * nothing when it is not 0, as mxs_cuda_nvfp4_wb_apply. */
+typedef struct mxs_cuda_nvfp4_wb_bucket {
+    /* private: written by mxs_cuda_nvfp4_wb_prepare, read by the phase calls */
+    uint64_t magic; /* MXS_CUDA_NVFP4_WB_BUCKET_MAGIC when prepared */
+    uint64_t check; /* hash of the fields below: a modified copy is rejected */
+    int64_t n_items;
+    void *packed; /* device, packed_bytes */
+    int64_t packed_bytes, entry_bytes, status_offset;
+    const void *table[3]; /* device work records in the workspace: [partial, apply, finish] (NULL: no items) */
+    int64_t units[3], tiles[3];
+    int round_through;
+    int device; /* the device it was prepared on */
+} mxs_cuda_nvfp4_wb_bucket;
+
+#define MXS_CUDA_NVFP4_WB_BUCKET_MAGIC 0x3462637534766E6Dull /* "mnv4ucb4" */
+
+/* sizeof(mxs_cuda_nvfp4_wb_bucket), for FFI users that allocate it. */
+size_t mxs_cuda_nvfp4_wb_bucket_size(void);
+
+/* Device workspace (bytes) a bucket of batch b needs: one record per item
+ * and phase (a few hundred bytes each). Validates b (MXS_ERR_*). */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_prepare_bytes(const mxs_nvfp4_wb_batch *b, int64_t *workspace_bytes);
+
+/* Validates b against plan (the phase checks of partial: the planned batch,
+ * `packed` non-NULL, aligned to plan->entry_bytes, over no buffer of the
+ * batch) and `workspace` (16-byte aligned device memory of at least
+ * mxs_cuda_nvfp4_wb_prepare_bytes bytes: MXS_ERR_BUFFER_SIZE when smaller;
+ * over no buffer of the batch nor the packed buffer: MXS_ERR_ALIASING), then
+ * stores the records (small kernels on `stream`; the batch descriptors may
+ * be freed when it returns) and fills *bucket. On any error *bucket is left
+ * zeroed; a launch error after validation (MXS_ERR_CUDA) may have written
+ * part of the workspace, nothing else. */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_prepare(mxs_cuda_nvfp4_wb_bucket *bucket, const mxs_nvfp4_wb_batch *b,
+                                                   const mxs_nvfp4_wb_plan *plan, void *packed, void *workspace,
+                                                   int64_t workspace_bytes, cudaStream_t stream);
+
+/* The phases of the prepared bucket: the bytes of mxs_cuda_nvfp4_wb_partial /
+ * _apply / _finish (and of the host calls). */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_bucket_partial(const mxs_cuda_nvfp4_wb_bucket *bucket, cudaStream_t stream);
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_bucket_apply(const mxs_cuda_nvfp4_wb_bucket *bucket, cudaStream_t stream);
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_bucket_finish(const mxs_cuda_nvfp4_wb_bucket *bucket, cudaStream_t stream);
+
+/* Zeroes the bucket (rejected until prepared again). Nothing to free. */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_bucket_release(mxs_cuda_nvfp4_wb_bucket *bucket);
 
 #ifdef __cplusplus
 }

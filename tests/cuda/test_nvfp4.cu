@@ -315,6 +315,9 @@ struct Group {
     mxs_nvfp4_wb_plan hplan[MAXR], dplan[MAXR];
     std::vector<uint8_t> hpacked[MAXR];
     DevBuf dpacked[MAXR];
+    bool use_bucket; /* device phases through the prepared buckets */
+    mxs_cuda_nvfp4_wb_bucket bk[MAXR];
+    DevBuf ws[MAXR];
     int64_t reductions;
     char what[200];
 };
@@ -430,6 +433,7 @@ static void group_free(Group &g) {
             dev_free(g.rw[q][w].dmaster);
         }
         dev_free(g.dpacked[q]);
+        dev_free(g.ws[q]);
     }
 }
 
@@ -535,7 +539,11 @@ static void capture(cudaStream_t st, cudaGraphExec_t *exec, const Group &g, int 
     cudaGraph_t graph;
     mxs_status s;
     CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    if (phase == 0)
+    if (g.use_bucket)
+        s = phase == 0   ? mxs_cuda_nvfp4_wb_bucket_partial(&g.bk[q], st)
+            : phase == 1 ? mxs_cuda_nvfp4_wb_bucket_apply(&g.bk[q], st)
+                         : mxs_cuda_nvfp4_wb_bucket_finish(&g.bk[q], st);
+    else if (phase == 0)
         s = mxs_cuda_nvfp4_wb_partial(&g.db[q], &g.dplan[q], g.dpacked[q].p, st);
     else if (phase == 1)
         s = mxs_cuda_nvfp4_wb_apply(&g.db[q], &g.dplan[q], g.dpacked[q].p, st);
@@ -543,6 +551,12 @@ static void capture(cudaStream_t st, cudaGraphExec_t *exec, const Group &g, int 
         s = mxs_cuda_nvfp4_wb_finish(&g.db[q], &g.dplan[q], st);
     CUDA_OK(cudaStreamEndCapture(st, &graph));
     expect(s, MXS_OK, "phase under capture");
+    if (g.use_bucket) { /* one launch per phase whatever the number of items (partial: + its memset) */
+        size_t nodes = 0;
+        CUDA_OK(cudaGraphGetNodes(graph, nullptr, &nodes));
+        CHECK(nodes <= (phase == 0 ? 2u : 1u), "%s: bucket phase %d: %zu graph nodes for %d items", g.what, phase,
+              nodes, g.nw);
+    }
     CUDA_OK(cudaGraphInstantiate(exec, graph, 0));
     CUDA_OK(cudaGraphDestroy(graph));
 }
@@ -555,7 +569,10 @@ static void run_phase(Group &g, int q, int phase, RankGraphs *graphs, cudaStream
         CUDA_OK(cudaStreamSynchronize(st));
         return;
     }
-    mxs_status s = phase == 0   ? mxs_cuda_nvfp4_wb_partial(&g.db[q], &g.dplan[q], g.dpacked[q].p, 0)
+    mxs_status s = g.use_bucket ? (phase == 0   ? mxs_cuda_nvfp4_wb_bucket_partial(&g.bk[q], 0)
+                                   : phase == 1 ? mxs_cuda_nvfp4_wb_bucket_apply(&g.bk[q], 0)
+                                                : mxs_cuda_nvfp4_wb_bucket_finish(&g.bk[q], 0))
+                   : phase == 0 ? mxs_cuda_nvfp4_wb_partial(&g.db[q], &g.dplan[q], g.dpacked[q].p, 0)
                    : phase == 1 ? mxs_cuda_nvfp4_wb_apply(&g.db[q], &g.dplan[q], g.dpacked[q].p, 0)
                                 : mxs_cuda_nvfp4_wb_finish(&g.db[q], &g.dplan[q], 0);
     CUDA_OK(cudaDeviceSynchronize());
@@ -614,6 +631,102 @@ static void test_large(void) {
         group_free(*g);
         delete g;
     }
+}
+
+/* ---- prepared buckets ------------------------------------------------------------- */
+
+static void bucket_prepare(Group &g) {
+    for (int q = 0; q < g.R; q++) {
+        int64_t need = -1;
+        expect(mxs_cuda_nvfp4_wb_prepare_bytes(&g.db[q], &need), MXS_OK, "bucket workspace bytes");
+        CHECK(need > 0 && need % (3 * g.nw) == 0, "%s: workspace %lld: one record per item and phase", g.what,
+              (long long)need);
+        g.ws[q] = dev_alloc(need > 0 ? need : 16);
+        expect(mxs_cuda_nvfp4_wb_prepare(&g.bk[q], &g.db[q], &g.dplan[q], g.dpacked[q].p, g.ws[q].p, need, 0), MXS_OK,
+               "bucket prepare");
+        CUDA_OK(cudaDeviceSynchronize());
+    }
+    g.use_bucket = true;
+}
+
+/* Prepared buckets == host, direct and in graphs (one launch per phase for
+ * 1..70 items, counted on the captured graphs), then the misuse the bucket
+ * calls can see. */
+static void test_buckets(void) {
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int it = 0; it < 12; it++) {
+        Group *g = new Group();
+        const int kind = it % 3; /* 70 small items; 1-2 large ones; 1-3 mixed */
+        group_make(*g, 1 + it % 3, it % SH_KINDS, kind == 0 ? MAXW : (int)rnd_in(1, kind == 1 ? 2 : 3),
+                   kind == 0 ? 24 : (kind == 1 ? 700 : 90));
+        bucket_prepare(*g);
+        for (int u = 0; u < 2; u++) {
+            group_fill(*g);
+            group_step(*g, nullptr, 0);
+        }
+        RankGraphs graphs[MAXR];
+        for (int q = 0; q < g->R; q++)
+            for (int ph = 0; ph < 3; ph++) capture(st, &graphs[q].exec[ph], *g, q, ph);
+        for (int u = 0; u < 2; u++) {
+            group_fill(*g);
+            group_step(*g, graphs, st);
+        }
+        for (int q = 0; q < g->R; q++)
+            for (int ph = 0; ph < 3; ph++) CUDA_OK(cudaGraphExecDestroy(graphs[q].exec[ph]));
+        group_free(*g);
+        delete g;
+    }
+    CUDA_OK(cudaStreamDestroy(st));
+
+    Group *g = new Group();
+    group_make(*g, 1, SH_REPLICA, 3, 90, false);
+    group_fill(*g);
+    int64_t need = 0;
+    expect(mxs_cuda_nvfp4_wb_prepare_bytes(&g->db[0], &need), MXS_OK, "workspace bytes");
+    DevBuf ws = dev_alloc(need + 64);
+    mxs_cuda_nvfp4_wb_bucket bk, zero;
+    memset(&zero, 0, sizeof zero);
+    void *pk = g->dpacked[0].p;
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], pk, ws.p, need - 1, 0), MXS_ERR_BUFFER_SIZE,
+           "workspace too small");
+    CHECK(memcmp(&bk, &zero, sizeof bk) == 0, "a failed prepare leaves the bucket zeroed");
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], pk, ws.p + 8, need, 0), MXS_ERR_INVALID_ARGUMENT,
+           "workspace not 16-byte aligned");
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], pk, nullptr, need, 0), MXS_ERR_INVALID_ARGUMENT,
+           "NULL workspace");
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], nullptr, ws.p, need, 0), MXS_ERR_INVALID_ARGUMENT,
+           "NULL packed");
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], pk, (uint8_t *)g->rw[0][0].dmaster.p, need, 0),
+           MXS_ERR_ALIASING, "workspace over a master");
+    DevBuf both = dev_alloc(need + g->dplan[0].packed_bytes + 64);
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], both.p + 64, both.p + 64, need, 0), MXS_ERR_ALIASING,
+           "workspace over the packed buffer");
+    mxs_nvfp4_wb_batch other = g->db[0];
+    other.round_through = g->db[0].round_through == MXS_BF16 ? MXS_F32 : MXS_BF16;
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &other, &g->dplan[0], pk, ws.p, need, 0), MXS_ERR_PLAN_MISMATCH,
+           "a batch changed since its plan");
+    CUDA_OK(cudaDeviceSynchronize());
+    group_compare(*g, "rejected prepares write nothing");
+    expect(mxs_cuda_nvfp4_wb_bucket_partial(&zero, 0), MXS_ERR_INVALID_ARGUMENT, "never-prepared bucket");
+    expect(mxs_cuda_nvfp4_wb_bucket_apply(nullptr, 0), MXS_ERR_INVALID_ARGUMENT, "NULL bucket");
+    expect(mxs_cuda_nvfp4_wb_prepare(&bk, &g->db[0], &g->dplan[0], pk, ws.p, need, 0), MXS_OK, "prepare");
+    mxs_cuda_nvfp4_wb_bucket edited = bk;
+    edited.n_items++;
+    expect(mxs_cuda_nvfp4_wb_bucket_apply(&edited, 0), MXS_ERR_INVALID_ARGUMENT, "modified bucket");
+    edited = bk;
+    edited.table[1] = nullptr;
+    expect(mxs_cuda_nvfp4_wb_bucket_finish(&edited, 0), MXS_ERR_INVALID_ARGUMENT, "modified table pointer");
+    expect(mxs_cuda_nvfp4_wb_bucket_release(&bk), MXS_OK, "release");
+    expect(mxs_cuda_nvfp4_wb_bucket_partial(&bk, 0), MXS_ERR_INVALID_ARGUMENT, "released bucket");
+    expect(mxs_cuda_nvfp4_wb_bucket_release(nullptr), MXS_ERR_INVALID_ARGUMENT, "release NULL");
+    CHECK(mxs_cuda_nvfp4_wb_bucket_size() == sizeof(mxs_cuda_nvfp4_wb_bucket), "bucket size");
+    CUDA_OK(cudaDeviceSynchronize());
+    group_compare(*g, "rejected bucket calls write nothing");
+    dev_free(ws);
+    dev_free(both);
+    group_free(*g);
+    delete g;
 }
 
 /* A batch of 70 items: three launch chunks per phase. */
@@ -791,6 +904,8 @@ int main(void) {
     tap_point("a remote failure: apply writes nothing");
     test_graphs();
     tap_point("partial / apply / finish captured in graphs and replayed");
+    test_buckets();
+    tap_point("prepared buckets == host, one launch per phase, misuse rejected");
     test_bad_input();
     tap_point("bad input rejected, nothing written");
     return tap_done();
