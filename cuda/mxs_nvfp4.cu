@@ -2,30 +2,38 @@
 /* cuda/mxs_nvfp4.cu - NVFP4 on the GPU (<mxshard/cuda_nvfp4.h>): quantize,
  * dequantize, scale conversion and the writeback phases.
  *
- * The simple design (docs/cuda.md "NVFP4"): every kernel maps ONE thread to
- * ONE output unit - a scale byte, a data byte (two nibbles), a packed entry -
- * and computes it from its inputs alone. No two threads ever write the same
- * byte, so the nibble pairs that straddle rows, blocks or shard edges need no
- * atomics and no ownership rule, and every output byte is written exactly
- * once per pass. Each unit calls the MXS_HOST_DEVICE rules of nvfp4.h
- * (mxs_nvfp4_block_scale, _encode_mult, mxs_e2m1x2_from_f32, entries), so the
- * bytes equal the host path's.
+ * Two kinds of work share every writeback launch (docs/cuda.md "NVFP4"):
  *
- *   quantize   memset(amax) | amax pass (atomicMax on the f32 bits: amaxes
- *              are >= 0 and never NaN, so the bits order as the values) |
- *              scale pass (each entry's block / tile amax from the source) |
- *              cast pass (each data byte, its scale read back from the plane)
- *   partial    one launch per chunk: every entry (block amax over the shard's
- *              elements of the block, 0 when none) and the status entry
- *   apply      per chunk: amax kernel (one CTA per item: max of its reduced
- *              entries -> *amax), then scales + cast (each scale byte; each
- *              data byte of the shard in the row-wise plane and the stage,
- *              multipliers from the reduced entries)
- *   finish     per chunk: each column-wise data byte from the gathered stage
+ *   warp tiles    one 16-row group x 256 columns per warp (lane = 8
+ *                 consecutive columns: 16-byte loads, 32-bit nibble
+ *                 stores) on items with cols % 8 == 0: block amaxes and
+ *                 multipliers in registers, each element read once
+ *   thread units  one output unit per thread, computed from its inputs alone:
+ *                 4 scale bytes (apply), a padding unit (quantize), or - on
+ *                 items off the tile path - a packed entry, a data byte
  *
- * A batch's items travel as kernel parameters, MXS_CUDA_NVFP4_CHUNK per
- * launch (__grid_constant__, no copy per thread): no workspace, no table
- * upload, graph-capturable.
+ * No two threads ever write the same byte (shard boundaries are even, so a
+ * data byte is wholly inside or outside a shard), so nothing needs an
+ * ownership rule; only the tensor-amax entries are raised atomically (one
+ * MAX per warp, after the partial's memset). Each unit calls the
+ * MXS_HOST_DEVICE rules of nvfp4.h (mxs_nvfp4_block_scale, _encode_mult,
+ * mxs_e2m1x2_from_f32, entries), so the bytes equal the host path's.
+ *
+ *   quantize   memset(amax) | amax pass (8 elements per thread; atomicMax on
+ *              the f32 bits: amaxes are >= 0 and never NaN, so the bits order
+ *              as the values) | tile pass (scales and data; padding units)
+ *              - off the tile path: scale pass + cast pass, one unit each
+ *   partial    memset(packed) | one kernel: block entries and tensor amaxes
+ *   apply      one kernel: every scale byte (units) and the shard's nibbles
+ *              in the row-wise plane and the stage (tiles), S_enc from the
+ *              reduced tensor-amax entry; *amax from it too
+ *   finish     one kernel: the column-wise plane from the gathered stage
+ *              (tiles when rows % 16 == 0, else one unit per byte)
+ *
+ * The unprepared calls pass the items as kernel parameters,
+ * MXS_CUDA_NVFP4_CHUNK per launch (__grid_constant__); a prepared bucket
+ * keeps the same records in its device workspace and launches once per
+ * phase. Both are graph-capturable.
  */
 #include <cuda_runtime.h>
 
@@ -306,26 +314,42 @@ __device__ __forceinline__ float nv_master(const NvHead &C, const NvItem &I, int
     return nv_load(I.master, I.dtype, f - I.start, C.rt);
 }
 
+/* Load specialisations of the tile kernels: the master (source) dtype DT
+ * and the effective round-through RT (MXS_F32: none; never equal to DT) as
+ * template constants, so the tile's loads compile without dtype switches;
+ * DT = -1 reads both from the launch at run time (a batch mixing dtypes).
+ * The bytes are the same either way: only the code differs. */
+constexpr int kNvAnyDtype = -1;
+
+/* Effective round-through of a dtype: rt, or MXS_F32 (none) when rt is the
+ * dtype itself (bf16 -> bf16 is the identity). */
+__host__ __device__ __forceinline__ int nv_eff_rt(int dtype, int rt) {
+    return rt != MXS_F32 && rt != dtype ? rt : MXS_F32;
+}
+
 /* The 8 elements f .. f+7 of a tile row (0 outside the shard): one vector
  * load when all 8 are inside, else element by element. */
+template <int DT, int RT>
 __device__ __forceinline__ void nv_load8(const NvHead &C, const NvItem &I, int64_t f, float *x) {
+    const int dt = DT >= 0 ? DT : I.dtype, rt = DT >= 0 ? RT : nv_eff_rt(I.dtype, C.rt);
     const int64_t end = I.start + I.len;
     if (f >= I.start && f + 8 <= end) {
         uint4 raw[2];
         if (I.mis)
-            ld_vec8<true>(I.master, I.dtype, f - I.start, raw);
+            ld_vec8<true>(I.master, dt, f - I.start, raw);
         else
-            ld_vec8<false>(I.master, I.dtype, f - I.start, raw);
-        unpack8(x, raw, I.dtype);
-        if (C.rt != MXS_F32 && C.rt != I.dtype) round_through8(x, C.rt);
+            ld_vec8<false>(I.master, dt, f - I.start, raw);
+        unpack8(x, raw, dt);
+        if (rt != MXS_F32) round_through8(x, rt);
         return;
     }
 #pragma unroll
-    for (int j = 0; j < 8; j++) x[j] = f + j >= I.start && f + j < end ? nv_master(C, I, f + j) : 0.0f;
+    for (int j = 0; j < 8; j++)
+        x[j] = f + j >= I.start && f + j < end ? nv_load(I.master, dt, f + j - I.start, rt) : 0.0f;
 }
 
 /* Partial, one warp tile: the block entries of group g, columns c0 .. */
-__device__ void nv_partial_tile(const NvHead &C, const NvItem &I, int64_t t) {
+template <int DT, int RT> __device__ void nv_partial_tile(const NvHead &C, const NvItem &I, int64_t t) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
     const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
@@ -337,7 +361,7 @@ __device__ void nv_partial_tile(const NvHead &C, const NvItem &I, int64_t t) {
         if ((r + 1) * I.cols <= I.start || r * I.cols >= end) continue; /* warp-uniform */
         float x[8], a = 0.0f;
         if (active)
-            nv_load8(C, I, r * I.cols + c0, x);
+            nv_load8<DT, RT>(C, I, r * I.cols + c0, x);
         else
 #pragma unroll
             for (int j = 0; j < 8; j++) x[j] = 0.0f;
@@ -439,7 +463,7 @@ __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t f
  * row-wise plane and the stage. Rows go in pairs: the lane pair of a 1x16
  * row block computes one multiplier each (lane 2p row i, lane 2p+1 row i+1)
  * and swaps them by __shfl_xor. */
-__device__ void nv_apply_tile(const NvHead &C, const NvItem &I, int64_t t) {
+template <int DT, int RT> __device__ void nv_apply_tile(const NvHead &C, const NvItem &I, int64_t t) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = I.grp0 + t / I.ctiles, c0 = (t % I.ctiles) * kNvTileCols + lane * 8;
     const int64_t r0 = g * MXS_NVFP4_BLOCK, r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
@@ -471,7 +495,7 @@ __device__ void nv_apply_tile(const NvHead &C, const NvItem &I, int64_t t) {
             if (r >= r1 || !active || f + 8 <= I.start || f >= end) continue;
             const float er = I.two_d ? et : ((lane & 1) == h ? mine : other);
             float x[8], e[8];
-            nv_load8(C, I, f, x);
+            nv_load8<DT, RT>(C, I, f, x);
             if (do_row) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
@@ -597,7 +621,7 @@ __device__ void nv_finish_unit(const NvHead &C, const NvItem *it, int64_t u) {
  * writes nothing when a rank failed). The items are kernel parameters
  * (nv_wb_kernel: a chunk of the unprepared calls) or a device table
  * (nv_wb_table_kernel: a prepared bucket). */
-template <int PH> __device__ __forceinline__ void nv_wb_body(const NvHead &C, const NvItem *it) {
+template <int PH, int DT, int RT> __device__ __forceinline__ void nv_wb_body(const NvHead &C, const NvItem *it) {
     if (PH == PH_APPLY && nv_remote_failed(C)) return;
     const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
@@ -606,9 +630,9 @@ template <int PH> __device__ __forceinline__ void nv_wb_body(const NvHead &C, co
             if (t >= C.tiles) continue;
             const NvItem &I = it[nv_item_of(C, it, t, true)];
             if (PH == PH_PARTIAL)
-                nv_partial_tile(C, I, t - I.tile0);
+                nv_partial_tile<DT, RT>(C, I, t - I.tile0);
             else if (PH == PH_APPLY)
-                nv_apply_tile(C, I, t - I.tile0);
+                nv_apply_tile<DT, RT>(C, I, t - I.tile0);
             else
                 nv_finish_tile(I, t - I.tile0);
         } else {
@@ -624,13 +648,54 @@ template <int PH> __device__ __forceinline__ void nv_wb_body(const NvHead &C, co
     }
 }
 
-template <int PH> __global__ void __launch_bounds__(kNvThreads) nv_wb_kernel(const __grid_constant__ NvChunk C) {
-    nv_wb_body<PH>(C.h, C.it);
+template <int PH, int DT, int RT>
+__global__ void __launch_bounds__(kNvThreads) nv_wb_kernel(const __grid_constant__ NvChunk C) {
+    nv_wb_body<PH, DT, RT>(C.h, C.it);
+}
+
+template <int PH, int DT, int RT>
+__global__ void __launch_bounds__(kNvThreads) nv_wb_table_kernel(const __grid_constant__ NvHead H, const NvItem *it) {
+    nv_wb_body<PH, DT, RT>(H, it);
+}
+
+/* The load specialisations instantiated for the writeback: f32 masters with
+ * each round-through, and bf16 / f16 masters without one; anything else
+ * (a launch mixing master dtypes, bf16 through f16, ...) runs the run-time
+ * variant. */
+enum { NV_F32, NV_F32_BF16, NV_F32_F16, NV_BF16, NV_F16, NV_ANY };
+
+/* The specialisation for master dtype dt (-1: mixed) and round-through rt. */
+int nv_wb_spec(int dt, int rt) {
+    if (dt < 0) return NV_ANY;
+    const int e = nv_eff_rt(dt, rt);
+    if (dt == MXS_F32) return e == MXS_BF16 ? NV_F32_BF16 : e == MXS_F16 ? NV_F32_F16 : NV_F32;
+    if (e != MXS_F32) return NV_ANY;
+    return dt == MXS_BF16 ? NV_BF16 : NV_F16;
+}
+
+/* Launches phase PH over chunk C (TABLE = false) or the table `it` (true). */
+template <int PH, int DT, int RT>
+void nv_wb_launch1(unsigned grid, cudaStream_t stream, const NvChunk *C, const NvHead &h, const NvItem *it) {
+    if (C)
+        nv_wb_kernel<PH, DT, RT><<<grid, kNvThreads, 0, stream>>>(*C);
+    else
+        nv_wb_table_kernel<PH, DT, RT><<<grid, kNvThreads, 0, stream>>>(h, it);
 }
 
 template <int PH>
-__global__ void __launch_bounds__(kNvThreads) nv_wb_table_kernel(const __grid_constant__ NvHead H, const NvItem *it) {
-    nv_wb_body<PH>(H, it);
+void nv_wb_launch(int spec, unsigned grid, cudaStream_t stream, const NvChunk *C, const NvHead &h, const NvItem *it) {
+    if constexpr (PH == PH_FINISH) { /* finish reads no master: one variant */
+        nv_wb_launch1<PH, kNvAnyDtype, kNvAnyDtype>(grid, stream, C, h, it);
+        return;
+    }
+    switch (spec) {
+    case NV_F32: nv_wb_launch1<PH, MXS_F32, MXS_F32>(grid, stream, C, h, it); break;
+    case NV_F32_BF16: nv_wb_launch1<PH, MXS_F32, MXS_BF16>(grid, stream, C, h, it); break;
+    case NV_F32_F16: nv_wb_launch1<PH, MXS_F32, MXS_F16>(grid, stream, C, h, it); break;
+    case NV_BF16: nv_wb_launch1<PH, MXS_BF16, MXS_F32>(grid, stream, C, h, it); break;
+    case NV_F16: nv_wb_launch1<PH, MXS_F16, MXS_F32>(grid, stream, C, h, it); break;
+    default: nv_wb_launch1<PH, kNvAnyDtype, kNvAnyDtype>(grid, stream, C, h, it); break;
+    }
 }
 
 /* ---- quantize in warp tiles ---------------------------------------------------------
@@ -653,16 +718,31 @@ struct NvQuant {
     NvTensor T;
     int64_t ctiles, tiles, tile_blocks, units; /* units: padding units of 4 entries, row plane first */
     int64_t punits[2];
+    int64_t sstep[2]; /* nv_scale_step of each plane */
+    int mis;          /* the source is only element-aligned (ld16_elems) */
 };
 
-template <bool MIS> __device__ __forceinline__ void nv_src8(const NvTensor &T, int64_t f, float *x) {
-    uint4 raw[2];
-    ld_vec8<MIS>(T.src, T.dtype, f, raw);
-    unpack8(x, raw, T.dtype);
-    if (T.rt != MXS_F32 && T.rt != T.dtype) round_through8(x, T.rt);
+/* offset(m + i, k) - offset(m, k) of a scale plane for 0 <= i < 8 when m is
+ * a multiple of 8 (mxs_scale_geom_offset's formulas: COMPACT m*K + k, PADDED
+ * m*Kp + k, SWIZZLED (m % 32) * 16 + ... with m / 32 fixed over such a run):
+ * K, Kp or 16. A tile's 16 rows (r0 % 16 == 0) and a lane's 8 columns
+ * (c0 % 8 == 0) are such runs (two for the rows). */
+__host__ __device__ __forceinline__ int64_t nv_scale_step(const mxs_scale_geom &g) {
+    return g.layout == MXS_SCALES_COMPACT ? g.K : g.layout == MXS_SCALES_PADDED ? g.Kp : 16;
 }
 
-template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc) {
+/* 8 source elements f .. f+7 (all inside), DT / RT as nv_load8's. */
+template <int DT, int RT> __device__ __forceinline__ void nv_src8(const NvQuant &Q, int64_t f, float *x) {
+    uint4 raw[2];
+    if (Q.mis)
+        ld_vec8<true>(Q.T.src, DT, f, raw);
+    else
+        ld_vec8<false>(Q.T.src, DT, f, raw);
+    unpack8(x, raw, DT);
+    if (RT != MXS_F32) round_through8(x, RT);
+}
+
+template <int DT, int RT> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc) {
     const NvTensor &T = Q.T;
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = t / Q.ctiles, c0 = (t % Q.ctiles) * kNvTileCols + lane * 8;
@@ -679,7 +759,7 @@ template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t
 #pragma unroll 4
             for (int64_t r = r0; r < r1; r++) {
                 float x[8];
-                nv_src8<MIS>(T, r * T.cols + c0, x);
+                nv_src8<DT, RT>(Q, r * T.cols + c0, x);
 #pragma unroll
                 for (int j = 0; j < 8; j++) cm[j] = mxs_amax_step(cm[j], x[j]);
             }
@@ -693,22 +773,27 @@ template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t
             et = mxs_nvfp4_encode_mult(sc, s_enc);
             /* the tile's entry in each of its rows (the pair splits them; also
              * when only the even lane has columns: cols % 16 == 8) ... */
-            if (rowp && k * MXS_NVFP4_BLOCK < T.cols)
-                for (int64_t r = r0 + (lane & 1); r < r1; r += 2)
-                    T.scale[0][mxs_scale_geom_offset(&T.geom[0], r, k)] = sc;
-            if (colp && active) /* ... and in each of its columns: this lane's 8 */
+            if (rowp && k * MXS_NVFP4_BLOCK < T.cols) {
+                uint8_t *d = T.scale[0] + mxs_scale_geom_offset(&T.geom[0], r0, k);
+                for (int64_t r = r0 + (lane & 1); r < r1; r += 2) d[(r - r0) * Q.sstep[0]] = sc;
+            }
+            if (colp && active) { /* ... and in each of its columns: this lane's 8 */
+                uint8_t *d = T.scale[1] + mxs_scale_geom_offset(&T.geom[1], c0, g);
 #pragma unroll
                 for (int j = 0; j < 8; j++)
-                    if (c0 + j < T.cols) T.scale[1][mxs_scale_geom_offset(&T.geom[1], c0 + j, g)] = sc;
+                    if (c0 + j < T.cols) d[j * Q.sstep[1]] = sc;
+            }
         } else if (active) { /* 16x1 blocks (c, g) */
+            uint8_t *d = T.scale[1] + mxs_scale_geom_offset(&T.geom[1], c0, g);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const uint8_t sc = mxs_nvfp4_block_scale(cm[j], s_enc);
                 ec[j] = mxs_nvfp4_encode_mult(sc, s_enc);
-                T.scale[1][mxs_scale_geom_offset(&T.geom[1], c0 + j, g)] = sc;
+                d[j * Q.sstep[1]] = sc;
             }
         }
     }
+    uint8_t *const srow = rowp && !two_d && active ? T.scale[0] + mxs_scale_geom_offset(&T.geom[0], r0, k) : nullptr;
 #pragma unroll 1
     for (int h = 0; h < 2; h++) { /* pass 2 (the only pass for 1x16 row-only), 8 rows at a time */
         uint32_t cw[8];
@@ -719,7 +804,7 @@ template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t
             const int64_t r = r0 + 8 * h + i;
             if (r >= r1) break; /* warp-uniform */
             float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, e[8];
-            if (active) nv_src8<MIS>(T, r * T.cols + c0, x);
+            if (active) nv_src8<DT, RT>(Q, r * T.cols + c0, x);
             if (rowp) {
                 float er = et;
                 if (!two_d) {
@@ -729,7 +814,7 @@ template <bool MIS> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t
                     a = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
                     const uint8_t sc = mxs_nvfp4_block_scale(a, s_enc);
                     er = mxs_nvfp4_encode_mult(sc, s_enc);
-                    if (active && !(lane & 1)) T.scale[0][mxs_scale_geom_offset(&T.geom[0], r, k)] = sc;
+                    if (active && !(lane & 1)) srow[(r - r0) * Q.sstep[0]] = sc;
                 }
                 if (active) {
 #pragma unroll
@@ -766,14 +851,14 @@ __device__ void nv_quantize_pad_unit(const NvQuant &Q, int64_t u) {
         if (all || k0 + b >= G.K) d[b] = 0;
 }
 
-template <bool MIS>
+template <int DT, int RT>
 __global__ void __launch_bounds__(kNvThreads) nv_quantize_kernel(const __grid_constant__ NvQuant Q) {
     const float s_enc = mxs_nvfp4_global_encode(*Q.T.amax);
     const int64_t blocks = Q.tile_blocks + mxs_ceil_div(Q.units, kNvThreads);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
         if (blk < Q.tile_blocks) {
             const int64_t t = blk * kNvWarps + threadIdx.x / 32;
-            if (t < Q.tiles) nv_quantize_tile<MIS>(Q, t, s_enc);
+            if (t < Q.tiles) nv_quantize_tile<DT, RT>(Q, t, s_enc);
         } else {
             const int64_t u = (blk - Q.tile_blocks) * kNvThreads + threadIdx.x;
             if (u < Q.units) nv_quantize_pad_unit(Q, u);
@@ -887,6 +972,19 @@ void nv_items_build(const mxs_nvfp4_wb_batch *b, int64_t i0, int64_t i1, int ph,
 
 int64_t nv_blocks(const NvHead &h) { return h.tile_blocks + mxs_ceil_div(h.units, kNvThreads); }
 
+/* The master dtype of the items [i0, i1) that have a shard (MXS_F32 when
+ * none has), or -1 when they differ. */
+int nv_master_dtype(const mxs_nvfp4_wb_batch *b, int64_t i0, int64_t i1) {
+    int dt = -2;
+    for (int64_t i = i0; i < i1; i++) {
+        if (b->items[i].len <= 0) continue;
+        const int d = (int)b->items[i].master_dtype;
+        if (dt == -2) dt = d;
+        if (dt != d) return -1;
+    }
+    return dt == -2 ? (int)MXS_F32 : dt;
+}
+
 /* The memset that starts every partial: the whole packed buffer. */
 mxs_status nv_zero_packed(void *packed, int64_t bytes, cudaStream_t stream) {
     if (cudaMemsetAsync(packed, 0, (size_t)bytes, stream) == cudaSuccess) return MXS_OK;
@@ -911,13 +1009,14 @@ mxs_status nv_wb_run(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
         C.h.n = i1 - i0;
         nv_items_build(b, i0, i1, ph, &at, &C.h, C.it);
         const unsigned grid = grid_for(nv_blocks(C.h));
+        const int spec = nv_wb_spec(nv_master_dtype(b, i0, i1), (int)b->round_through);
         if (grid > 0) {
             if (ph == PH_PARTIAL)
-                nv_wb_kernel<PH_PARTIAL><<<grid, kNvThreads, 0, stream>>>(C);
+                nv_wb_launch<PH_PARTIAL>(spec, grid, stream, &C, C.h, nullptr);
             else if (ph == PH_APPLY)
-                nv_wb_kernel<PH_APPLY><<<grid, kNvThreads, 0, stream>>>(C);
+                nv_wb_launch<PH_APPLY>(spec, grid, stream, &C, C.h, nullptr);
             else
-                nv_wb_kernel<PH_FINISH><<<grid, kNvThreads, 0, stream>>>(C);
+                nv_wb_launch<PH_FINISH>(spec, grid, stream, &C, C.h, nullptr);
         }
         if ((s = launch_end()) != MXS_OK) return s;
     }
@@ -957,6 +1056,7 @@ uint64_t nv_bucket_hash(const mxs_cuda_nvfp4_wb_bucket *bk) {
         h = mxs__fnv_u64(h, (uint64_t)bk->tiles[p]);
     }
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->round_through);
+    h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->load_spec);
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->device);
     return h;
 }
@@ -996,11 +1096,11 @@ mxs_status nv_bucket_run(const mxs_cuda_nvfp4_wb_bucket *bk, int ph, cudaStream_
     const unsigned grid = grid_for(nv_blocks(h));
     if (grid > 0) {
         if (ph == PH_PARTIAL)
-            nv_wb_table_kernel<PH_PARTIAL><<<grid, kNvThreads, 0, stream>>>(h, table);
+            nv_wb_launch<PH_PARTIAL>(bk->load_spec, grid, stream, nullptr, h, table);
         else if (ph == PH_APPLY)
-            nv_wb_table_kernel<PH_APPLY><<<grid, kNvThreads, 0, stream>>>(h, table);
+            nv_wb_launch<PH_APPLY>(bk->load_spec, grid, stream, nullptr, h, table);
         else
-            nv_wb_table_kernel<PH_FINISH><<<grid, kNvThreads, 0, stream>>>(h, table);
+            nv_wb_launch<PH_FINISH>(bk->load_spec, grid, stream, nullptr, h, table);
     }
     return launch_end();
 }
@@ -1062,11 +1162,18 @@ mxs_status mxs_cuda_nvfp4_quantize(const mxs_nvfp4_tensor *dst, const void *src,
         for (int p = 0; p < 2; p++)
             if (T.scale[p] && T.geom[p].layout != MXS_SCALES_COMPACT) Q.punits[p] = T.geom[p].Mp * (T.geom[p].Kp / 4);
         Q.units = Q.punits[0] + Q.punits[1];
+        for (int p = 0; p < 2; p++) Q.sstep[p] = nv_scale_step(T.geom[p]);
+        Q.mis = mis;
         const unsigned grid = grid_for(Q.tile_blocks + mxs_ceil_div(Q.units, kNvThreads));
-        if (mis)
-            nv_quantize_kernel<true><<<grid, kNvThreads, 0, stream>>>(Q);
-        else
-            nv_quantize_kernel<false><<<grid, kNvThreads, 0, stream>>>(Q);
+        switch (T.dtype * 3 + nv_eff_rt(T.dtype, T.rt)) { /* every (dtype, effective round-through) */
+        case MXS_F32 * 3 + MXS_F32: nv_quantize_kernel<MXS_F32, MXS_F32><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        case MXS_F32 * 3 + MXS_BF16: nv_quantize_kernel<MXS_F32, MXS_BF16><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        case MXS_F32 * 3 + MXS_F16: nv_quantize_kernel<MXS_F32, MXS_F16><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        case MXS_BF16 * 3 + MXS_F32: nv_quantize_kernel<MXS_BF16, MXS_F32><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        case MXS_BF16 * 3 + MXS_F16: nv_quantize_kernel<MXS_BF16, MXS_F16><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        case MXS_F16 * 3 + MXS_F32: nv_quantize_kernel<MXS_F16, MXS_F32><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        default: nv_quantize_kernel<MXS_F16, MXS_BF16><<<grid, kNvThreads, 0, stream>>>(Q); break;
+        }
         return launch_end();
     }
     const int64_t sunits = T.sbytes[0] + T.sbytes[1];
@@ -1157,6 +1264,7 @@ mxs_status mxs_cuda_nvfp4_wb_prepare(mxs_cuda_nvfp4_wb_bucket *bucket, const mxs
     bk.entry_bytes = plan->entry_bytes;
     bk.status_offset = plan->status_offset;
     bk.round_through = (int)b->round_through;
+    bk.load_spec = nv_wb_spec(nv_master_dtype(b, 0, b->n_items), (int)b->round_through);
     for (int ph = 0; ph < kNvPhases; ph++) {
         NvItem *dev = static_cast<NvItem *>(workspace) + (int64_t)ph * b->n_items;
         NvHead h = nv_head(b, plan, packed);

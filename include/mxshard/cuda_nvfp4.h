@@ -139,7 +139,8 @@ typedef struct mxs_cuda_nvfp4_wb_bucket {
     const void *table[3]; /* device work records in the workspace: [partial, apply, finish] (NULL: no items) */
     int64_t units[3], tiles[3];
     int round_through;
-    int device; /* the device it was prepared on */
+    int load_spec; /* which kernel specialisation (master dtype, round-through) the phases launch */
+    int device;    /* the device it was prepared on */
 } mxs_cuda_nvfp4_wb_bucket;
 
 #define MXS_CUDA_NVFP4_WB_BUCKET_MAGIC 0x3462637534766E6Dull /* "mnv4ucb4" */
