@@ -542,6 +542,8 @@ def _nvfp4_layout_facts():
 # when the loaded CUDA library exports it
 _NVFP4_CUDA_OPS = ("quantize", "dequantize", "convert_scales")
 _NVFP4_CUDA_WB = ("wb_partial", "wb_apply", "wb_finish")
+_NVFP4_CUDA_BUCKET = ("bucket_size", "prepare_bytes", "prepare", "bucket_partial", "bucket_apply", "bucket_finish",
+                      "bucket_release")
 
 
 class _Nvfp4Host:
@@ -589,6 +591,15 @@ class _Nvfp4Cuda:
         self.dequantize = _proto(L, "mxs_cuda_nvfp4_dequantize", _INT, [T, _INT, _P, _INT, _P], required=False)
         self.convert_scales = _proto(L, "mxs_cuda_nvfp4_convert_scales", _INT,
                                      [_I64, _I64, _INT, _INT, _P, _INT, _P, _P], required=False)
+        # the prepared bucket (one kernel per phase for any number of items)
+        self.bucket_size = _proto(L, "mxs_cuda_nvfp4_wb_bucket_size", ctypes.c_size_t, [], required=False)
+        self.prepare_bytes = _proto(L, "mxs_cuda_nvfp4_wb_prepare_bytes", _INT, [B, ctypes.POINTER(ctypes.c_int64)],
+                                    required=False)
+        self.prepare = _proto(L, "mxs_cuda_nvfp4_wb_prepare", _INT, [_P, B, Pl, _P, _P, _I64, _P], required=False)
+        self.bucket_partial = _proto(L, "mxs_cuda_nvfp4_wb_bucket_partial", _INT, [_P, _P], required=False)
+        self.bucket_apply = _proto(L, "mxs_cuda_nvfp4_wb_bucket_apply", _INT, [_P, _P], required=False)
+        self.bucket_finish = _proto(L, "mxs_cuda_nvfp4_wb_bucket_finish", _INT, [_P, _P], required=False)
+        self.bucket_release = _proto(L, "mxs_cuda_nvfp4_wb_bucket_release", _INT, [_P], required=False)
         self.wb_partial = _proto(L, "mxs_cuda_nvfp4_wb_partial", _INT, [B, Pl, _P, _P], required=False)
         self.wb_apply = _proto(L, "mxs_cuda_nvfp4_wb_apply", _INT, [B, Pl, _P, _P], required=False)
         self.wb_finish = _proto(L, "mxs_cuda_nvfp4_wb_finish", _INT, [B, Pl, _P], required=False)

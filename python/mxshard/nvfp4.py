@@ -471,7 +471,29 @@ class NVFP4BucketWriteback(_WithClose):
         self._packed_ptr = ctypes.c_void_p(pptr)
         self._nv = nv
         self._wire = None
+        self._cuda_bucket = None
+        if self.is_cuda and all(getattr(self._cu, n, None) is not None for n in L._NVFP4_CUDA_BUCKET):
+            self._prepare_cuda()
         self._closed = False
+
+    def _prepare_cuda(self):
+        """The prepared bucket (mxs_cuda_nvfp4_wb_prepare): every phase one
+        kernel for any number of items, with no per-call validation. The batch
+        never changes after construction (its buffers are fixed), so it is
+        prepared once; a library without the bucket calls runs the unprepared
+        ones."""
+        t = A.torch_mod()
+        cu = self._cu
+        ws = ctypes.c_int64(0)
+        L.check(cu.prepare_bytes(self._bp, ctypes.byref(ws)), "mxs_cuda_nvfp4_wb_prepare_bytes")
+        self._workspace = t.empty(max(int(ws.value), 16), dtype=t.uint8, device=self.device)
+        size = int(cu.bucket_size())
+        self._bucket_mem = (ctypes.c_uint64 * ((size + 7) // 8))()
+        bptr = ctypes.addressof(self._bucket_mem)
+        with t.cuda.device(self._tdev):
+            L.check(cu.prepare(bptr, self._bp, self._pp, self._packed_ptr.value, self._workspace.data_ptr(),
+                               int(ws.value), self._stream()), "mxs_cuda_nvfp4_wb_prepare")
+        self._cuda_bucket = ctypes.c_void_p(bptr)
 
     @staticmethod
     def _raise_plan_error(nv, st, citems, per):
@@ -516,7 +538,9 @@ class NVFP4BucketWriteback(_WithClose):
             self._check_open()
             if self._fault is not None:
                 raise self._fault
-            if self.is_cuda:
+            if self._cuda_bucket is not None:
+                L.check(self._cu.bucket_partial(self._cuda_bucket, self._stream()), "mxs_cuda_nvfp4_wb_bucket_partial")
+            elif self.is_cuda:
                 st = self._cu.wb_partial(self._bp, self._pp, self._packed_ptr, self._stream())
                 L.check(st, "mxs_cuda_nvfp4_wb_partial")
             else:
@@ -550,7 +574,9 @@ class NVFP4BucketWriteback(_WithClose):
         self._check_open()
         if self.status() != 0:
             raise L.remote_error("NVFP4BucketWriteback.apply")
-        if self.is_cuda:
+        if self._cuda_bucket is not None:
+            L.check(self._cu.bucket_apply(self._cuda_bucket, self._stream()), "mxs_cuda_nvfp4_wb_bucket_apply")
+        elif self.is_cuda:
             L.check(self._cu.wb_apply(self._bp, self._pp, self._packed_ptr, self._stream()), "mxs_cuda_nvfp4_wb_apply")
         else:
             L.check(self._nv.wb_apply(self._bp, self._pp, self._packed_ptr), "mxs_host_nvfp4_wb_apply")
@@ -559,7 +585,9 @@ class NVFP4BucketWriteback(_WithClose):
         """Step 6, after the gather: the column-wise data planes from the
         gathered stages (or, 16x16 with both planes, the row-wise planes)."""
         self._check_open()
-        if self.is_cuda:
+        if self._cuda_bucket is not None:
+            L.check(self._cu.bucket_finish(self._cuda_bucket, self._stream()), "mxs_cuda_nvfp4_wb_bucket_finish")
+        elif self.is_cuda:
             L.check(self._cu.wb_finish(self._bp, self._pp, self._stream()), "mxs_cuda_nvfp4_wb_finish")
         else:
             L.check(self._nv.wb_finish(self._bp, self._pp), "mxs_host_nvfp4_wb_finish")
@@ -633,6 +661,9 @@ class NVFP4BucketWriteback(_WithClose):
     def close(self):
         """Releases the group setups (their gather schedules hold the process group)."""
         self._setups.clear()
+        if self._cuda_bucket is not None:
+            L.check(self._cu.bucket_release(self._cuda_bucket), "mxs_cuda_nvfp4_wb_bucket_release")
+            self._cuda_bucket = None
         self._closed = True
 
     def __repr__(self):

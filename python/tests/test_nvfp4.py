@@ -617,6 +617,35 @@ def test_cuda_tensors_routed_or_unsupported(rng):
             weights_equal(g2, host)
 
 
+def test_cuda_prepared_bucket_many_items(rng):
+    """A CUDA NVFP4BucketWriteback runs the prepared bucket (one kernel per
+    phase for any number of items): 40 weights of odd shapes, every block and
+    layout, bytes equal to the host quantize, twice on the same buffers."""
+    from conftest import cuda_or_skip
+    torch = cuda_or_skip()
+    from mxshard import _lib as L
+    cu = L.cuda_lib().lib
+    if getattr(cu, "mxs_cuda_nvfp4_wb_prepare", None) is None:
+        pytest.skip("libmxshard_cuda without the NVFP4 prepared bucket")
+    shapes = [(int(rng.integers(1, 70)), 8 * int(rng.integers(1, 40)) - int(rng.integers(0, 2))) for _ in range(40)]
+    blocks, layouts = ("1x16", "16x16"), ("compact", "padded", "swizzled")
+    ws = [mxshard.NVFP4Weight.empty(r, c, planes=("row", "both")[i % 2], block=blocks[(i // 2) % 2],
+                                    layout=layouts[i % 3], device="cuda") for i, (r, c) in enumerate(shapes)]
+    for update in range(2):
+        masters = [rng.standard_normal(r * c).astype(np.float32) * (1 + update) for r, c in shapes]
+        wb = mxshard.NVFP4BucketWriteback([(w, torch.from_numpy(m).cuda(), 0) for w, m in zip(ws, masters)],
+                                          round_through="bf16")
+        assert wb._cuda_bucket is not None, "the prepared bucket is used"
+        wb.run()
+        torch.cuda.synchronize()
+        for w, m, (r, c), i in zip(ws, masters, shapes, range(len(ws))):
+            ref = mxshard.NVFP4Weight.empty(r, c, planes=("row", "both")[i % 2], block=blocks[(i // 2) % 2],
+                                            layout=layouts[i % 3])
+            mxshard.quantize_nvfp4(ref, m.reshape(r, c), round_through="bf16")
+            weights_equal(w, ref)
+        wb.close()
+
+
 # ---- the writeback over gloo: 2 and 3 processes -------------------------------------------
 
 
