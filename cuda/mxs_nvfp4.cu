@@ -241,7 +241,7 @@ struct NvHead {
     void *packed;          /* device */
     int64_t status_offset; /* the status byte */
     int64_t units;         /* thread units of the launch */
-    int64_t tiles;         /* warp tiles of the launch */
+    int64_t tiles;         /* tiles of the launch (a warp each; finish: a CTA each) */
     int64_t tile_blocks;   /* CTAs of the tiles: ceil(tiles / kNvWarps); the units' CTAs follow */
 };
 
@@ -578,28 +578,47 @@ __device__ void nv_apply_unit(const NvHead &C, const NvItem *it, int64_t u) {
                           : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
 }
 
-/* Finish, one warp tile (rows % 16 == 0, cols % 8 == 0; tiles run down a
- * 256-column stripe, so a CTA's 8 warps fill 64 consecutive bytes of each
- * column): 16 rows x 8 columns per lane, one 8-byte store per column. */
-__device__ void nv_finish_tile(const NvItem &I, int64_t t) {
-    const int lane = (int)(threadIdx.x & 31u);
-    const int64_t G = I.rows / MXS_NVFP4_BLOCK, g = t % G, c0 = (t / G) * kNvTileCols + lane * 8;
-    if (c0 >= I.cols) return;
-    const uint8_t *src = I.stage ? I.stage : I.data[0];
-    uint32_t w[MXS_NVFP4_BLOCK];
+/* Finish, one CTA tile (rows % 16 == 0, cols % 8 == 0): kFinishGroups
+ * 16-row groups x 256 columns. Warp w transposes group w: lane l reads 16
+ * rows x 4 bytes (its 8 columns) and leaves each column's 16 nibbles (8
+ * bytes) in shared memory; then thread c writes column c's bytes of all the
+ * groups - 64 contiguous bytes, whole 32-byte sectors - instead of 8 warps
+ * scattering 8-byte pieces at a stride of rows/2 (27 % of the copy ceiling
+ * in run 13 before this). Lanes visit their 8 columns rotated by lane so
+ * that the shared-memory stores spread over the banks. */
+constexpr int kFinishGroups = kNvWarps; /* 8 groups = 128 rows per CTA tile */
+
+__device__ void nv_finish_tile(const NvItem &I, int64_t t, uint2 (*sm)[kNvTileCols]) {
+    const int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x / 32);
+    const int64_t G = I.rows / MXS_NVFP4_BLOCK, RB = mxs_ceil_div(G, kFinishGroups);
+    const int64_t g0 = (t % RB) * kFinishGroups, cb = (t / RB) * kNvTileCols;
+    const int64_t ng = G - g0 < kFinishGroups ? G - g0 : kFinishGroups;
+    const int64_t c0 = cb + lane * 8, g = g0 + warp;
+    if (g < G && c0 < I.cols) {
+        const uint8_t *src = I.stage ? I.stage : I.data[0];
+        uint32_t w[MXS_NVFP4_BLOCK];
 #pragma unroll
-    for (int i = 0; i < MXS_NVFP4_BLOCK; i++)
-        w[i] = __ldg(reinterpret_cast<const uint32_t *>(src + ((g * MXS_NVFP4_BLOCK + i) * I.cols + c0) / 2));
+        for (int i = 0; i < MXS_NVFP4_BLOCK; i++)
+            w[i] = __ldg(reinterpret_cast<const uint32_t *>(src + ((g * MXS_NVFP4_BLOCK + i) * I.cols + c0) / 2));
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        uint32_t lo = 0, hi = 0;
+        for (int j = 0; j < 8; j++) {
+            const int jj = (j + lane) & 7; /* rotated: neighbouring lanes hit different banks */
+            uint32_t lo = 0, hi = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            lo |= ((w[i] >> (4 * j)) & 0xFu) << (4 * i);
-            hi |= ((w[i + 8] >> (4 * j)) & 0xFu) << (4 * i);
+            for (int i = 0; i < 8; i++) {
+                lo |= ((w[i] >> (4 * jj)) & 0xFu) << (4 * i);
+                hi |= ((w[i + 8] >> (4 * jj)) & 0xFu) << (4 * i);
+            }
+            sm[warp][lane * 8 + jj] = make_uint2(lo, hi);
         }
-        *reinterpret_cast<uint2 *>(I.data[1] + ((c0 + j) * I.rows + g * MXS_NVFP4_BLOCK) / 2) = make_uint2(lo, hi);
     }
+    __syncthreads();
+    const int64_t c = cb + threadIdx.x;
+    if (c < I.cols) {
+        uint2 *d = reinterpret_cast<uint2 *>(I.data[1] + (c * I.rows + g0 * MXS_NVFP4_BLOCK) / 2);
+        for (int q = 0; q < ng; q++) d[q] = sm[q][threadIdx.x];
+    }
+    __syncthreads(); /* before the next tile overwrites sm */
 }
 
 /* Finish, one thread unit: one byte of a column-wise data plane, from the
@@ -622,11 +641,13 @@ __device__ void nv_finish_unit(const NvHead &C, const NvItem *it, int64_t u) {
  * (nv_wb_kernel: a chunk of the unprepared calls) or a device table
  * (nv_wb_table_kernel: a prepared bucket). */
 template <int PH, int DT, int RT> __device__ __forceinline__ void nv_wb_body(const NvHead &C, const NvItem *it) {
+    __shared__ uint2 fsm[PH == PH_FINISH ? kFinishGroups : 1][kNvTileCols];
     if (PH == PH_APPLY && nv_remote_failed(C)) return;
     const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
         if (blk < C.tile_blocks) {
-            const int64_t t = blk * kNvWarps + threadIdx.x / 32;
+            /* partial, apply: a tile per warp; finish: a tile per CTA */
+            const int64_t t = PH == PH_FINISH ? blk : blk * kNvWarps + threadIdx.x / 32;
             if (t >= C.tiles) continue;
             const NvItem &I = it[nv_item_of(C, it, t, true)];
             if (PH == PH_PARTIAL)
@@ -634,7 +655,7 @@ template <int PH, int DT, int RT> __device__ __forceinline__ void nv_wb_body(con
             else if (PH == PH_APPLY)
                 nv_apply_tile<DT, RT>(C, I, t - I.tile0);
             else
-                nv_finish_tile(I, t - I.tile0);
+                nv_finish_tile(I, t - I.tile0, fsm);
         } else {
             const int64_t u = (blk - C.tile_blocks) * kNvThreads + threadIdx.x;
             if (u >= C.units) continue;
@@ -911,6 +932,9 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
     I->st4 = nv_aligned_to(I->data[0], 4) && nv_aligned_to(I->stage, 4);
 }
 
+/* CTAs of a phase's tiles: a warp per tile, finish a CTA per tile. */
+int64_t nv_tile_blocks(int ph, int64_t tiles) { return ph == PH_FINISH ? tiles : mxs_ceil_div(tiles, kNvWarps); }
+
 /* Thread units and warp tiles of item I in phase ph. */
 void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
     *units = *tiles = 0;
@@ -918,7 +942,7 @@ void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
         if (!(I->dirs & MXS_COLWISE)) return;
         const uint8_t *src = I->stage ? I->stage : I->data[0];
         if (I->rows % MXS_NVFP4_BLOCK == 0 && I->cols % 8 == 0 && nv_aligned_to(src, 4) && nv_aligned_to(I->data[1], 8))
-            *tiles = (I->rows / MXS_NVFP4_BLOCK) * I->ctiles;
+            *tiles = mxs_ceil_div(I->rows / MXS_NVFP4_BLOCK, kFinishGroups) * I->ctiles; /* CTA tiles */
         else
             *units = (I->n + 1) / 2;
         return;
@@ -967,7 +991,7 @@ void nv_items_build(const mxs_nvfp4_wb_batch *b, int64_t i0, int64_t i1, int ph,
         h->units += I.units;
         h->tiles += I.tiles;
     }
-    h->tile_blocks = mxs_ceil_div(h->tiles, kNvWarps);
+    h->tile_blocks = nv_tile_blocks(ph, h->tiles);
 }
 
 int64_t nv_blocks(const NvHead &h) { return h.tile_blocks + mxs_ceil_div(h.units, kNvThreads); }
@@ -1072,7 +1096,7 @@ NvHead nv_bucket_head(const mxs_cuda_nvfp4_wb_bucket *bk, int ph) {
     h.status_offset = bk->status_offset;
     h.units = bk->units[ph];
     h.tiles = bk->tiles[ph];
-    h.tile_blocks = mxs_ceil_div(h.tiles, kNvWarps);
+    h.tile_blocks = nv_tile_blocks(ph, h.tiles);
     return h;
 }
 
