@@ -281,10 +281,10 @@ __device__ __forceinline__ void nv_put(const NvHead &C, int64_t i, float a) {
 }
 
 /* entry i = max(entry i, entry of a), atomically (the tensor-amax entries,
- * raised by many warps; zeroed by the memset before the launch). 2-byte
- * entries: a CAS on the aligned word holding it (inside the buffer's
- * allocation: cudaMalloc aligns to 256 bytes). Reads first: once the max is
- * there, a warp leaves after one load. */
+ * raised by many warps; zeroed by the memset before the launch): atomicMax
+ * on 4-byte entries, a 16-bit CAS loop on 2-byte ones (compute capability
+ * 7.0+), so no byte outside the entry is touched. Reads first: once the max
+ * is there, a warp leaves after one load. */
 __device__ void nv_raise_atomic(const NvHead &C, int64_t i, float a) {
     const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
     if (C.w == 4) {
@@ -292,13 +292,10 @@ __device__ void nv_raise_atomic(const NvHead &C, int64_t i, float a) {
         if (__ldcg(p) < v) atomicMax(p, v);
         return;
     }
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(static_cast<uint16_t *>(C.packed) + i);
-    unsigned *word = reinterpret_cast<unsigned *>(addr & ~(uintptr_t)3);
-    const unsigned sh = (unsigned)(addr & 2u) * 8u;
-    unsigned old = __ldcg(word);
-    while (((old >> sh) & 0xFFFFu) < v) {
-        const unsigned want = (old & ~(0xFFFFu << sh)) | (v << sh);
-        const unsigned seen = atomicCAS(word, old, want);
+    unsigned short *p = static_cast<unsigned short *>(C.packed) + i;
+    unsigned short old = __ldcg(p);
+    while (old < v) {
+        const unsigned short seen = atomicCAS(p, old, (unsigned short)v);
         if (seen == old) break;
         old = seen;
     }
