@@ -56,11 +56,18 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 /* ---- device helpers --------------------------------------------------------- */
 
+/* Effective round-through of a dtype: rt, or MXS_F32 (none) when rt is the
+ * dtype itself (bf16 -> bf16 and f16 -> f16 are the identity, as the host's
+ * mxs__host_load treats them). */
+__host__ __device__ __forceinline__ int nv_eff_rt(int dtype, int rt) {
+    return rt != MXS_F32 && rt != dtype ? rt : MXS_F32;
+}
+
 /* Source element i, widened and rounded through rt exactly as the host's
- * mxs__host_load (bf16 -> bf16 and f16 -> f16 are the identity). */
+ * mxs__host_load. */
 __device__ __forceinline__ float nv_load(const void *src, int dtype, int64_t i, int rt) {
     float v = mxs_load_f32(src, (mxs_dtype)dtype, i);
-    if (rt != MXS_F32 && rt != dtype) v = mxs_round_through(v, (mxs_dtype)rt);
+    if (nv_eff_rt(dtype, rt) != MXS_F32) v = mxs_round_through(v, (mxs_dtype)rt);
     return v;
 }
 
@@ -93,7 +100,7 @@ __global__ void __launch_bounds__(kNvThreads)
         float x[8];
         ld_vec8<MIS>(src, dtype, 8 * i, raw);
         unpack8(x, raw, dtype);
-        if (rt != MXS_F32 && rt != dtype) round_through8(x, rt);
+        if (nv_eff_rt(dtype, rt) != MXS_F32) round_through8(x, rt);
 #pragma unroll
         for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
     }
@@ -268,10 +275,6 @@ __device__ __forceinline__ int64_t nv_item_of(const NvHead &C, const NvItem *it,
     return lo;
 }
 
-__device__ __forceinline__ uint32_t nv_entry(const NvHead &C, int64_t i) {
-    return mxs__nvfp4_entry_get(C.packed, C.w, i);
-}
-
 __device__ __forceinline__ void nv_put(const NvHead &C, int64_t i, float a) {
     const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
     if (C.w == 2)
@@ -303,7 +306,7 @@ __device__ void nv_raise_atomic(const NvHead &C, int64_t i, float a) {
 
 /* The tensor's S_enc from its reduced tensor-amax entry. */
 __device__ __forceinline__ float nv_s_enc(const NvHead &C, const NvItem &I) {
-    return mxs_nvfp4_global_encode(mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w));
+    return mxs_nvfp4_global_encode(mxs__nvfp4_entry_value(C.packed, C.w, I.amax_entry));
 }
 
 /* Master element at flat index f of the item (f inside the shard). */
@@ -317,12 +320,6 @@ __device__ __forceinline__ float nv_master(const NvHead &C, const NvItem &I, int
  * DT = -1 reads both from the launch at run time (a batch mixing dtypes).
  * The bytes are the same either way: only the code differs. */
 constexpr int kNvAnyDtype = -1;
-
-/* Effective round-through of a dtype: rt, or MXS_F32 (none) when rt is the
- * dtype itself (bf16 -> bf16 is the identity). */
-__host__ __device__ __forceinline__ int nv_eff_rt(int dtype, int rt) {
-    return rt != MXS_F32 && rt != dtype ? rt : MXS_F32;
-}
 
 /* The 8 elements f .. f+7 of a tile row (0 outside the shard): one vector
  * load when all 8 are inside, else element by element. */
@@ -538,7 +535,7 @@ __device__ void nv_apply_unit(const NvHead &C, const NvItem *it, int64_t u) {
     const NvItem &I = it[nv_item_of(C, it, u, false)];
     const float s_enc = nv_s_enc(C, I);
     int64_t e = u - I.unit0;
-    if (e == 0) *I.amax = mxs_nvfp4_entry_amax(nv_entry(C, I.amax_entry), C.w);
+    if (e == 0) *I.amax = mxs__nvfp4_entry_value(C.packed, C.w, I.amax_entry);
     if (e < I.sunits[0] + I.sunits[1]) {
         const int p = e < I.sunits[0] ? 0 : 1;
         const mxs_scale_geom &G = I.geom[p];
@@ -736,18 +733,9 @@ struct NvQuant {
     NvTensor T;
     int64_t ctiles, tiles, tile_blocks, units; /* units: padding units of 4 entries, row plane first */
     int64_t punits[2];
-    int64_t sstep[2]; /* nv_scale_step of each plane */
+    int64_t sstep[2]; /* mxs_scale_geom_m_step of each plane */
     int mis;          /* the source is only element-aligned (ld16_elems) */
 };
-
-/* offset(m + i, k) - offset(m, k) of a scale plane for 0 <= i < 8 when m is
- * a multiple of 8 (mxs_scale_geom_offset's formulas: COMPACT m*K + k, PADDED
- * m*Kp + k, SWIZZLED (m % 32) * 16 + ... with m / 32 fixed over such a run):
- * K, Kp or 16. A tile's 16 rows (r0 % 16 == 0) and a lane's 8 columns
- * (c0 % 8 == 0) are such runs (two for the rows). */
-__host__ __device__ __forceinline__ int64_t nv_scale_step(const mxs_scale_geom &g) {
-    return g.layout == MXS_SCALES_COMPACT ? g.K : g.layout == MXS_SCALES_PADDED ? g.Kp : 16;
-}
 
 /* 8 source elements f .. f+7 (all inside), DT / RT as nv_load8's. */
 template <int DT, int RT> __device__ __forceinline__ void nv_src8(const NvQuant &Q, int64_t f, float *x) {
@@ -1183,7 +1171,7 @@ mxs_status mxs_cuda_nvfp4_quantize(const mxs_nvfp4_tensor *dst, const void *src,
         for (int p = 0; p < 2; p++)
             if (T.scale[p] && T.geom[p].layout != MXS_SCALES_COMPACT) Q.punits[p] = T.geom[p].Mp * (T.geom[p].Kp / 4);
         Q.units = Q.punits[0] + Q.punits[1];
-        for (int p = 0; p < 2; p++) Q.sstep[p] = nv_scale_step(T.geom[p]);
+        for (int p = 0; p < 2; p++) Q.sstep[p] = mxs_scale_geom_m_step(&T.geom[p]);
         Q.mis = mis;
         const unsigned grid = grid_for(Q.tile_blocks + mxs_ceil_div(Q.units, kNvThreads));
         switch (T.dtype * 3 + nv_eff_rt(T.dtype, T.rt)) { /* every (dtype, effective round-through) */

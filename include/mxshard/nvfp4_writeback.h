@@ -153,9 +153,15 @@ MXS_HD uint32_t mxs__nvfp4_entry_get(const void *packed, int64_t w, int64_t i) {
     return w == 2 ? (uint32_t)((const uint16_t *)packed)[i] : ((const uint32_t *)packed)[i];
 }
 
+/* The amax entry i holds (a block amax, or a tensor-amax entry: after the
+ * reduction the tensor's global amax). */
+MXS_HD float mxs__nvfp4_entry_value(const void *packed, int64_t w, int64_t i) {
+    return mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, i), w);
+}
+
 /* Stored scale code of the block whose reduced entry is i. */
 MXS_HD uint8_t mxs__nvfp4_wb_scale(const void *packed, int64_t w, int64_t i, float s_enc) {
-    return mxs_nvfp4_block_scale(mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, i), w), s_enc);
+    return mxs_nvfp4_block_scale(mxs__nvfp4_entry_value(packed, w, i), s_enc);
 }
 
 /* Element multiplier of the block whose reduced entry is i. */
@@ -469,7 +475,7 @@ MXS_PRIVATE float mxs__nvfp4_wb_region_max(const void *packed, int64_t w, int64_
     float m = 0.0f;
     int64_t i;
     for (i = 0; i < n; i++) {
-        float a = mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, first + i), w);
+        float a = mxs__nvfp4_entry_value(packed, w, first + i);
         m = a > m ? a : m;
     }
     return m;
@@ -512,7 +518,7 @@ MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs
         mxs__nvfp4_packed_slot(t, i, &at, &sl);
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, MXS_ROWWISE, t->scale_layout, &gr);
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, MXS_COLWISE, t->scale_layout, &gc);
-        amax = mxs_nvfp4_entry_amax(mxs__nvfp4_entry_get(packed, w, sl.amax_entry), w); /* the reduced tensor amax */
+        amax = mxs__nvfp4_entry_value(packed, w, sl.amax_entry); /* the reduced tensor amax */
         s_enc = mxs_nvfp4_global_encode(amax);
         *t->amax = amax;
         if (t->scale_layout != MXS_SCALES_COMPACT) { /* padding entries are 0x00 */

@@ -163,6 +163,21 @@ MXS_HD void mxs_scale_geom_coords(const mxs_scale_geom *g, int64_t off, int64_t 
 /* Whether (m, k) is a logical entry (not padding). */
 MXS_HD int mxs_scale_geom_is_logical(const mxs_scale_geom *g, int64_t m, int64_t k) { return m < g->M && k < g->K; }
 
+/* The step of mxs_scale_geom_offset along m inside a 16-row run:
+ * offset(m0 + i, k) = offset(m0, k) + i * step for 0 <= i < 16 when m0 is a
+ * multiple of 16 (so also inside any part of such a run: 8 entries from a
+ * multiple of 8). COMPACT m*K + k / PADDED m*Kp + k: K / Kp (column-wise
+ * MXFP8 planes k*M + m / k*Mp + m: 1); SWIZZLED (m % 32) * 16 + ..., the
+ * run inside one 32-row block: 16. Lets a writer of consecutive entries
+ * compute one offset. */
+MXS_HD int64_t mxs_scale_geom_m_step(const mxs_scale_geom *g) {
+    switch (g->layout) {
+    case MXS_SCALES_COMPACT: return g->colwise ? 1 : g->K;
+    case MXS_SCALES_PADDED: return g->colwise ? 1 : g->Kp;
+    default: return 16;
+    }
+}
+
 /* Block-coordinate helpers: the (m, k) of the block holding element (r, c). */
 MXS_HD int64_t mxs_scale_m(const mxs_scale_geom *g, int64_t r, int64_t c) { return g->colwise ? c : r; }
 MXS_HD int64_t mxs_scale_k(const mxs_scale_geom *g, int64_t r, int64_t c) { return (g->colwise ? r : c) / MXS_BLOCK; }

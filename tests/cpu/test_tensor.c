@@ -127,6 +127,35 @@ Test(tensor, scale_offset_is_the_spec_formula_in_every_layout) {
     cr_assert_gt(checked, 100000);
 }
 
+Test(tensor, scale_offset_steps_by_m_step_inside_16_row_runs) {
+    t_rng rng = t_rng_seed(25);
+    int idx, l, p;
+    long checked = 0;
+    for (idx = 0; idx < 120; idx++) {
+        int64_t rows, cols, m0, k, i;
+        shape_at(&rng, idx, &rows, &cols);
+        for (l = 0; l < 3; l++)
+            for (p = 0; p < 2; p++) {
+                mxs_scale_geom g;
+                int64_t mend, kend, step;
+                mxs_scale_geom_make(rows, cols, (mxs_dirs)planes[p], (mxs_scale_layout)layouts[l], &g);
+                mend = layouts[l] == MXS_SCALES_COMPACT ? g.M : g.Mp;
+                kend = layouts[l] == MXS_SCALES_COMPACT ? g.K : g.Kp;
+                step = mxs_scale_geom_m_step(&g);
+                for (m0 = 0; m0 < mend; m0 += 16)
+                    for (k = 0; k < kend; k++)
+                        for (i = 0; i < 16 && m0 + i < mend; i++) {
+                            cr_assert_eq(mxs_scale_geom_offset(&g, m0 + i, k),
+                                         mxs_scale_geom_offset(&g, m0, k) + i * step,
+                                         "%ldx%ld layout %d plane %d (m0=%ld, i=%ld, k=%ld)", (long)rows, (long)cols,
+                                         layouts[l], planes[p], (long)m0, (long)i, (long)k);
+                            checked++;
+                        }
+            }
+    }
+    cr_assert_gt(checked, 100000);
+}
+
 Test(tensor, scale_block_of_element_is_its_row_block_or_column_block) {
     t_rng rng = t_rng_seed(24);
     int idx;
