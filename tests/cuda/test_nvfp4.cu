@@ -635,6 +635,21 @@ static void test_large(void) {
     }
 }
 
+/* Every rank's three phases captured (capturing runs nothing), then
+ * `updates` writeback steps by graph replay. */
+static void graph_steps(Group &g, cudaStream_t st, int updates) {
+    RankGraphs graphs[MAXR];
+    for (int q = 0; q < g.R; q++)
+        for (int ph = 0; ph < 3; ph++) capture(st, &graphs[q].exec[ph], g, q, ph);
+    group_compare(g, "after capture");
+    for (int u = 0; u < updates; u++) {
+        group_fill(g);
+        group_step(g, graphs, st);
+    }
+    for (int q = 0; q < g.R; q++)
+        for (int ph = 0; ph < 3; ph++) CUDA_OK(cudaGraphExecDestroy(graphs[q].exec[ph]));
+}
+
 /* ---- prepared buckets ------------------------------------------------------------- */
 
 static void bucket_prepare(Group &g) {
@@ -667,15 +682,7 @@ static void test_buckets(void) {
             group_fill(*g);
             group_step(*g, nullptr, 0);
         }
-        RankGraphs graphs[MAXR];
-        for (int q = 0; q < g->R; q++)
-            for (int ph = 0; ph < 3; ph++) capture(st, &graphs[q].exec[ph], *g, q, ph);
-        for (int u = 0; u < 2; u++) {
-            group_fill(*g);
-            group_step(*g, graphs, st);
-        }
-        for (int q = 0; q < g->R; q++)
-            for (int ph = 0; ph < 3; ph++) CUDA_OK(cudaGraphExecDestroy(graphs[q].exec[ph]));
+        graph_steps(*g, st, 2);
         group_free(*g);
         delete g;
     }
@@ -776,17 +783,7 @@ static void test_graphs(void) {
     for (int it = 0; it < 8; it++) {
         Group *g = new Group();
         group_make(*g, 1 + it % 3, it % SH_KINDS, (int)rnd_in(1, 3));
-        RankGraphs graphs[MAXR];
-        for (int q = 0; q < g->R; q++)
-            for (int ph = 0; ph < 3; ph++) capture(st, &graphs[q].exec[ph], *g, q, ph);
-        /* capturing ran nothing */
-        group_compare(*g, "after capture");
-        for (int u = 0; u < 3; u++) {
-            group_fill(*g);
-            group_step(*g, graphs, st);
-        }
-        for (int q = 0; q < g->R; q++)
-            for (int ph = 0; ph < 3; ph++) CUDA_OK(cudaGraphExecDestroy(graphs[q].exec[ph]));
+        graph_steps(*g, st, 3);
         group_free(*g);
         delete g;
     }
