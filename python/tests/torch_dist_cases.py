@@ -16,6 +16,7 @@ import mxshard
 import torch_harness as H
 from mxshard.torch import MXFP8Linear, ShardedOptimizer, is_mxfp8
 from mxshard.torch import layout as LY
+from mxshard.torch.linear import is_quantized
 
 EPS32 = 2.0 ** -24
 
@@ -60,11 +61,12 @@ def groups_of(m):
 
 
 def item_table(m):
-    """(name, obj, group) of every trainable item in model order: obj is the
-    MXFP8Linear for its weight, else the Parameter."""
+    """(name, obj) of every trainable item in model order: obj is the
+    quantized linear (MXFP8Linear, NVFP4Linear) for its weight, else the
+    Parameter."""
     out, seen = [], set()
     for mn, mod in m.named_modules():
-        if is_mxfp8(mod):
+        if is_quantized(mod):
             out.append((f"{mn}.weight", mod))
         for pn, p in mod.named_parameters(recurse=False):
             if id(p) in seen or not p.requires_grad:

@@ -43,20 +43,6 @@ def build_model(seed=0, with_mx=True, modules=NV_MODULES):
     return m
 
 
-def item_table(m):
-    """(name, obj) of every trainable item in model order: the module for a quantized weight."""
-    out, seen = [], set()
-    for mn, mod in m.named_modules():
-        if is_quantized(mod):
-            out.append((f"{mn}.weight", mod))
-        for pn, p in mod.named_parameters(recurse=False):
-            if id(p) in seen or not p.requires_grad:
-                continue
-            seen.add(id(p))
-            out.append((f"{mn}.{pn}" if mn else pn, p))
-    return out
-
-
 def grad_for(name, shape, step, rank):
     """Dyadic gradients (integers in [-8, 8] * 2^-10): sums and means over 2 ranks are exact."""
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()) * 1000 + step * 17 + rank)
@@ -66,7 +52,7 @@ def grad_for(name, shape, step, rank):
 def inject(m, step, rank, world, as_one=False):
     """This rank's gradients; as_one: the mean of all `world` ranks' (a world of one that must
     reproduce a group of `world` with grad_reduce='mean')."""
-    for n, o in item_table(m):
+    for n, o in C.item_table(m):
         shape = (o.out_features, o.in_features) if is_quantized(o) else tuple(o.shape)
         if as_one:
             g = sum(grad_for(n, shape, step, r) for r in range(world)) / world
@@ -98,7 +84,7 @@ def check_primaries(m, full, round_through="bf16"):
     (rounded through bf16), every MXFP8Linear's == quantize; dense == master cast. Returns the
     number of NVFP4 buffers compared."""
     n = 0
-    for name, o in item_table(m):
+    for name, o in C.item_table(m):
         src = full[name].reshape(o.out_features, o.in_features).contiguous() if is_quantized(o) else None
         if is_nvfp4(o):
             w = mxshard.NVFP4Weight.empty(o.out_features, o.in_features, planes=o.planes, block=o.block,
