@@ -17,13 +17,15 @@ world of one. MXFP8Linear, convert and is_mxfp8 live in
 mxshard.torch.linear, NVFP4Linear and is_nvfp4 in
 mxshard.torch.nvfp4_linear, ShardedOptimizer in
 mxshard.torch.optim, the pure bucket geometry in mxshard.torch.layout,
-resharding DCP checkpoints and the safetensors export in
-mxshard.torch.checkpoint.
+resharding DCP checkpoints in mxshard.torch.checkpoint, the safetensors
+export and its loader in mxshard.torch.export (both re-exported by
+mxshard.torch.checkpoint).
 """
 from .linear import MXFP8Linear, convert, is_mxfp8
 from .nvfp4_linear import NVFP4Linear, is_nvfp4
 from .optim import ShardedOptimizer
-from .checkpoint import CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint, save_checkpoint
+from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint, load_safetensors,
+                         save_checkpoint)
 
 __all__ = ["MXFP8Linear", "NVFP4Linear", "convert", "is_mxfp8", "is_nvfp4", "ShardedOptimizer", "save_checkpoint",
-           "load_checkpoint", "export_safetensors", "CheckpointError", "CheckpointMismatchError"]
+           "load_checkpoint", "export_safetensors", "load_safetensors", "CheckpointError", "CheckpointMismatchError"]

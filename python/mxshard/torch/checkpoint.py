@@ -1,10 +1,19 @@
 # SPDX-License-Identifier: MIT
-"""Resharding checkpoints of a ShardedOptimizer through torch.distributed.checkpoint (DCP),
-and a single-file safetensors export of the model.
+"""Resharding checkpoints of a ShardedOptimizer through torch.distributed.checkpoint (DCP).
 
     save_checkpoint(path, model, opt, extra={"step": 100}, rng=True)   # every rank
     extra = load_checkpoint(path, model, opt, rng=True)                # every rank, any DP size
-    export_safetensors("model.safetensors", model)                     # rank 0 writes
+
+The single-file safetensors export and its loader (export_safetensors,
+load_safetensors) live in mxshard.torch.export and are re-exported here;
+the DCP plumbing (planners, checksums) in _dcp_pieces, the group side of a
+call (argument checks, the every-rank rendezvous, verdicts) in _ckpt_group.
+
+Every rank calls both. A call first meets every other rank of the
+optimizer's group through the process group's store (_ckpt_group): called
+on rank 0 only (torch.save's habit) it raises CheckpointError, saying
+"every rank", after `timeout` seconds (60 by default) instead of waiting
+in DCP for the process group's timeout (gloo: 30 minutes).
 
 Representation. Every saved quantity is ONE global 1-D tensor of DCP,
 with a key per item (below), and each rank writes only its own pieces of
@@ -39,7 +48,8 @@ Keys (item names as in opt.items, e.g. "b.weight"; N = numel of the item):
     extra/<k>                     the tensors of `extra` (rank 0's, whole)
     rng/<rank>/cpu|cuda<i>        uint8 RNG states of every rank (rng=True)
 
-The JSON (with its own sha256): format version, the configuration
+(The dtypes of the primary keys are _byte_buffers.stored_dtype's, one rule
+with the export's.) The JSON (with its own sha256): format version, the configuration
 (item table: name, kind, shape, dtype with layout and rounding (NVFP4:
 block and layout), group;
 number of groups; inner optimizer class; round_through), the DP size it was
@@ -72,88 +82,32 @@ from the checkpoint, as torch.optim's load_state_dict does.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import math
 import os
-import warnings
 
 import torch
-from torch import nn
 
-from .. import _lib as L
+from . import _ckpt_group as G
+from . import _dcp_pieces as P
 from . import layout as LY
-from .linear import is_mxfp8
-from .nvfp4_linear import is_nvfp4
+from ._byte_buffers import stored_dtype
+from ._ckpt_errors import CheckpointError, CheckpointMismatchError
+from .export import EXPORT_FORMAT, export_safetensors, load_safetensors
 from .optim import FORMAT as _OPT_FORMAT
 from .optim import ShardedOptimizer, _plain
 
-__all__ = ["save_checkpoint", "load_checkpoint", "export_safetensors", "CheckpointError",
-           "CheckpointMismatchError", "FORMAT"]
+__all__ = ["save_checkpoint", "load_checkpoint", "export_safetensors", "load_safetensors", "CheckpointError",
+           "CheckpointMismatchError", "FORMAT", "EXPORT_FORMAT"]
 
 FORMAT = "mxshard.torch.checkpoint/1"
-EXPORT_FORMAT = "mxshard.safetensors/1"
 _META = "mxshard/meta"
-_P = (1 << 31) - 1          # the checksum's modulus (a Mersenne prime)
-_CHUNK = 1 << 22            # words per checksum chunk
 _PLANES = {"mx_row": ("row_data", "row_scale"), "mx_both": ("row_data", "row_scale", "col_data", "col_scale"),
            "nv_row": ("row_data", "row_scale", "amax"), "nv_both": ("row_data", "row_scale", "col_data", "col_scale",
                                                                      "amax")}
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that can not be loaded: missing, unreadable, damaged
-    (a truncated or modified file, a missing key, a checksum mismatch)."""
-
-
-class CheckpointMismatchError(CheckpointError):
-    """A valid checkpoint of another model or configuration, or one whose
-    primaries differ from the ones rebuilt from its masters."""
-
-
-# ---- small pure helpers ------------------------------------------------------------
-
-def _even(n, world, r):
-    """Rank r's part [lo, hi) of n elements split evenly (the first ranks get the smaller parts)."""
-    return n * r // world, n * (r + 1) // world
-
-
-def _dtype_name(dt):
-    return str(dt).replace("torch.", "")
-
-
-def _dtype_of(name):
-    dt = getattr(torch, name, None)
-    if not isinstance(dt, torch.dtype):
-        raise CheckpointError(f"unknown dtype {name!r} in the checkpoint")
-    return dt
-
-
-def _checksum(t, offset):
-    """Position-weighted sum mod _P of the 16-bit words (bytes for 1-byte
-    dtypes) of a 1-D piece that starts at element `offset` of its global
-    tensor: sum over words w at global word index i of (w+1)*(i mod _P + 1).
-    Sums of disjoint pieces add up (mod _P) to the whole tensor's."""
-    t = t.detach().reshape(-1).contiguous()
-    if t.numel() == 0:
-        return 0
-    es = t.element_size()
-    if es == 1:
-        words, per, mask = t.view(torch.uint8), 1, 0xFF
-    elif es % 2 == 0:
-        words, per, mask = t.view(torch.int16), es // 2, 0xFFFF
-    else:
-        raise CheckpointError(f"a tensor of dtype {t.dtype} can not be checksummed")
-    base = int(offset) * per
-    total = 0
-    for i in range(0, words.numel(), _CHUNK):
-        w = words[i:i + _CHUNK].to(torch.int64).bitwise_and_(mask).add_(1)
-        idx = torch.arange(base + i, base + i + w.numel(), dtype=torch.int64, device=w.device)
-        idx.remainder_(_P).add_(1)
-        total += int(w.mul_(idx).remainder_(_P).sum())
-    return total % _P
-
+# ---- the record (pure) ---------------------------------------------------------------
 
 def _config(opt):
     """What must agree between a checkpoint and the optimizer it is loaded into."""
@@ -188,7 +142,7 @@ def _scalar(v):
     if isinstance(v, torch.Tensor):
         if v.numel() != 1:
             return None
-        return ["tensor", _dtype_name(v.dtype), list(v.shape), v.detach().cpu().reshape(-1)[0].item()]
+        return ["tensor", P.dtype_name(v.dtype), list(v.shape), v.detach().cpu().reshape(-1)[0].item()]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return ["number", type(v).__name__, [], v]
@@ -197,7 +151,7 @@ def _scalar(v):
 def _unscalar(x):
     kind, dt, shape, value = x
     if kind == "tensor":
-        return torch.tensor(value, dtype=_dtype_of(dt)).reshape(shape)
+        return torch.tensor(value, dtype=P.dtype_of(dt)).reshape(shape)
     return int(value) if dt == "int" else float(value)
 
 
@@ -222,160 +176,20 @@ def _unseal(raw):
     return body
 
 
-# ---- DCP planners -----------------------------------------------------------------
+# ---- every rank, or none -----------------------------------------------------------
 
-def _dcp():
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, MetadataIndex, TensorProperties,
-                                                       TensorStorageMetadata)
-    from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
-    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
-    return dict(dcp=dcp, DefaultLoadPlanner=DefaultLoadPlanner, DefaultSavePlanner=DefaultSavePlanner,
-                Chunk=ChunkStorageMetadata, Index=MetadataIndex, Props=TensorProperties,
-                TensorMD=TensorStorageMetadata, LoadPlan=LoadPlan, SavePlan=SavePlan, TensorWriteData=TensorWriteData,
-                WriteItem=WriteItem, WriteItemType=WriteItemType, read_items=create_read_items_for_chunk_list)
-
-
-def _planners():
-    D = _dcp()
-    Size = torch.Size
-
-    class _PieceSavePlanner(D["DefaultSavePlanner"]):
-        """Writes exactly the given pieces: {key: (numel, [(offset, 1-D tensor), ...])}."""
-
-        def __init__(self, pieces):
-            super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-            self._pieces = pieces
-            self._by_index = {}
-
-        def set_up_planner(self, state_dict, storage_meta=None, is_coordinator=False):
-            self.state_dict, self.is_coordinator = {}, is_coordinator
-
-        def create_local_plan(self):
-            items = []
-            for key, (numel, plist) in self._pieces.items():
-                for off, t in plist:
-                    items.append(D["WriteItem"](
-                        index=D["Index"](key, Size([off])), type=D["WriteItemType"].SHARD,
-                        tensor_data=D["TensorWriteData"](chunk=D["Chunk"](offsets=Size([off]), sizes=Size([t.numel()])),
-                                                         properties=D["Props"].create_from_tensor(t),
-                                                         size=Size([numel]))))
-                    self._by_index[(key, off)] = t
-            self.plan = D["SavePlan"](items)
-            return self.plan
-
-        def resolve_data(self, write_item):
-            t = self._by_index[(write_item.index.fqn, int(write_item.index.offset[0]))]
-            return t.detach().contiguous().cpu()
-
-    class _PieceLoadPlanner(D["DefaultLoadPlanner"]):
-        """Reads into the given pieces: {key: (numel, offset, 1-D tensor)} (one range per key),
-        from whichever saved pieces overlap it; checks presence, size, dtype and coverage."""
-
-        def __init__(self, dests):
-            super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
-            self._dests = dests
-
-        def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
-            self.state_dict, self.metadata, self.is_coordinator = {}, metadata, is_coordinator
-
-        def create_local_plan(self):
-            reqs = []
-            for key, (numel, off, t) in self._dests.items():
-                md = self.metadata.state_dict_metadata.get(key)
-                if md is None:
-                    raise CheckpointError(f"the checkpoint has no key {key!r}")
-                if not isinstance(md, D["TensorMD"]) or tuple(md.size) != (numel,) or md.properties.dtype != t.dtype:
-                    raise CheckpointError(f"{key}: saved as {getattr(md, 'size', type(md).__name__)} "
-                                          f"{getattr(getattr(md, 'properties', None), 'dtype', '')}, expected "
-                                          f"a 1-D {t.dtype} tensor of {numel} elements")
-                r = D["read_items"](key, md, [D["Chunk"](offsets=Size([off]), sizes=Size([t.numel()]))])
-                got = sum(int(math.prod(x.lengths)) for x in r)
-                if got != t.numel():
-                    raise CheckpointError(f"{key}: the saved pieces cover {got} of the {t.numel()} elements "
-                                          f"[{off}, {off + t.numel()}) this rank needs")
-                reqs += r
-            return D["LoadPlan"](reqs)
-
-        def lookup_tensor(self, index):
-            return self._dests[index.fqn][2]
-
-        def load_bytes(self, read_item, value):
-            raise CheckpointError(f"{read_item.dest_index.fqn}: a bytes record where a tensor was expected")
-
-    return _PieceSavePlanner, _PieceLoadPlanner
-
-
-@contextlib.contextmanager
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        yield
-
-
-def _dcp_kwargs(opt):
-    return {"process_group": opt.comm.group} if opt.comm.active else {"no_dist": True}
-
-
-def _dcp_error(e):
-    """A compact message for DCP's CheckpointException (ranks and their exceptions) or any error."""
-    fails = getattr(e, "failures", None)
-    if isinstance(fails, dict) and fails:
-        parts = []
-        for r, v in sorted(fails.items()):
-            exc = v[0] if isinstance(v, tuple) else v
-            parts.append(f"rank {r}: {type(exc).__name__}: {exc}")
-        return "; ".join(parts)
-    return f"{type(e).__name__}: {e}"
-
-
-# ---- agreement ------------------------------------------------------------------
-
-def _agree(opt, err, payload=None, where="checkpoint"):
-    """Every rank's (error, payload) through ONE all_gather_object. When any
-    rank failed, every rank raises: its own error where it has one, else the
-    first failing rank's (CheckpointError / CheckpointMismatchError by kind,
-    mxshard.RemoteError for other errors). Returns the payloads."""
-    if not isinstance(opt, ShardedOptimizer) or getattr(opt, "_closed", False):
-        if err is not None:   # no group to tell (not an optimizer, or a closed one)
-            raise err
-        raise TypeError(f"{where}: opt must be a live ShardedOptimizer")
-    mine = None
-    if err is not None:
-        kind = "mismatch" if isinstance(err, CheckpointMismatchError) else \
-            "checkpoint" if isinstance(err, CheckpointError) else "other"
-        mine = (kind, f"{type(err).__name__}: {err}" if kind == "other" else str(err))
-    got = opt.comm.all_gather_object((mine, payload), "checkpoint")
-    bad = [(r, e) for r, (e, _) in enumerate(got) if e is not None]
-    if err is not None:
-        raise err
-    if bad:
-        r, (kind, msg) = bad[0]
-        if kind == "mismatch":
-            raise CheckpointMismatchError(f"{msg} (reported by rank {r})")
-        if kind == "checkpoint":
-            raise CheckpointError(f"{msg} (reported by rank {r})")
-        raise L.remote_error(f"{where} (rank {r} failed: {msg})")
-    return [p for _, p in got]
-
-
-def _check_call(model, opt, path, name):
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{name}: path must be a str or os.PathLike, got {type(path).__name__}")
-    if not isinstance(opt, ShardedOptimizer):
-        raise TypeError(f"{name}: opt must be a ShardedOptimizer, got {type(opt).__name__}")
-    if getattr(opt, "_closed", False):
-        raise ValueError(f"{name}: the optimizer was closed")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"{name}: model must be an nn.Module, got {type(model).__name__}")
-    mods = {id(m) for m in model.modules()}
-    prms = {id(p) for p in model.parameters()}
-    for it in opt._items:
-        ok = id(it.module) in mods if it.module is not None else id(it.param) in prms
-        if not ok:
-            raise ValueError(f"{name}: {it.name} of the optimizer is not part of this model "
-                             f"(pass the model the optimizer was built on)")
+def _enter(opt, timeout, where):
+    """Opens a checkpoint call: the every-rank rendezvous over a live optimizer's group
+    (CheckpointError, on the ranks that came, when some rank does not within `timeout`
+    seconds). Returns the timeout argument's own error, if any, for the first verdict (the
+    rendezvous then waits DEFAULT_TIMEOUT), and the seconds."""
+    try:
+        secs, err = G.check_timeout(timeout, where), None
+    except ValueError as e:
+        secs, err = G.DEFAULT_TIMEOUT, e
+    if isinstance(opt, ShardedOptimizer) and not getattr(opt, "_closed", False):
+        G.every_rank(opt.comm, where, secs)
+    return err
 
 
 # ---- what a rank owns -------------------------------------------------------------
@@ -395,8 +209,7 @@ def _primary_view(it, pn):
     bytes (MXFP8 data, NVFP4 scales) as float8_e4m3fn, the rest as they are (uint8 E8M0
     scales, uint8 packed E2M1 data, the float32 amax)."""
     t = getattr(it.module, pn).reshape(-1)
-    e4m3 = pn.endswith("_data") if it.kind in LY.MX_KINDS else pn.endswith("_scale")
-    return t.view(torch.float8_e4m3fn) if e4m3 else t
+    return t.view(stored_dtype(it.module.format, pn))
 
 
 def _replicated(opt):
@@ -509,15 +322,21 @@ def _check_extra(extra):
     return plain, tensors
 
 
-def save_checkpoint(path, model, opt, *, extra=None, rng=False):
+def save_checkpoint(path, model, opt, *, extra=None, rng=False, timeout=G.DEFAULT_TIMEOUT):
     """Write a DCP checkpoint of `model` and its ShardedOptimizer `opt` to
     the directory `path` (see the module doc). Collective: every rank of the
     optimizer's group calls it; each rank writes only its own pieces.
     `extra`: plain JSON values and tensors (rank 0's are saved); `rng`: save
-    every rank's torch RNG states (CPU, and CUDA when initialised)."""
-    err, payload = None, None
+    every rank's torch RNG states (CPU, and CUDA when initialised).
+    `timeout`: seconds (or a timedelta) the ranks wait for each other to
+    enter the call; a rank that does not (e.g. called on rank 0 only) makes
+    the others raise CheckpointError ("every rank") then; None: no such
+    check (DCP's own collectives wait the process group's timeout)."""
+    err, payload = _enter(opt, timeout, "save_checkpoint"), None
     try:
-        _check_call(model, opt, path, "save_checkpoint")
+        if err is not None:
+            raise err
+        G.check_call(model, opt, path, "save_checkpoint")
         if not isinstance(rng, bool):
             raise TypeError(f"save_checkpoint: rng must be a bool, got {type(rng).__name__}")
         plain, xt = _check_extra(extra)
@@ -529,12 +348,12 @@ def save_checkpoint(path, model, opt, *, extra=None, rng=False):
         spieces, groups = _collect_state(opt)
         pieces.update(spieces)
         for key, t in _replicated(opt).items():
-            lo, hi = _even(t.numel(), world, r)
+            lo, hi = P.even(t.numel(), world, r)
             pieces[key] = (t.numel(), [(lo, t[lo:hi])] if hi > lo else [])
         others = _others(model, opt)
         for k, t in others.items():
             flat = t.detach().reshape(-1)
-            lo, hi = _even(flat.numel(), world, r)
+            lo, hi = P.even(flat.numel(), world, r)
             pieces[f"model/{k}"] = (flat.numel(), [(lo, flat[lo:hi])] if hi > lo else [])
         if r == 0:
             for k, t in xt.items():
@@ -543,24 +362,24 @@ def save_checkpoint(path, model, opt, *, extra=None, rng=False):
         if rng:
             for k, t in _rng_states().items():
                 pieces[f"rng/{r}/{k}"] = (t.numel(), [(0, t.reshape(-1))])
-        sums = {key: sum(_checksum(t, off) for off, t in plist) % _P for key, (_, plist) in pieces.items()}
-        info = {key: [n, _dtype_name(plist[0][1].dtype)] for key, (n, plist) in pieces.items() if plist}
-        extra_empty = {f"extra/{k}": _dtype_name(t.dtype) for k, t in xt.items() if t.numel() == 0}
-        extra_empty.update({f"model/{k}": _dtype_name(t.dtype) for k, t in others.items() if t.numel() == 0})
+        sums = {key: sum(P.checksum(t, off) for off, t in plist) % P.MODULUS for key, (_, plist) in pieces.items()}
+        info = {key: [n, P.dtype_name(plist[0][1].dtype)] for key, (n, plist) in pieces.items() if plist}
+        extra_empty = {f"extra/{k}": P.dtype_name(t.dtype) for k, t in xt.items() if t.numel() == 0}
+        extra_empty.update({f"model/{k}": P.dtype_name(t.dtype) for k, t in others.items() if t.numel() == 0})
         payload = {"sums": sums, "info": info, "groups": groups,
                    "cuda": sum(1 for k in pieces if k.startswith(f"rng/{r}/cuda"))}
         for key in list(pieces):
             pieces[key] = (pieces[key][0], [(o, t) for o, t in pieces[key][1] if t.numel()])
     except Exception as e:  # noqa: BLE001 - the group learns of it first
         err = e
-    got = _agree(opt, err, payload, "save_checkpoint")
+    got = G.agree(opt, err, payload, "save_checkpoint")
     # the same on every rank from here (the gathered payloads)
     keys, sums = {}, {}
     for p in got:
         for key, v in p["info"].items():
             keys.setdefault(key, v)
         for key, s in p["sums"].items():
-            sums[key] = (sums.get(key, 0) + s) % _P
+            sums[key] = (sums.get(key, 0) + s) % P.MODULUS
     err = None
     try:
         groups = _merge_groups([p["groups"] for p in got])
@@ -579,16 +398,13 @@ def save_checkpoint(path, model, opt, *, extra=None, rng=False):
         meta = torch.frombuffer(bytearray(_seal(body)), dtype=torch.uint8)
         if opt.rank == 0:
             pieces[_META] = (meta.numel(), [(0, meta)])
-        save_planner, _ = _planners()
-        with _quiet():
-            _dcp()["dcp"].save({}, storage_writer=_dcp()["dcp"].FileSystemWriter(os.fspath(path)),
-                               planner=save_planner(pieces), **_dcp_kwargs(opt))
+        P.save_pieces(path, opt, pieces)
     except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         err = e if isinstance(e, Exception) and not hasattr(e, "failures") else \
-            CheckpointError(f"save_checkpoint: writing {os.fspath(path)!r} failed: {_dcp_error(e)}")
-    _agree(opt, err, None, "save_checkpoint")
+            CheckpointError(f"save_checkpoint: writing {os.fspath(path)!r} failed: {P.dcp_error(e)}")
+    G.agree(opt, err, None, "save_checkpoint")
 
 
 def _item_meta(opt, it):
@@ -608,44 +424,6 @@ def _item_meta(opt, it):
 
 
 # ---- load -------------------------------------------------------------------------
-
-def _read_dcp_metadata(path):
-    D = _dcp()
-    p = os.fspath(path)
-    if not os.path.isdir(p):
-        raise CheckpointError(f"load_checkpoint: {p!r} is not a directory")
-    if not os.path.isfile(os.path.join(p, ".metadata")):
-        raise CheckpointError(f"load_checkpoint: {p!r} holds no DCP checkpoint (no .metadata file)")
-    try:
-        md = D["dcp"].FileSystemReader(p).read_metadata()
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"load_checkpoint: the DCP metadata of {p!r} is unreadable "
-                              f"({type(e).__name__}: {e})") from e
-    m = md.state_dict_metadata.get(_META)
-    if m is None or not isinstance(m, D["TensorMD"]) or m.properties.dtype != torch.uint8 or len(m.size) != 1:
-        raise CheckpointError(f"load_checkpoint: {p!r} is not an mxshard checkpoint (no {_META} record)")
-    return md
-
-
-def _dcp_load(path, opt, dests):
-    _, load_planner = _planners()
-    D = _dcp()
-    try:
-        with _quiet():
-            D["dcp"].load({}, storage_reader=D["dcp"].FileSystemReader(os.fspath(path)),
-                          planner=load_planner(dests), **_dcp_kwargs(opt))
-    except BaseException as e:  # noqa: BLE001 - CheckpointException is a BaseException
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        fails = getattr(e, "failures", None)
-        if isinstance(fails, dict):
-            for v in fails.values():
-                exc = v[0] if isinstance(v, tuple) else v
-                if isinstance(exc, CheckpointError):
-                    raise CheckpointError(f"load_checkpoint: {exc}") from None
-        raise CheckpointError(f"load_checkpoint: reading {os.fspath(path)!r} failed (a truncated or damaged "
-                              f"file?): {_dcp_error(e)}") from None
-
 
 def _plan_reads(model, opt, body, md, rng, strict):
     """Local: the checks against this optimizer and every staging buffer
@@ -667,7 +445,7 @@ def _plan_reads(model, opt, body, md, rng, strict):
         if n == 0:
             continue
         m = md.state_dict_metadata[k]
-        if tuple(getattr(m, "size", ())) != (n,) or _dtype_name(m.properties.dtype) != dt:
+        if tuple(getattr(m, "size", ())) != (n,) or P.dtype_name(m.properties.dtype) != dt:
             raise CheckpointError(f"load_checkpoint: {k}: DCP metadata {tuple(getattr(m, 'size', ()))} "
                                   f"{getattr(m.properties, 'dtype', None)} differs from the record's ({n},) {dt}")
     dev, world, r = opt.device, opt.world, opt.rank
@@ -677,7 +455,7 @@ def _plan_reads(model, opt, body, md, rng, strict):
         if key not in keys:
             raise CheckpointError(f"load_checkpoint: the checkpoint's record lacks {key!r}")
         n, dt, _ = keys[key]
-        t = torch.zeros(length, dtype=_dtype_of(dt), device=device)
+        t = torch.zeros(length, dtype=P.dtype_of(dt), device=device)
         dests[key] = (n, off, t)
         parts["split" if split else "full"].append(key)
         return t
@@ -687,7 +465,7 @@ def _plan_reads(model, opt, body, md, rng, strict):
         for k in body["groups"][opt.plan.items[i].group]["tensors"]:
             add(f"state/{name}/{k}", start, length, dev, True)
     for key, t in _replicated(opt).items():
-        lo, hi = _even(t.numel(), world, r)
+        lo, hi = P.even(t.numel(), world, r)
         if hi > lo:
             add(key, lo, hi - lo, dev, True)
     others = _others(model, opt)
@@ -697,9 +475,9 @@ def _plan_reads(model, opt, body, md, rng, strict):
         if key not in keys:
             raise CheckpointMismatchError(f"load_checkpoint: the checkpoint has no {k!r} (model state outside the "
                                           f"optimizer: frozen parameters, buffers)")
-        if list(t.shape) != saved.get(k) or _dtype_name(t.dtype) != keys[key][1]:
+        if list(t.shape) != saved.get(k) or P.dtype_name(t.dtype) != keys[key][1]:
             raise CheckpointMismatchError(f"load_checkpoint: {k}: the checkpoint has {tuple(saved.get(k, ()))} "
-                                          f"{keys[key][1]}, this model {tuple(t.shape)} {_dtype_name(t.dtype)}")
+                                          f"{keys[key][1]}, this model {tuple(t.shape)} {P.dtype_name(t.dtype)}")
         if t.numel():
             add(key, 0, t.numel(), t.device, False)
     extra_model = sorted(set(saved) - set(others))
@@ -762,51 +540,54 @@ def _bytes(t):
     return t.detach().reshape(-1).contiguous().view(torch.uint8)
 
 
-def load_checkpoint(path, model, opt, *, rng=False, strict=True):
+def load_checkpoint(path, model, opt, *, rng=False, strict=True, timeout=G.DEFAULT_TIMEOUT):
     """Load a save_checkpoint() directory into `model` and its ShardedOptimizer
     `opt`, under any DP size (see the module doc). Collective: every rank
     calls it. Returns the saved `extra` (plain values as JSON round-trips
     them; tensors on the CPU). rng=True restores this rank's RNG states
     (saved at the same DP size). strict=False ignores keys the record does
     not list and, with rng=True, leaves the RNG states alone when the
-    checkpoint has none for this DP size (strict: an error)."""
+    checkpoint has none for this DP size (strict: an error). `timeout`:
+    as save_checkpoint's (every rank must call it)."""
     # phase 1 (local): arguments, the DCP metadata
-    err, md = None, None
+    err, md = _enter(opt, timeout, "load_checkpoint"), None
     try:
-        _check_call(model, opt, path, "load_checkpoint")
+        if err is not None:
+            raise err
+        G.check_call(model, opt, path, "load_checkpoint")
         for name, v in (("rng", rng), ("strict", strict)):
             if not isinstance(v, bool):
                 raise TypeError(f"load_checkpoint: {name} must be a bool, got {type(v).__name__}")
-        md = _read_dcp_metadata(path)
+        md = P.read_metadata(path, _META)
     except Exception as e:  # noqa: BLE001
         err = e
-    _agree(opt, err, None, "load_checkpoint")
-    # phase 2: the record (DCP read, errors agreed by DCP and by _agree)
+    G.agree(opt, err, None, "load_checkpoint")
+    # phase 2: the record (DCP read, errors agreed by DCP and by G.agree)
     err, body = None, None
     try:
         n = int(md.state_dict_metadata[_META].size[0])
         raw = torch.zeros(n, dtype=torch.uint8)
-        _dcp_load(path, opt, {_META: (n, 0, raw)})
+        P.load_pieces(path, opt, {_META: (n, 0, raw)})
         body = _unseal(raw.numpy().tobytes())
         dests, parts = _plan_reads(model, opt, body, md, rng, strict)
     except Exception as e:  # noqa: BLE001
         err = e
-    _agree(opt, err, None, "load_checkpoint")
+    G.agree(opt, err, None, "load_checkpoint")
     # phase 3: every piece of this rank, then the checksums (one all-gather for the verdict)
     err, partial = None, None
     try:
-        _dcp_load(path, opt, dests)
+        P.load_pieces(path, opt, dests)
         keys = body["keys"]
         for k in parts["full"]:
-            if _checksum(dests[k][2], 0) != keys[k][2]:
+            if P.checksum(dests[k][2], 0) != keys[k][2]:
                 raise CheckpointError(f"load_checkpoint: {k}: checksum mismatch (a modified or damaged file)")
-        partial = {k: _checksum(dests[k][2], dests[k][1]) for k in parts["split"]}
+        partial = {k: P.checksum(dests[k][2], dests[k][1]) for k in parts["split"]}
     except Exception as e:  # noqa: BLE001
         err = e
-    got = _agree(opt, err, partial, "load_checkpoint")
+    got = G.agree(opt, err, partial, "load_checkpoint")
     bad = []
     for k in parts["all_split"]:
-        s = sum(p.get(k, 0) for p in got) % _P
+        s = sum(p.get(k, 0) for p in got) % P.MODULUS
         if s != body["keys"][k][2]:
             bad.append(k)
     if bad:
@@ -824,7 +605,7 @@ def load_checkpoint(path, model, opt, *, rng=False, strict=True):
               "step": int(body["steps"]), "buckets": masters, "inner": _inner_state_dict(opt, body, dests)}
     except Exception as e:  # noqa: BLE001
         err = e
-    _agree(opt, err, None, "load_checkpoint")
+    G.agree(opt, err, None, "load_checkpoint")
     backup = opt.state_dict()
     opt.load_state_dict(sd)
     err = None
@@ -842,7 +623,7 @@ def load_checkpoint(path, model, opt, *, rng=False, strict=True):
     except Exception as e:  # noqa: BLE001
         err = e
     try:
-        _agree(opt, err, None, "load_checkpoint")
+        G.agree(opt, err, None, "load_checkpoint")
     except Exception:
         opt.load_state_dict(backup)
         raise
@@ -865,54 +646,6 @@ def load_checkpoint(path, model, opt, *, rng=False, strict=True):
     out = dict(body["extra"]["plain"])
     for k in body["extra"]["tensors"]:
         key = f"extra/{k}"
-        out[k] = dests[key][2] if key in dests else torch.zeros(0, dtype=_dtype_of(body["keys"][key][1]))
+        out[k] = dests[key][2] if key in dests else torch.zeros(0, dtype=P.dtype_of(body["keys"][key][1]))
     return out
 
-
-# ---- safetensors export ------------------------------------------------------------
-
-def export_safetensors(path, model):
-    """A single-file safetensors of the whole model for inference: every
-    MXFP8Linear's planes as `<module>.row_data` (F8_E4M3, [out, in]),
-    `<module>.row_scale` (U8: E8M0 exponents, the layout's shape), and col
-    likewise for planes="both"; every NVFP4Linear's as `<module>.row_data`
-    (U8: packed E2M1, TE's shape), `<module>.row_scale` (F8_E4M3), col
-    likewise, `<module>.amax` (F32 [1]); every other parameter and buffer of
-    the model in its dtype (the names of model.state_dict()). The metadata
-    holds the format and per quantized module its shape, planes, layout and
-    rounding or block (JSON under "mxshard"). No collectives: global rank 0 writes
-    (atomically, through a temporary file), the other ranks return. Needs
-    the `safetensors` package."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"export_safetensors: path must be a str or os.PathLike, got {type(path).__name__}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"export_safetensors: model must be an nn.Module, got {type(model).__name__}")
-    try:
-        import safetensors.torch as st
-    except ImportError as e:
-        raise ImportError("export_safetensors needs the safetensors package (pip install safetensors)") from e
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
-        return
-    mx, e4m3 = {}, {}   # e4m3: per quantized module, the suffix of its E4M3 buffers
-    for name, m in model.named_modules():
-        if is_mxfp8(m):
-            mx[name] = {"shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
-                        "rounding": m.rounding, "block": 32, "data": "F8_E4M3", "scale": "E8M0 as U8"}
-            e4m3[name] = "_data"
-        elif is_nvfp4(m):
-            mx[name] = {"format": "nvfp4", "shape": [m.out_features, m.in_features], "planes": m.planes,
-                        "layout": m.layout, "block": m.block, "data": "E2M1 x2 as U8 (even index low; col_data "
-                        "transposed)", "scale": "F8_E4M3", "amax": "F32 [1]"}
-            e4m3[name] = "_scale"
-    tensors = {}
-    for key, t in model.state_dict().items():
-        mod, _, leaf = key.rpartition(".")
-        if mod in e4m3 and leaf.endswith(e4m3[mod]):
-            t = t.view(torch.float8_e4m3fn)
-        tensors[key] = t.detach().to("cpu").contiguous().clone()
-    meta = {"format": EXPORT_FORMAT, "mxshard": json.dumps(mx, sort_keys=True)}
-    p = os.fspath(path)
-    tmp = p + ".tmp"
-    st.save_file(tensors, tmp, metadata=meta)
-    os.replace(tmp, p)

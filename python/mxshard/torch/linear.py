@@ -179,6 +179,8 @@ class _QuantLinear(nn.Module):
         w = self._empty_primary(device)
         for name in self._BUFS:
             self.register_buffer(name, getattr(w, name))
+        from ._byte_buffers import _register_byte_load_hook  # load_state_dict takes FP8 tensors as bytes
+        _register_byte_load_hook(self)
         self._primary = w
         self._master_init = None
         self.main_grad = None

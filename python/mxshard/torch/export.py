@@ -1,0 +1,313 @@
+# SPDX-License-Identifier: MIT
+"""A single-file safetensors export of a model for inference, and its loader.
+
+    export_safetensors("model.safetensors", model)        # rank 0 writes, the other ranks return
+    load_safetensors("model.safetensors", model)          # a converted model: the bytes
+    load_safetensors("model.safetensors", plain_model)    # nn.Linear: the weights dequantized
+
+The file. Every tensor of model.state_dict() under its name, in its dtype,
+except the quantized modules' byte buffers, which go as the code they hold
+(_byte_buffers.stored_dtype, the checkpoint's rule):
+
+    MXFP8Linear   <m>.row_data   F8_E4M3 [out, in]        <m>.row_scale  U8 (E8M0), the layout's shape
+    NVFP4Linear   <m>.row_data   U8 (packed E2M1)         <m>.row_scale  F8_E4M3     <m>.amax  F32 [1]
+                  col_data / col_scale likewise for planes="both" (NVFP4: the transposed plane)
+
+A tensor stored under several names (a tied embedding and LM head, a
+buffer shared by layers: the same view of the same storage) is stored once,
+under its first name; the metadata's "aliases" maps every other name to it
+(safetensors files hold no shared storage). Metadata: "format"
+(EXPORT_FORMAT), "mxshard" (JSON: per quantized module its format, shape,
+planes, layout and rounding or block), "aliases" (JSON {alias: name}).
+
+Reading it back:
+  - model.load_state_dict(safetensors.torch.load_file(path)) into a
+    converted model is exact: the quantized modules' load_state_dict
+    pre-hook (_byte_buffers) takes the F8_E4M3 tensors as bytes. A tied
+    model lacks the alias keys: strict=True names them missing; use
+    load_safetensors, safetensors.torch.load_model (which knows shared
+    tensors), or strict=False (the tie loads them).
+  - load_safetensors(path, model) checks the file against the model first
+    (quantized modules: the same format, shape, planes, layout and block;
+    every key and shape), then restores the ties the file records and loads:
+    into a quantized module the bytes, into an nn.Linear the row plane
+    dequantized into its weight's dtype (mxshard.dequantize /
+    dequantize_nvfp4 of the stored primary).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch import nn
+
+from ._byte_buffers import as_buffer_bytes, stored_dtype
+from ._ckpt_errors import CheckpointError, CheckpointMismatchError
+from .linear import is_quantized
+
+__all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
+
+EXPORT_FORMAT = "mxshard.safetensors/1"
+_BUFS = {"mxfp8": ("row_data", "row_scale", "col_data", "col_scale"),
+         "nvfp4": ("row_data", "row_scale", "col_data", "col_scale", "amax")}
+_DEQUANT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def _safetensors(who):
+    try:
+        import safetensors.torch as st
+    except ImportError as e:
+        raise ImportError(f"{who} needs the safetensors package (pip install safetensors)") from e
+    return st
+
+
+def _check_args(path, model, who):
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{who}: path must be a str or os.PathLike, got {type(path).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"{who}: model must be an nn.Module, got {type(model).__name__}")
+
+
+# ---- pure helpers ------------------------------------------------------------------
+
+def _module_info(m):
+    """A quantized module as the metadata describes it."""
+    if m.format == "mxfp8":
+        return {"shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
+                "rounding": m.rounding, "block": 32, "data": "F8_E4M3", "scale": "E8M0 as U8"}
+    return {"format": "nvfp4", "shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
+            "block": m.block, "data": "E2M1 x2 as U8 (even index low; col_data transposed)", "scale": "F8_E4M3",
+            "amax": "F32 [1]"}
+
+
+def _file_bufs(info):
+    """The buffer names a quantized module of the metadata has in the file."""
+    fmt = info.get("format", "mxfp8")
+    return tuple(b for b in _BUFS[fmt] if info["planes"] == "both" or not b.startswith("col_"))
+
+
+def _view_id(t):
+    """Equal for the same view of the same storage (one tensor under two names); None for an empty one."""
+    if t.numel() == 0:
+        return None
+    return (str(t.device), t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()),
+            t.dtype)
+
+
+def _dedupe(state):
+    """{name: tensor} -> ({name: tensor} each view once, {alias: first name})."""
+    seen, kept, aliases = {}, {}, {}
+    for key, t in state.items():
+        vid = _view_id(t)
+        if vid is not None and vid in seen:
+            aliases[key] = seen[vid]
+            continue
+        if vid is not None:
+            seen[vid] = key
+        kept[key] = t
+    return kept, aliases
+
+
+def _options_difference(info, m):
+    """How the file's quantized module `info` differs from module m (None: loadable as bytes)."""
+    mine = _module_info(m)
+    fmt = info.get("format", "mxfp8")
+    if fmt != m.format:
+        return f"format {fmt}, the model's {m.format}"
+    for k in ("shape", "planes", "layout", "block"):
+        if info.get(k) != mine.get(k):
+            return f"{k} {info.get(k)!r}, the model's {mine.get(k)!r}"
+    return None
+
+
+# ---- export ------------------------------------------------------------------------
+
+def export_safetensors(path, model):
+    """A single-file safetensors of the whole model for inference (the module
+    doc: names, dtypes, aliases, metadata). No collectives: global rank 0
+    writes (atomically, through a temporary file), the other ranks return.
+    Needs the `safetensors` package."""
+    _check_args(path, model, "export_safetensors")
+    st = _safetensors("export_safetensors")
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
+        return
+    mx, fmt_of = {}, {}
+    for name, m in model.named_modules(remove_duplicate=False):
+        if is_quantized(m):
+            mx[name] = _module_info(m)
+            fmt_of[name] = m.format
+    state, aliases = _dedupe(model.state_dict())
+    tensors = {}
+    for key, t in state.items():
+        mod, _, leaf = key.rpartition(".")
+        if mod in fmt_of and leaf in _BUFS[fmt_of[mod]]:
+            t = t.view(stored_dtype(fmt_of[mod], leaf))
+        tensors[key] = t.detach().to("cpu").contiguous().clone()
+    meta = {"format": EXPORT_FORMAT, "mxshard": json.dumps(mx, sort_keys=True),
+            "aliases": json.dumps(aliases, sort_keys=True)}
+    p = os.fspath(path)
+    tmp = p + ".tmp"
+    st.save_file(tensors, tmp, metadata=meta)
+    os.replace(tmp, p)
+
+
+# ---- load --------------------------------------------------------------------------
+
+def _read(p, st):
+    """(tensors, quantized-module metadata, aliases) of file p; a safetensors file of
+    another writer has no quantized modules and no aliases."""
+    if not os.path.isfile(p):
+        raise CheckpointError(f"load_safetensors: {p!r} is not a file")
+    try:
+        with st.safe_open(p, framework="pt", device="cpu") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"load_safetensors: {p!r} is not a readable safetensors file "
+                              f"({type(e).__name__}: {e})") from e
+    fmt = meta.get("format")
+    if fmt is None or (fmt != EXPORT_FORMAT and "mxshard" not in meta):
+        return tensors, {}, {}
+    if fmt != EXPORT_FORMAT:
+        raise CheckpointError(f"load_safetensors: {p!r} is a {fmt} file; this version reads {EXPORT_FORMAT}")
+    try:
+        mx, aliases = json.loads(meta.get("mxshard", "{}")), json.loads(meta.get("aliases", "{}"))
+    except ValueError as e:
+        raise CheckpointError(f"load_safetensors: {p!r}: damaged metadata ({e})") from e
+    return tensors, mx, aliases
+
+
+def _dequantized(name, info, get, dtype):
+    """The row plane of the file's quantized module `name` as a dense [out, in] weight of `dtype`."""
+    from ..nvfp4 import NVFP4Weight, dequantize_nvfp4
+    from ..ops import dequantize
+    from ..weight import MXFP8Weight
+    rows, cols = info["shape"]
+    bufs = {b: get(f"{name}.{b}") for b in _file_bufs(info)}
+    bufs = {b: (t if b == "amax" else t.view(torch.uint8)) for b, t in bufs.items()}
+    code = _DEQUANT_DTYPES.get(dtype, "f32")
+    if info.get("format", "mxfp8") == "nvfp4":
+        w = NVFP4Weight.from_buffers(rows, cols, block=info["block"], layout=info["layout"], **bufs)
+        out = dequantize_nvfp4(w, plane="row", dtype=code)
+    else:
+        w = MXFP8Weight.from_buffers(rows, cols, layout=info["layout"], **bufs)
+        out = dequantize(w, plane="row", dtype=code)
+    return out.to(dtype)
+
+
+def _quantized_entries(name, info, mod, get, who):
+    """{state_dict key: tensor} for the file's quantized module `name` loaded into `mod`."""
+    if is_quantized(mod):
+        diff = _options_difference(info, mod)
+        if diff:
+            raise CheckpointMismatchError(
+                f"{who}: {name}: the file's quantized weight has {diff}: convert the model with the file's options "
+                f"(see the file's 'mxshard' metadata), or load into an unconverted model (dequantized)")
+        out = {}
+        for b in _file_bufs(info):
+            key = f"{name}.{b}"
+            try:
+                out[key] = as_buffer_bytes(get(key), mod._buffers[b], mod.format, b, key)
+            except ValueError as e:
+                raise CheckpointMismatchError(f"{who}: {e}") from None
+        return out
+    if isinstance(mod, nn.Linear):
+        want = tuple(info["shape"])
+        if tuple(mod.weight.shape) != want:
+            raise CheckpointMismatchError(f"{who}: {name}.weight: the file's quantized weight has shape {want}, "
+                                          f"the model's {tuple(mod.weight.shape)}")
+        return {f"{name}.weight": _dequantized(name, info, get, mod.weight.dtype)}
+    raise CheckpointMismatchError(f"{who}: {name}: the file holds a quantized linear there, the model a "
+                                  f"{type(mod).__name__}")
+
+
+def _plan(model, tensors, mx, aliases, strict, who):
+    """Everything checked, nothing written: (state dict to load, ties to restore [(alias, name)])."""
+    def get(key):
+        if key in tensors:
+            return tensors[key]
+        if aliases.get(key) in tensors:
+            return tensors[aliases[key]]
+        raise CheckpointError(f"{who}: the file lacks {key!r}")
+
+    target = model.state_dict(keep_vars=True)
+    modules = dict(model.named_modules(remove_duplicate=False))
+    out, used = {}, set()
+    for name, info in mx.items():
+        used.update(f"{name}.{b}" for b in _file_bufs(info))
+        mod = modules.get(name)
+        if mod is None:
+            if strict:
+                raise CheckpointMismatchError(f"{who}: the file has the quantized module {name!r}, the model no module "
+                                              f"of that name (strict=False skips it)")
+            continue
+        out.update(_quantized_entries(name, info, mod, get, who))
+    for name, mod in modules.items():
+        if is_quantized(mod) and name not in mx and f"{name}.weight" in tensors:
+            raise CheckpointMismatchError(f"{who}: the file has a dense {name}.weight, the model's {name} is a "
+                                          f"{type(mod).__name__}: load the file before mxshard.torch.convert() (or "
+                                          f"into an unconverted model)")
+    out.update({k: t for k, t in tensors.items() if k not in used})
+    ties = []
+    for alias, name in aliases.items():
+        if alias in used or alias in out or name not in out:
+            continue
+        out[alias] = out[name]
+        if alias in target and name in target and target[alias] is not target[name]:
+            ties.append((alias, name))
+    if strict:
+        missing, unexpected = sorted(set(target) - set(out)), sorted(set(out) - set(target))
+        if missing or unexpected:
+            raise CheckpointMismatchError(
+                f"{who}: the file and the model differ: {len(missing)} key(s) the file lacks "
+                f"{missing[:3]}, {len(unexpected)} the model lacks {unexpected[:3]} (strict=False loads the rest)")
+    for k, t in out.items():
+        if k in target and tuple(t.shape) != tuple(target[k].shape):
+            raise CheckpointMismatchError(f"{who}: {k}: the file has shape {tuple(t.shape)}, the model "
+                                          f"{tuple(target[k].shape)}")
+    for alias, name in ties:
+        a, b = target[alias], target[name]
+        if isinstance(a, nn.Parameter) != isinstance(b, nn.Parameter) or a.dtype != b.dtype or a.device != b.device:
+            raise CheckpointMismatchError(f"{who}: the file ties {alias} to {name}; in the model they differ in kind, "
+                                          f"dtype or device ({type(a).__name__} {a.dtype} {a.device}, "
+                                          f"{type(b).__name__} {b.dtype} {b.device})")
+    return out, ties
+
+
+def _tie(model, alias, name):
+    """Makes the model's tensor `alias` the very tensor `name` (a parameter or a buffer)."""
+    mod_name, _, leaf = alias.rpartition(".")
+    mod = model.get_submodule(mod_name)
+    t = model.state_dict(keep_vars=True)[name]
+    if leaf in mod._parameters:
+        mod._parameters[leaf] = t
+    else:
+        mod._buffers[leaf] = t
+
+
+def load_safetensors(path, model, *, strict=True):
+    """Loads a file of export_safetensors into `model` (the module doc): a
+    converted model takes the quantized weights as bytes (exact); an
+    unconverted one (nn.Linear where the file has a quantized weight) takes
+    the row plane dequantized into the weight's dtype. The ties the file
+    records (a tensor stored once under several names) are restored first:
+    the model's tensors at those names become one tensor (build the
+    optimizer after loading). Everything is checked before anything is
+    written: quantized modules of another format, shape, planes, layout or
+    block raise CheckpointMismatchError, as do (strict=True) keys the file
+    or the model lacks and shapes that differ. Returns load_state_dict's
+    (missing_keys, unexpected_keys). No collectives: every rank may load.
+    A safetensors file of another writer loads like load_state_dict (the
+    quantized modules' buffers as bytes). Needs the `safetensors` package."""
+    who = "load_safetensors"
+    _check_args(path, model, who)
+    if not isinstance(strict, bool):
+        raise TypeError(f"{who}: strict must be a bool, got {type(strict).__name__}")
+    st = _safetensors(who)
+    tensors, mx, aliases = _read(os.fspath(path), st)
+    state, ties = _plan(model, tensors, mx, aliases, strict, who)
+    for alias, name in ties:
+        _tie(model, alias, name)
+    return model.load_state_dict(state, strict=strict)
