@@ -72,6 +72,14 @@ def test_export_safetensors(ckpt_results):
     assert out[(1, 0)]["tensors"] > 10
 
 
+def test_save_and_load_on_some_ranks_only_raise_every_rank(ckpt_results):
+    for w in (2, 3):
+        out = _case(ckpt_results, f"every_rank_{w}", worlds=(w,))
+        assert out[(w, 0)]["save_alone"] is not None and all(out[(w, r)]["save_alone"] is None for r in range(1, w))
+        print(f"DP={w}: save_checkpoint on rank 0 alone raised after {out[(w, 0)]['save_alone']:.2f} s, "
+              f"load_checkpoint after {out[(w, 0)]['load_alone']:.2f} s (timeout 0.5 s)")
+
+
 def test_no_hang_and_runtime(ckpt_results):
     assert not ckpt_results["hung"], f"ranks (world, rank) never finished: {ckpt_results['hung']}"
     print(f"gloo groups of {WORLDS}: {ckpt_results['seconds']:.1f} s")
@@ -100,7 +108,9 @@ def test_world_of_one_and_bad_arguments(tmp_path):
             (lambda: save_checkpoint(d, m, object()), TypeError, "ShardedOptimizer"),
             (lambda: load_checkpoint(d, m, o), CheckpointError, "is not a directory"),
             (lambda: load_checkpoint(str(tmp_path), m, o), CheckpointError, "no .metadata"),
-            (lambda: load_checkpoint(d, m, o, strict=None), TypeError, "strict must be a bool")]:
+            (lambda: load_checkpoint(d, m, o, strict=None), TypeError, "strict must be a bool"),
+            (lambda: save_checkpoint(d, m, o, timeout=0), ValueError, "timeout must be"),
+            (lambda: load_checkpoint(d, m, o, timeout="1"), ValueError, "timeout must be")]:
         with pytest.raises(exc) as ei:
             call()
         assert words in str(ei.value), (words, str(ei.value))

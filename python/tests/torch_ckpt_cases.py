@@ -458,17 +458,73 @@ def case_export(rank, world, root, tag, layout, planes_c):
     return {"tensors": len(got)}
 
 
-CASES = {"reshard": case_reshard, "curve": case_curve, "reject": case_reject, "export": case_export}
+EVERY_T = 0.5    # seconds: the rendezvous timeout of the calls one rank does not make
+
+
+def _alone(call, ranks, rank, world, where):
+    """`call` made by `ranks` only (the torch.save habit): each of them raises CheckpointError, saying "every
+    rank" and naming the others, within EVERY_T (+ a margin for a loaded machine). Returns its seconds."""
+    out = None
+    if rank in ranks:
+        t0 = time.time()
+        msg = _expect_reject(call, CheckpointError, [f"{where} must be called on every rank", f"rank(s) {ranks} of "
+                             f"{world} called it", f"rank(s) {[r for r in range(world) if r not in ranks]} did not"])
+        out = time.time() - t0
+        assert EVERY_T * 0.9 <= out < EVERY_T + 10, f"{where}: raised after {out:.1f} s, timeout {EVERY_T} s"
+        assert "if rank == 0" in msg and "timeout=" in msg, msg
+    _barrier()
+    return out
+
+
+def case_every_rank(rank, world, root, worlds):
+    """save_checkpoint on rank 0 only raises there within the timeout and writes nothing; then every rank saves;
+    load_checkpoint on rank 0 only (and at DP=3 on ranks 0 and 1) raises there, the model untouched; then every
+    rank loads (a fresh generation: the store's keys of the failed calls are not in the way); a timeout that
+    is bad on one rank only is that rank's ValueError and a RemoteError elsewhere, never a hang."""
+    if world not in worlds:
+        return {}
+    d = os.path.join(root, f"every-{world}")
+    m, o = make("padded", "row", seed=4, bucket_size=_bucket_size(world))
+    train(m, o, range(1))
+    out = {"save_alone": _alone(lambda: save_checkpoint(d, m, o, timeout=EVERY_T), [0], rank, world,
+                                "save_checkpoint")}
+    assert not os.path.exists(os.path.join(d, ".metadata"))
+    save_checkpoint(d, m, o)
+    before = local_digest(m, o)
+    out["load_alone"] = _alone(lambda: load_checkpoint(d, m, o, timeout=EVERY_T), [0], rank, world,
+                               "load_checkpoint")
+    if world == 3:
+        out["load_two"] = _alone(lambda: load_checkpoint(d, m, o, timeout=EVERY_T), [0, 1], rank, world,
+                                 "load_checkpoint")
+    assert local_digest(m, o) == before
+    try:
+        load_checkpoint(d, m, o, timeout=-1 if rank == 1 else 30)
+        raise AssertionError("load_checkpoint took timeout=-1")
+    except ValueError as e:
+        assert rank == 1 and "timeout must be a number of seconds > 0" in str(e), (rank, e)
+    except mxshard.RemoteError as e:
+        assert rank != 1 and "rank 1" in str(e), (rank, e)
+    train(m, o, range(1, 2))
+    load_checkpoint(d, m, o)
+    assert local_digest(m, o) == before
+    return out
+
+
+CASES = {"reshard": case_reshard, "curve": case_curve, "reject": case_reject, "export": case_export,
+         "every_rank": case_every_rank}
 
 
 def plan(root):
     return [
+        # DP=3 while it waits for the DP=2 group's files; DP=2 when it has written them (last)
+        ("every_rank_3", "every_rank", {"root": root, "worlds": (3,)}),
         ("reshard_padded_both", "reshard", {"root": root, "tag": "padded", "layout": "padded", "planes_c": "both"}),
         ("reshard_swizzled_row", "reshard", {"root": root, "tag": "swizzled", "layout": "swizzled",
                                              "planes_c": "row"}),
         ("curve", "curve", {"root": root}),
         ("reject", "reject", {"root": root, "tag": "padded", "layout": "padded", "planes_c": "both"}),
         ("export", "export", {"root": root, "tag": "swizzled", "layout": "swizzled", "planes_c": "row"}),
+        ("every_rank_2", "every_rank", {"root": root, "worlds": (2,)}),
     ]
 
 
