@@ -3,9 +3,12 @@
 process, started at once from a forkserver that imported torch once, run
 every case of torch_ckpt_cases.plan(): DP=2 trains and saves, DP=3 and DP=1
 load (resharding) and go on; damaged and mismatched checkpoints are rejected
-on every rank; the safetensors export reads back. Skips without torch or
-gloo. A rank that hangs or dies fails the tests within DEADLINE (its
-process is killed), it never blocks the run."""
+on every rank; the safetensors export reads back; a save or load called on
+some ranks only (rank 0 alone: torch.save's habit) raises "every rank" on
+those within its timeout, at DP=2 and DP=3. Skips without torch or gloo.
+A rank that hangs or dies fails the tests within DEADLINE (its process is
+killed), it never blocks the run. The export's round trips:
+test_torch_export.py."""
 import os
 
 import pytest

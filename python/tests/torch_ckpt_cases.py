@@ -4,7 +4,9 @@ group of 2, one of 3 and one of 1 process, started at once; each runs every
 case of PLAN for its world size. The DP=2 group trains, saves the
 checkpoints and writes the references (full tensors, torch.save-d by its
 rank 0) next to them, then a READY marker; the DP=3 and DP=1 groups wait for
-the marker and load. Each case returns a small summary or raises."""
+the marker and load. every_rank runs in the DP=3 group first (while it
+waits) and in the DP=2 group last. Each case returns a small summary or
+raises."""
 import hashlib
 import os
 import pickle

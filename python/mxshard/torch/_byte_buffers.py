@@ -81,8 +81,9 @@ def as_buffer_bytes(t, buf, fmt, name, key):
         return t.view(torch.uint8)
     names = ", ".join(str(d).replace("torch.", "") for d in ok)
     raise ValueError(f"{key}: dtype {t.dtype}, but this buffer holds {code} codes as bytes: only {names} are "
-                     f"taken (as bytes); values of another dtype would be cast and corrupt the weight. Load a "
-                     f"file of export_safetensors with mxshard.torch.load_safetensors(path, model)")
+                     f"taken (as bytes); values of another dtype would be cast and corrupt the weight (a dense "
+                     f"weight goes in through set_master_, a file of export_safetensors through "
+                     f"mxshard.torch.load_safetensors(path, model))")
 
 
 def _byte_load_pre_hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
