@@ -214,9 +214,23 @@ def test_bad_arguments_and_files(tmp_path):
                              (lambda: load_safetensors(str(bad), m, strict=1), TypeError, "strict must be a bool"),
                              (lambda: load_safetensors(str(tmp_path / "none"), m), CheckpointError, "is not a file"),
                              (lambda: load_safetensors(str(bad), m), CheckpointError, "not a readable safetensors"),
-                             (lambda: export_safetensors(str(bad), "model"), TypeError, "model must be")]:
+                             (lambda: export_safetensors(str(bad), "model"), TypeError, "model must be"),
+                             (lambda: export_safetensors(str(tmp_path / "x"), WithExtraState()), TypeError,
+                              "x._extra_state is a dict")]:
         with pytest.raises(exc, match=words):
             call()
+    assert not (tmp_path / "x").exists()
+
+
+class LinearWithExtraState(nn.Linear):
+    def get_extra_state(self):
+        return {"step": 1}
+
+
+class WithExtraState(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.x = LinearWithExtraState(2, 2)
 
 
 # ---- the load_state_dict pre-hook ------------------------------------------------------------

@@ -19,7 +19,7 @@ Representation. Every saved quantity is ONE global 1-D tensor of DCP,
 with a key per item (below), and each rank writes only its own pieces of
 it: a piece is one DCP chunk (ChunkStorageMetadata offsets=(o,),
 sizes=(n,)) of the global tensor (TensorStorageMetadata size=(numel,)).
-The pieces come from small custom planners (_PieceSavePlanner /
+The pieces come from small custom planners (_dcp_pieces: _PieceSavePlanner /
 _PieceLoadPlanner, subclasses of DCP's default planners that build
 WriteItems of type SHARD from a list of (key, offset, tensor) and read
 with DCP's own resharding helper, create_read_items_for_chunk_list).
@@ -182,7 +182,7 @@ def _enter(opt, timeout, where):
     """Opens a checkpoint call: the every-rank rendezvous over a live optimizer's group
     (CheckpointError, on the ranks that came, when some rank does not within `timeout`
     seconds). Returns the timeout argument's own error, if any, for the first verdict (the
-    rendezvous then waits DEFAULT_TIMEOUT), and the seconds."""
+    rendezvous then waits DEFAULT_TIMEOUT)."""
     try:
         secs, err = G.check_timeout(timeout, where), None
     except ValueError as e:

@@ -138,7 +138,12 @@ def export_safetensors(path, model):
         if is_quantized(m):
             mx[name] = _module_info(m)
             fmt_of[name] = m.format
-    state, aliases = _dedupe(model.state_dict())
+    full = model.state_dict()
+    for key, t in full.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"export_safetensors: {key} is a {type(t).__name__} (a module's extra state?), not a "
+                            f"tensor: a safetensors file holds tensors only")
+    state, aliases = _dedupe(full)
     tensors = {}
     for key, t in state.items():
         mod, _, leaf = key.rpartition(".")
