@@ -374,6 +374,18 @@ class BucketWriteback(_WithClose):
             self._mark_failed()
             raise
 
+    def slots(self):
+        """Where each item's exponents sit in `packed`: a list of (row_offset,
+        col_offset) byte offsets (mxs_wb_slot; -1 for an absent plane). Within
+        a region, the COMPACT order: row-wise (m, k) at m*ceil(cols/32) + k,
+        column-wise (block row b, column c) at b*cols + c."""
+        if self._closed:
+            raise ValueError("BucketWriteback: closed")
+        slots = (L.WbSlot * max(self.n_items, 1))()
+        plan = L.WbPlan()
+        L.check(L.host_lib().make_plan(self._bp, ctypes.byref(plan), slots), "mxs_wb_make_plan")
+        return [(int(slots[i].row_offset), int(slots[i].col_offset)) for i in range(self.n_items)]
+
     def status(self):
         """The group status byte of the packed buffer (after the reduction:
         nonzero when any rank failed). CUDA: one 1-byte copy + stream sync."""

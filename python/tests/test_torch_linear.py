@@ -23,7 +23,8 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from conftest import cuda_or_skip  # noqa: E402
-from mxshard.torch.linear import MXFP8Linear, convert, is_mxfp8  # noqa: E402
+from mxshard.torch.linear import MXFP8Linear, is_mxfp8  # noqa: E402
+from mxshard.torch.convert import convert  # noqa: E402
 
 LAYOUTS = ("compact", "padded", "swizzled")
 PLANES = ("row", "both")

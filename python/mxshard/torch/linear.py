@@ -25,27 +25,24 @@ The user guide, with the interface ShardedOptimizer relies on: docs/torch.md.
 """
 from __future__ import annotations
 
-import fnmatch
 import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .. import _arrays as A
 from .. import _lib as L
+from . import _gemm
 from ..ops import dequantize as _mx_dequantize
 from ..ops import quantize as _mx_quantize
 from ..weight import MXFP8Weight
 
-__all__ = ["MXFP8Linear", "convert", "is_mxfp8", "is_quantized"]
+__all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized"]
 
 _PLANES = ("row", "both")
 _LAYOUTS = ("compact", "padded", "swizzled")
 _ROUNDINGS = ("ceil", "floor")
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_POLICY_VALUES = ("row", "both", "dense")
-_FORMATS = ("mxfp8", "nvfp4")
 _BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale")
 
 
@@ -106,9 +103,7 @@ class _QuantLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, b, anchor, module):
-        w = module._dequant("row")
-        y = F.linear(x, w, b)
-        del w
+        y = _gemm.linear_fwd(x, module.primary, b, module.compute_dtype)
         ctx.module = module
         ctx.has_bias = b is not None
         ctx.save_for_backward(x)
@@ -122,15 +117,11 @@ class _QuantLinearFn(torch.autograd.Function):
         gy = gy.to(dt)
         gx = None
         if ctx.needs_input_grad[0]:
-            w = m._dequant("col" if m.planes == "both" else "row")
-            gx = torch.matmul(gy, w)
-            del w
+            gx = _gemm.linear_dgrad(gy, m.primary, "col" if m.planes == "both" else "row", dt)
         gb = gy.reshape(-1, gy.shape[-1]).sum(0) if ctx.has_bias and ctx.needs_input_grad[1] else None
         gy2 = gy.reshape(-1, gy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
-        wgrad = torch.matmul(gy2.t(), x2)
-        m._accumulate_main_grad(wgrad)
-        del wgrad
+        m._accumulate_main_grad(gy2, x2)
         hook = m._mxs_grad_hook
         if hook is not None:
             hook()
@@ -305,16 +296,17 @@ class _QuantLinear(nn.Module):
 
     # -- gradient
 
-    def _accumulate_main_grad(self, wgrad):
+    def _accumulate_main_grad(self, gy2, x2):
+        """main_grad += gy2^T @ x2 (fp32 [out, in]; created on first use)."""
         g = self.main_grad
         if g is None:
-            g = torch.zeros(self.out_features, self.in_features, dtype=torch.float32, device=wgrad.device)
+            g = torch.zeros(self.out_features, self.in_features, dtype=torch.float32, device=x2.device)
             self.main_grad = g
         elif (g.dtype != torch.float32 or tuple(g.shape) != (self.out_features, self.in_features)
-              or g.device != wgrad.device):
+              or g.device != x2.device):
             raise ValueError(f"{self._who}.main_grad must be a float32 [{self.out_features}, {self.in_features}] "
-                             f"tensor on {wgrad.device}, got {g.dtype} {tuple(g.shape)} on {g.device}")
-        g.add_(wgrad)
+                             f"tensor on {x2.device}, got {g.dtype} {tuple(g.shape)} on {g.device}")
+        _gemm.linear_wgrad(gy2, x2, acc=g)
 
     # -- nn.Module
 
@@ -427,126 +419,3 @@ def is_mxfp8(module) -> bool:
 def is_quantized(module) -> bool:
     """True for an MXFP8Linear or NVFP4Linear (module.format says which)."""
     return isinstance(module, _QuantLinear)
-
-
-# ---- convert ---------------------------------------------------------------------
-
-def _check_policy_value(v, where):
-    if v not in _POLICY_VALUES:
-        raise ValueError(f"convert: {where} gave {v!r}; expected 'row', 'both' or 'dense'")
-    return v
-
-
-def _policy_fn(policy):
-    """policy -> a function (name, module) -> 'row' | 'both' | 'dense' (validated)."""
-    if isinstance(policy, str):
-        _check_policy_value(policy, "policy")
-        return lambda name, mod: policy
-    if isinstance(policy, dict):
-        items = list(policy.items())
-        for k, v in items:
-            if not isinstance(k, str):
-                raise ValueError(f"convert: policy pattern {k!r} is not a string")
-            _check_policy_value(v, f"policy[{k!r}]")
-
-        def by_pattern(name, mod):
-            for k, v in items:
-                if fnmatch.fnmatchcase(name, k):
-                    return v
-            return "dense"
-        return by_pattern
-    if callable(policy):
-        def by_call(name, mod):
-            v = policy(name, mod)
-            return "dense" if v is None else _check_policy_value(v, f"policy({name!r})")
-        return by_call
-    raise ValueError(f"convert: policy must be 'row', 'both', 'dense', a dict of fnmatch patterns or a "
-                     f"callable, got {type(policy).__name__}")
-
-
-def _skip_patterns(skip):
-    if skip is None:
-        return ()
-    pats = (skip,) if isinstance(skip, str) else tuple(skip)
-    for p in pats:
-        if not isinstance(p, str):
-            raise ValueError(f"convert: skip pattern {p!r} is not a string")
-    return pats
-
-
-def _format_options(format, rounding, block):
-    """convert's format options -> (module class, its format keywords); one rule per format."""
-    fmt = _check_choice("format", format, _FORMATS, "convert")
-    if fmt == "mxfp8":
-        if block is not None:
-            raise ValueError(f"convert: block={block!r} applies to format='nvfp4' only (MXFP8 blocks are 1x32)")
-        return MXFP8Linear, {"rounding": _check_choice("rounding", "ceil" if rounding is None else rounding,
-                                                      _ROUNDINGS, "convert")}
-    if rounding is not None:
-        raise ValueError(f"convert: rounding={rounding!r} applies to format='mxfp8' only (NVFP4 scales are E4M3, "
-                         f"rounded to nearest)")
-    from .nvfp4_linear import _BLOCKS, NVFP4Linear  # nvfp4_linear builds on this module
-    return NVFP4Linear, {"block": _check_choice("block", "1x16" if block is None else block, _BLOCKS, "convert")}
-
-
-def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dtype=torch.bfloat16, rounding=None,
-            block=None, skip=None):
-    """Swaps the nn.Linear submodules of `model` in place for MXFP8Linear
-    (format='mxfp8', the default) or NVFP4Linear (format='nvfp4').
-
-    policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the
-    qualified module name: value} (first match wins, unmatched -> dense); or a
-    callable (name, module) -> value or None (dense). skip: fnmatch pattern(s) of
-    qualified names that stay dense whatever the policy says. Only exact
-    nn.Linear instances are candidates (subclasses such as MultiheadAttention's
-    out_proj, whose weight is read directly, are left alone). A converted module
-    keeps the device, the same bias Parameter and an fp32 copy of the weight as
-    its initial master (master_init). A weight shared with another module (tied)
-    cannot be converted: ValueError. Everything is decided and checked before the
-    first swap. Returns the model (the new module when `model` itself is a
-    converted nn.Linear).
-
-    Format options: rounding ('ceil' by default, or 'floor') is MXFP8's,
-    block ('1x16' by default, or '16x16') NVFP4's; giving the other format's
-    option is a ValueError. layout and compute_dtype apply to both. One call
-    converts to one format; for a model of both, call convert twice (the
-    second call sees only the nn.Linear modules the first one left dense)."""
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"convert: model must be an nn.Module, got {type(model).__name__}")
-    decide = _policy_fn(policy)
-    skips = _skip_patterns(skip)
-    cls, fmt = _format_options(format, rounding, block)
-    _check_choice("layout", layout, _LAYOUTS, "convert")
-    _check_compute_dtype(compute_dtype, "convert")
-    # a module reachable under several names is converted once and set at every name
-    names = {}
-    for name, mod in model.named_modules(remove_duplicate=False):
-        if type(mod) is nn.Linear:
-            names.setdefault(id(mod), (mod, []))[1].append(name)
-    uses = {}  # parameter -> how many distinct modules own it
-    for mod in model.modules():
-        for p in mod._parameters.values():
-            if p is not None:
-                uses[id(p)] = uses.get(id(p), 0) + 1
-    todo = []
-    for mod, mod_names in names.values():
-        vals = {"dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, mod) for n in mod_names}
-        if len(vals) > 1:
-            raise ValueError(f"convert: the module shared as {', '.join(mod_names)} gets different policies "
-                             f"({', '.join(sorted(vals))})")
-        v = vals.pop()
-        if v == "dense":
-            continue
-        if uses.get(id(mod.weight), 0) > 1:
-            raise ValueError(f"convert: the weight of {mod_names[0] or '<root>'} is shared with another module "
-                             f"(tied); keep it dense (policy or skip)")
-        cls._require(_check_device(mod.weight.device, cls.__name__))
-        todo.append((mod, mod_names, v))
-    for mod, mod_names, v in todo:
-        new = cls._from_linear(mod, compute_dtype, planes=v, layout=layout, **fmt)
-        for name in mod_names:
-            if name == "":
-                return new
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), child, new)
-    return model

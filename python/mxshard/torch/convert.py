@@ -1,0 +1,197 @@
+# SPDX-License-Identifier: MIT
+"""convert(model, policy): swap a model's nn.Linear modules for quantized ones.
+
+    convert(model, "row")                                   MXFP8Linear (weights as uint8 buffers:
+                                                            for ShardedOptimizer)
+    convert(model, {"*.mlp.*": "row"}, format="nvfp4")      NVFP4Linear
+    convert(model, {"*.mlp.*": "row", "*.qkv": "both"}, fsdp=True)
+                                                            MXFP8ParamLinear / NVFP4ParamLinear:
+                                                            the weight is an nn.Parameter (the
+                                                            master), for fully_shard, torch.optim, DCP
+
+One decision per module (policy, skip), every check before the first swap.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+import torch.nn as nn
+
+from .fsdp_group import FSDPGroup
+from .fsdp_linear import MXFP8ParamLinear, NVFP4ParamLinear, _ParamLinear, make_spec
+from .linear import (_LAYOUTS, _ROUNDINGS, MXFP8Linear, _check_choice, _check_compute_dtype, _check_device,
+                     _require_library)
+from .nvfp4_linear import _BLOCKS, NVFP4Linear
+
+__all__ = ["convert"]
+
+_POLICY_VALUES = ("row", "both", "dense")
+_FORMATS = ("mxfp8", "nvfp4")
+_ROUND_THROUGH = {"bf16": "bf16", None: "none"}
+
+
+def _check_policy_value(v, where):
+    if v not in _POLICY_VALUES:
+        raise ValueError(f"convert: {where} gave {v!r}; expected 'row', 'both' or 'dense'")
+    return v
+
+
+def _policy_fn(policy):
+    """policy -> (a function (name, module) -> 'row' | 'both' | 'dense' (validated), the dict
+    patterns or ())."""
+    if isinstance(policy, str):
+        _check_policy_value(policy, "policy")
+        return (lambda name, mod: policy), ()
+    if isinstance(policy, dict):
+        items = list(policy.items())
+        for k, v in items:
+            if not isinstance(k, str):
+                raise ValueError(f"convert: policy pattern {k!r} is not a string")
+            _check_policy_value(v, f"policy[{k!r}]")
+
+        def by_pattern(name, mod):
+            for k, v in items:
+                if fnmatch.fnmatchcase(name, k):
+                    return v
+            return "dense"
+        return by_pattern, tuple(k for k, _ in items)
+    if callable(policy):
+        def by_call(name, mod):
+            v = policy(name, mod)
+            return "dense" if v is None else _check_policy_value(v, f"policy({name!r})")
+        return by_call, ()
+    raise ValueError(f"convert: policy must be 'row', 'both', 'dense', a dict of fnmatch patterns or a "
+                     f"callable, got {type(policy).__name__}")
+
+
+def _skip_patterns(skip):
+    if skip is None:
+        return ()
+    pats = (skip,) if isinstance(skip, str) else tuple(skip)
+    for p in pats:
+        if not isinstance(p, str):
+            raise ValueError(f"convert: skip pattern {p!r} is not a string")
+    return pats
+
+
+def _format_options(format, rounding, block):
+    """convert's format options -> (format, rounding, block); one rule per format."""
+    fmt = _check_choice("format", format, _FORMATS, "convert")
+    if fmt == "mxfp8":
+        if block is not None:
+            raise ValueError(f"convert: block={block!r} applies to format='nvfp4' only (MXFP8 blocks are 1x32)")
+        return fmt, _check_choice("rounding", "ceil" if rounding is None else rounding, _ROUNDINGS, "convert"), None
+    if rounding is not None:
+        raise ValueError(f"convert: rounding={rounding!r} applies to format='mxfp8' only (NVFP4 scales are E4M3, "
+                         f"rounded to nearest)")
+    return fmt, None, _check_choice("block", "1x16" if block is None else block, _BLOCKS, "convert")
+
+
+def _unmatched_message(kind, pats, names):
+    shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "") if names else "none"
+    return (f"convert: {kind} {', '.join(map(repr, pats))} match{'es' if len(pats) == 1 else ''} no nn.Linear of the "
+            f"model (its nn.Linear modules: {shown}); fix the pattern, or pass strict=False to allow it")
+
+
+def _group_of(model):
+    """The FSDPGroup of a model that convert(fsdp=True) already touched (one per model), or a new one."""
+    for m in model.modules():
+        if isinstance(m, _ParamLinear):
+            return m._group
+    return FSDPGroup()
+
+
+def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dtype=torch.bfloat16, rounding=None,
+            block=None, skip=None, fsdp=False, round_through="bf16", strict=True):
+    """Swaps the nn.Linear submodules of `model` in place for quantized linears.
+
+    policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the qualified module
+    name: value} (first match wins, unmatched -> dense); or a callable (name, module) -> value
+    or None (dense). skip: fnmatch pattern(s) of qualified names that stay dense whatever the
+    policy says. Only exact nn.Linear instances are candidates (subclasses such as
+    MultiheadAttention's out_proj, whose weight is read directly, are left alone). A weight
+    shared with another module (tied) cannot be converted: ValueError. strict (default True): a
+    dict pattern or skip pattern that matches no nn.Linear, or a policy that converts nothing,
+    is a ValueError (a typo would otherwise train the model dense without a word); strict=False
+    allows it. Everything is decided and checked before the first swap. Returns the model (the
+    new module when `model` itself is a converted nn.Linear).
+
+    fsdp=False: MXFP8Linear / NVFP4Linear, the weight held only as the quantized primary's uint8
+    buffers (the module keeps an fp32 copy as its initial master) - for ShardedOptimizer.
+    fsdp=True: MXFP8ParamLinear / NVFP4ParamLinear, nn.Linear subclasses whose `weight` is an
+    nn.Parameter holding the master (the linear's own values and dtype) - for FSDP2
+    `fully_shard`, any torch.optim optimizer and DCP; round_through ('bf16', TE's master cast, or
+    None) is how the master is rounded before quantizing.
+
+    Format options: rounding ('ceil' by default, or 'floor') is MXFP8's, block ('1x16' by
+    default, or '16x16') NVFP4's; giving the other format's option is a ValueError. layout and
+    compute_dtype apply to both. One call converts to one format; for a model of both, call
+    convert twice (the second call sees only the nn.Linear modules the first one left dense)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"convert: model must be an nn.Module, got {type(model).__name__}")
+    decide, pol_pats = _policy_fn(policy)
+    skips = _skip_patterns(skip)
+    fmt, rounding, block = _format_options(format, rounding, block)
+    _check_choice("layout", layout, _LAYOUTS, "convert")
+    _check_compute_dtype(compute_dtype, "convert")
+    if not isinstance(fsdp, bool):
+        raise TypeError(f"convert: fsdp must be a bool, got {type(fsdp).__name__}")
+    if round_through not in _ROUND_THROUGH:
+        raise ValueError(f"convert: round_through={round_through!r} is not 'bf16' or None")
+    if not fsdp and round_through != "bf16":
+        raise ValueError("convert: round_through applies to fsdp=True (ShardedOptimizer takes its own "
+                         "round_through=)")
+    # a module reachable under several names is converted once and set at every name
+    names = {}
+    for name, mod in model.named_modules(remove_duplicate=False):
+        if type(mod) is nn.Linear:
+            names.setdefault(id(mod), (mod, []))[1].append(name)
+    all_names = [n for _, ns in names.values() for n in ns]
+    if strict:
+        for kind, pats in (("policy pattern", pol_pats), ("skip pattern", skips)):
+            bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in all_names)]
+            if bad:
+                raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names))
+    uses = {}  # parameter -> how many distinct modules own it
+    for mod in model.modules():
+        for p in mod._parameters.values():
+            if p is not None:
+                uses[id(p)] = uses.get(id(p), 0) + 1
+    todo = []
+    for mod, mod_names in names.values():
+        vals = {"dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, mod) for n in mod_names}
+        if len(vals) > 1:
+            raise ValueError(f"convert: the module shared as {', '.join(mod_names)} gets different policies "
+                             f"({', '.join(sorted(vals))})")
+        v = vals.pop()
+        if v == "dense":
+            continue
+        if uses.get(id(mod.weight), 0) > 1:
+            raise ValueError(f"convert: the weight of {mod_names[0] or '<root>'} is shared with another module "
+                             f"(tied); keep it dense (policy or skip)")
+        dev = _check_device(mod.weight.device, "convert")
+        if fsdp:
+            _require_library(dev, "convert(fsdp=True)")
+        else:
+            (MXFP8Linear if fmt == "mxfp8" else NVFP4Linear)._require(dev)
+        todo.append((mod, mod_names, v))
+    if strict and not todo and policy != "dense":
+        raise ValueError(f"convert: the policy converts no nn.Linear of the model (its nn.Linear modules: "
+                         f"{', '.join(all_names[:6]) or 'none'}); pass strict=False to allow it")
+    group = _group_of(model) if fsdp else None
+    for mod, mod_names, v in todo:
+        if fsdp:
+            spec = make_spec(fmt, v, layout, rounding, block, compute_dtype, _ROUND_THROUGH[round_through])
+            cls = MXFP8ParamLinear if fmt == "mxfp8" else NVFP4ParamLinear
+            new = cls.from_linear(mod, spec, mod_names[0], group)
+        elif fmt == "mxfp8":
+            new = MXFP8Linear._from_linear(mod, compute_dtype, planes=v, layout=layout, rounding=rounding)
+        else:
+            new = NVFP4Linear._from_linear(mod, compute_dtype, planes=v, layout=layout, block=block)
+        for name in mod_names:
+            if name == "":
+                return new
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), child, new)
+    return model

@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: MIT
+"""GatheredWeight: the unsharded weight FSDP2 hands a converted linear between
+its all-gather and its reshard. It reports the weight's [out, in] shape and
+the parameter dtype (what its gradient is), holds no high-precision values
+and no storage of its own: only the quantized plane(s) just gathered.
+
+    FSDP2 unshard -> fsdp_post_all_gather -> GatheredWeight (box: {"row": MXFP8Weight}) -> module.weight
+    forward:  the row plane;  backward: the dgrad plane (gathered by the backward's unshard)
+    a plane that is not there (the forward recomputed by activation checkpointing inside the
+    backward, or reshard_after_forward=False keeping the forward's gather for the backward) is
+    all-gathered on demand by the module, used once and dropped (fetch_plane)
+
+Every alias FSDP2 makes of it (as_strided, the Parameter's detach) shares one
+_Box, so the planes FSDP2's later gathers write (post_all_gather with out=)
+are the planes every alias sees. Any other op raises: the tensor has no
+values to compute with.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["GatheredWeight", "is_gathered"]
+
+_ALIASES = {torch.ops.aten.detach.default, torch.ops.aten.alias.default, torch.ops.aten.as_strided.default,
+            torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default}
+
+
+class _Box:
+    """What every alias of one unsharded weight shares: the gathered primaries by plane, the
+    sharded source (the QuantMaster this rank owns), the device mesh of the gathers and the
+    scratch FSDP2 allocates and frees with the unsharded weight (the converted scales)."""
+
+    __slots__ = ("planes", "source", "mesh", "scratch")
+
+    def __init__(self, source, mesh):
+        self.planes, self.source, self.mesh, self.scratch = {}, source, mesh, None
+
+
+class GatheredWeight(torch.Tensor):
+    """The unsharded [out, in] weight of a converted linear under FSDP2 (see the module doc)."""
+
+    @staticmethod
+    def __new__(cls, shape, dtype, device, box, requires_grad=False):
+        return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device,
+                                                   requires_grad=requires_grad)
+
+    def __init__(self, shape, dtype, device, box, requires_grad=False):
+        self._box = box
+
+    def __repr__(self, *, tensor_contents=None):
+        m = self._box.source._meta
+        return f"GatheredWeight({m.name!r}, {tuple(self.shape)}, planes gathered={sorted(self._box.planes)})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        if func in _ALIASES:
+            t = args[0]
+            shape = tuple(args[1]) if func is not torch.ops.aten.detach.default and len(args) > 1 else tuple(t.shape)
+            if func is torch.ops.aten.as_strided.default or func in (torch.ops.aten.view.default,
+                                                                     torch.ops.aten._unsafe_view.default):
+                if shape != tuple(t.shape):
+                    raise RuntimeError(f"mxshard: a gathered quantized weight {tuple(t.shape)} cannot be viewed "
+                                       f"as {shape}")
+            return GatheredWeight(t.shape, t.dtype, t.device, t._box)
+        name = args[0]._box.source._meta.name if args and isinstance(args[0], GatheredWeight) else "a weight"
+        raise NotImplementedError(
+            f"mxshard: {name} is an FSDP2-gathered MXFP8/NVFP4 weight: it holds quantized planes, not values, "
+            f"so {func} cannot run on it. Call the module (module(x)); for its values use "
+            f"mxshard.torch.dequantized_weight(module)")
+
+    # -- planes
+
+    def plane(self, name):
+        """The primary holding plane `name` ("row" | "col"), or None when it was not gathered."""
+        return self._box.planes.get(name)
+
+    @property
+    def source(self):
+        """The sharded master (QuantMaster) this rank owns."""
+        return self._box.source
+
+
+def is_gathered(t) -> bool:
+    return isinstance(t, GatheredWeight)

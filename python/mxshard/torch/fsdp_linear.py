@@ -1,0 +1,200 @@
+# SPDX-License-Identifier: MIT
+"""MXFP8ParamLinear / NVFP4ParamLinear: nn.Linear subclasses whose `weight`
+is a real nn.Parameter holding the high-precision master (a QuantMaster),
+for FSDP2 (`fully_shard`), any torch.optim optimizer and DCP.
+
+    forward    y  = x @ deq(row)^T + b      deq(row): the row plane FSDP2 just gathered as bytes
+    backward   gx = gy @ deq(dgrad plane)   (the column plane for planes="both")
+               gw = gy^T @ x                 -> weight.grad (fp32 accumulation, the parameter's dtype);
+                                                FSDP2 reduce-scatters it like any gradient
+
+Without fully_shard (a world of one, or before sharding) the module quantizes
+its own master with the same library writeback, once per master version, and
+runs the same GEMMs. `convert(model, policy, fsdp=True)` builds these.
+
+state_dict(): the weight is saved as a plain tensor (a plain DTensor under
+FSDP2) sharing the master's storage, so torch.save, DCP and in-place loads see
+ordinary tensors; load_state_dict copies values into the master (the
+quantized bytes follow at the next use). `dequantized_weight(module)` gives
+the values the forward uses.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import _gemm
+from .fsdp_gathered import GatheredWeight
+from .fsdp_master import QuantMaster, QuantSpec, WeightMeta
+
+__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight"]
+
+
+class _ParamLinearFn(torch.autograd.Function):
+    """y = x @ W^T (+ b); W's planes come from the unsharded GatheredWeight (FSDP2) or from the
+    module's own quantization of its master (no FSDP2). x and b arrive in compute_dtype."""
+
+    @staticmethod
+    def forward(ctx, x, b, w, module):
+        dt = module.spec.compute_dtype
+        y = _gemm.linear_fwd(x, _primary(module, w, "row"), b, dt)
+        ctx.module, ctx.w = module, w
+        ctx.has_bias = b is not None
+        ctx.save_for_backward(x)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        (x,) = ctx.saved_tensors
+        m, w = ctx.module, ctx.w
+        dt = m.spec.compute_dtype
+        gy = gy.to(dt)
+        gx = gb = gw = None
+        if ctx.needs_input_grad[0]:
+            plane = m.spec.dgrad_plane()
+            gx = _gemm.linear_dgrad(gy, _primary(m, w, plane), plane, dt)
+        gy2 = gy.reshape(-1, gy.shape[-1])
+        if ctx.has_bias and ctx.needs_input_grad[1]:
+            gb = gy2.sum(0)
+        if ctx.needs_input_grad[2]:
+            gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=w.dtype)
+        return gx, gb, gw, None
+
+
+def _primary(module, w, plane):
+    """The primary holding `plane` for this use: the gathered one, one fetched on demand (used
+    once), or the module's own (no FSDP2)."""
+    if isinstance(w, GatheredWeight):
+        p = w.plane(plane)
+        return p if p is not None else module._group.fetch_plane(w, plane)
+    return module._group.local_primary(w)
+
+
+def _check_weight(module):
+    """The weight tensor the forward can use (GatheredWeight or QuantMaster), or a clear error."""
+    w = module._parameters.get("weight")
+    if isinstance(w, (GatheredWeight, QuantMaster)):
+        return w
+    from torch.distributed.tensor import DTensor
+    if isinstance(w, DTensor):
+        raise RuntimeError(
+            f"mxshard: {module.meta.name}: the weight is still sharded (a DTensor): FSDP2 unshards it in the forward "
+            f"of the module fully_shard was applied to. Call that module (or the root), not this submodule alone")
+    raise RuntimeError(
+        f"mxshard: {module.meta.name}.weight is a {type(w).__name__}, not its QuantMaster: it was replaced (a tied "
+        f"weight, load_state_dict(assign=True), a new Parameter?). Load values with load_state_dict(assign=False) "
+        f"or weight.data.copy_(...); keep tied weights dense")
+
+
+class _ParamLinear(nn.Linear):
+    """What MXFP8ParamLinear and NVFP4ParamLinear share; built by convert(..., fsdp=True)."""
+
+    _FORMAT = None
+
+    @classmethod
+    def from_linear(cls, lin, spec, name, group):
+        """Takes over nn.Linear `lin`: its weight's values become the master (same dtype, a new
+        Parameter), its bias Parameter is kept (the same object)."""
+        m = cls.__new__(cls)
+        nn.Module.__init__(m)
+        m.in_features, m.out_features = lin.in_features, lin.out_features
+        w = lin.weight.detach()
+        if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"convert: {name}.weight is {w.dtype}; masters are float32, bfloat16 or float16")
+        meta = WeightMeta(spec, name, lin.out_features, lin.in_features, group)
+        data = w.clone(memory_format=torch.contiguous_format)
+        m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
+        m.bias = lin.bias
+        m.meta, m.spec, m._group = meta, spec, group
+        m.train(lin.training)
+        m._register_state_dict_hook(_plain_weight_in_state_dict)
+        group.add(name, m)
+        return m
+
+    def reset_parameters(self):
+        # nn.Linear's initialisation of the master, in place (the bytes follow at the next use)
+        if getattr(self, "meta", None) is not None:
+            super().reset_parameters()
+
+    def forward(self, x):
+        who = type(self).__name__
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{who}: input must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() < 1 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{who}: input shape {tuple(x.shape)}, the last dim must be in_features={self.in_features}")
+        if not x.is_floating_point():
+            raise ValueError(f"{who}: input dtype {x.dtype} is not a floating-point type")
+        w = _check_weight(self)
+        if x.device != w.device:
+            raise ValueError(f"{who}: input on {x.device}, the weight on {w.device}")
+        dt = self.spec.compute_dtype
+        b = self.bias.to(dt) if self.bias is not None else None
+        return _ParamLinearFn.apply(x.to(dt), b, w, self)
+
+    def extra_repr(self):
+        s = self.spec
+        fmt = f"block={s.block}" if s.format == "nvfp4" else f"rounding={s.rounding}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"planes={s.planes}, layout={s.layout}, {fmt}, compute_dtype={s.compute_dtype}")
+
+
+class MXFP8ParamLinear(_ParamLinear):
+    """An nn.Linear whose weight Parameter is an fp32/bf16 master, used as MXFP8 (row plane in
+    forward; planes="both": the column plane in dgrad); all-gathered as MXFP8 bytes under FSDP2."""
+
+    _FORMAT = "mxfp8"
+
+
+class NVFP4ParamLinear(_ParamLinear):
+    """As MXFP8ParamLinear, with NVFP4 (E2M1, E4M3 scales per 16 or 16x16, tensor amax)."""
+
+    _FORMAT = "nvfp4"
+
+
+def is_param_linear(module) -> bool:
+    """True for MXFP8ParamLinear / NVFP4ParamLinear (convert(..., fsdp=True))."""
+    return isinstance(module, _ParamLinear)
+
+
+def make_spec(fmt, planes, layout, rounding, block, compute_dtype, round_through):
+    return QuantSpec(fmt, planes, layout, rounding if fmt == "mxfp8" else "nearest",
+                     block if fmt == "nvfp4" else "1x32", compute_dtype, round_through)
+
+
+def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):
+    """state_dict hook: the weight as a plain tensor (or a plain DTensor under FSDP2) over the
+    master's storage, so torch.save / DCP / safetensors and in-place loads see ordinary tensors."""
+    key = prefix + "weight"
+    w = state_dict.get(key)
+    if w is None:
+        return
+    from torch.distributed.tensor import DTensor
+    if isinstance(w, QuantMaster):
+        state_dict[key] = w._data.detach()
+    elif isinstance(w, DTensor) and isinstance(w._local_tensor, QuantMaster):
+        with torch.no_grad():
+            state_dict[key] = DTensor.from_local(w._local_tensor._data.detach(), w.device_mesh, w.placements,
+                                                 run_check=False, shape=w.shape, stride=w.stride())
+    elif isinstance(w, GatheredWeight):
+        raise RuntimeError(f"mxshard: {module.meta.name}: state_dict() while FSDP2 holds the weight unsharded "
+                           f"(inside forward/backward); call it between steps")
+
+
+@torch.no_grad()
+def dequantized_weight(module, dtype=torch.float32):
+    """The [out, in] weight the forward multiplies by (the row plane, dequantized to `dtype`), for
+    an MXFP8ParamLinear / NVFP4ParamLinear that FSDP2 does not shard, or inside its forward while
+    FSDP2 holds it unsharded. A sharded weight (between steps under FSDP2) raises: its bytes exist
+    only while gathered."""
+    w = module._parameters.get("weight")
+    if _is_dtensor(w):
+        raise RuntimeError(f"mxshard: {module.meta.name}: the weight is sharded (FSDP2, between steps): its "
+                           f"quantized bytes exist while FSDP2 holds it unsharded; call dequantized_weight inside "
+                           f"the forward, or unshard the module first (module.unshard())")
+    w = _check_weight(module)
+    return _gemm.dequant(_primary(module, w, "row"), "row", dtype)
+
+
+def _is_dtensor(t):
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)

@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: MIT
+"""QuantMaster: the high-precision master of a quantized linear's weight as
+a tensor subclass that FSDP2 shards like any parameter and all-gathers as
+MXFP8 / NVFP4 bytes.
+
+    module.weight = nn.Parameter(QuantMaster(fp32 [out, in], meta))
+    fully_shard(...)      ->  DTensor(Shard(0), local = QuantMaster(fp32 [rows of this rank, in]))
+    unshard (FSDP2)       ->  fsdp_pre_all_gather: this rank's bytes of ONE plane (row plane in
+                              forward, the dgrad plane in backward), the all-gather moves them,
+                              fsdp_post_all_gather: a GatheredWeight [out, in] holding that plane
+
+Everything a torch user does to a parameter works on the master: torch.optim
+(foreach or not), clip_grad_norm_, load_state_dict, HF-style
+`weight.data.normal_()`, DCP (the state dict holds plain tensors, see
+state_dict_hooks in fsdp_linear). Ops that create a new tensor return plain
+tensors, except the ones FSDP2 and nn.Module need to keep the subclass (views,
+detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`).
+
+Every write into a master (an in-place op through this class, or a write into
+its storage through a plain alias) raises its inner tensor's version counter;
+the quantized bytes are derived from the master at a known version and
+recomputed when it moved (fsdp_units.WeightUnit, FSDPGroup.refresh).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch.utils._pytree import tree_map_only
+
+__all__ = ["QuantSpec", "WeightMeta", "QuantMaster", "is_quant_master"]
+
+
+class QuantSpec(NamedTuple):
+    """What a weight is quantized into (immutable; one per converted module)."""
+    format: str             # "mxfp8" | "nvfp4"
+    planes: str             # "row" | "both"
+    layout: str             # scale layout of the gathered primary: "compact" | "padded" | "swizzled"
+    rounding: str           # MXFP8 E8M0 rounding: "ceil" | "floor" (NVFP4: "nearest")
+    block: str              # NVFP4 block: "1x16" | "16x16" (MXFP8: "1x32")
+    compute_dtype: torch.dtype
+    round_through: str      # "bf16" (TE's master cast) | "none"
+
+    def dgrad_plane(self):
+        """The plane the backward's dgrad reads: the column-wise one for "both"."""
+        return "col" if self.planes == "both" else "row"
+
+
+class WeightMeta:
+    """Identity of one converted weight, shared by every tensor derived from its master (views,
+    FSDP2's padded shard, device copies): its spec, its qualified name, the full [rows, cols]
+    shape, and the FSDPGroup of the model (None until convert() made one)."""
+
+    __slots__ = ("spec", "name", "rows", "cols", "group")
+
+    def __init__(self, spec, name, rows, cols, group=None):
+        self.spec, self.name, self.rows, self.cols, self.group = spec, name, rows, cols, group
+
+    def __repr__(self):
+        return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"
+
+
+# Ops whose outputs keep the subclass. Views (and detach/alias) share the master's storage, so
+# writes through them are writes to the master; new_zeros/new_empty/_to_copy/clone make the
+# padded shard FSDP2 allocates, `module.to(device)` and copies the user asks for.
+_VIEWS = {
+    torch.ops.aten.detach.default, torch.ops.aten.alias.default, torch.ops.aten.view.default,
+    torch.ops.aten._unsafe_view.default, torch.ops.aten.slice.Tensor, torch.ops.aten.as_strided.default,
+    torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.narrow.default,
+    torch.ops.aten.reshape.default,
+}
+_NEW = {
+    torch.ops.aten.new_zeros.default, torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
+    torch.ops.aten._to_copy.default, torch.ops.aten.clone.default,
+}
+
+
+def _written_args(func, args, kwargs):
+    """The QuantMaster arguments `func` writes into (its schema's mutable arguments)."""
+    out = []
+    schema = func._schema
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        if isinstance(v, QuantMaster):
+            out.append(v)
+        elif isinstance(v, (list, tuple)):
+            out += [x for x in v if isinstance(x, QuantMaster)]
+    return out
+
+
+class QuantMaster(torch.Tensor):
+    """A [rows, cols] (or FSDP2's [rows of this rank, cols]) float master of a quantized linear's
+    weight. `_data` is the plain tensor holding the values; `_meta` the weight's WeightMeta."""
+
+    @staticmethod
+    def __new__(cls, data, meta, requires_grad=None):
+        if type(data) is not torch.Tensor:
+            raise TypeError(f"QuantMaster wraps a plain tensor, got {type(data).__name__}")
+        return torch.Tensor._make_wrapper_subclass(
+            cls, data.size(), strides=data.stride(), storage_offset=data.storage_offset(), dtype=data.dtype,
+            layout=data.layout, device=data.device,
+            requires_grad=data.requires_grad if requires_grad is None else requires_grad)
+
+    def __init__(self, data, meta, requires_grad=None):
+        self._data = data
+        self._meta = meta
+
+    def __repr__(self, *, tensor_contents=None):
+        return f"QuantMaster({self._meta.name!r}, {self._meta.spec.format} planes={self._meta.spec.planes}, {self._data!r})"
+
+    # -- dispatch
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        metas = []
+
+        def unwrap(t):
+            metas.append(t._meta)
+            return t._data
+
+        written = _written_args(func, args, kwargs)
+        uargs, ukwargs = tree_map_only(QuantMaster, unwrap, (args, kwargs))
+        out = func(*uargs, **ukwargs)
+        for w in written:  # a write into the master: the quantized bytes derived from it are stale
+            torch.autograd.graph.increment_version(w._data)
+        if written:
+            # in-place / out= ops return (aliases of) the arguments they wrote: give back the wrappers
+            inner = {id(w._data): w for w in written}
+            return tree_map_only(torch.Tensor, lambda t: inner.get(id(t), t), out)
+        if func in _VIEWS or func in _NEW:
+            meta = metas[0]
+            return tree_map_only(torch.Tensor, lambda t: QuantMaster(t, meta) if type(t) is torch.Tensor else t, out)
+        return out
+
+    # torch.compile / swap_tensors (nn.Module._apply) see the subclass through these
+    def __tensor_flatten__(self):
+        return ["_data"], self._meta
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        return QuantMaster(inner_tensors["_data"], meta)
+
+    # -- FSDP2's all-gather extension (torch.distributed.fsdp._fully_shard._fsdp_param)
+
+    def fsdp_pre_all_gather(self, mesh, outer_size, outer_stride, module, mp_policy):
+        group = self._meta.group
+        if group is None:
+            raise RuntimeError(f"mxshard: {self._meta.name}: this master belongs to no converted model; build the "
+                               f"module with mxshard.torch.convert(model, ..., fsdp=True)")
+        return group.pre_all_gather(self, mesh, tuple(outer_size), module)
+
+    def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
+        return self._meta.group.post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
+
+
+def is_quant_master(t) -> bool:
+    """True for a QuantMaster (not for a DTensor holding one: look at its _local_tensor)."""
+    return isinstance(t, QuantMaster)
