@@ -85,7 +85,7 @@ def test_forward_backward_match_dequantize_matmul(planes, block, layout):
             y.backward(gy)
             assert same(x.grad, torch.matmul(gy, w_bw).float()), (inf, outf, step)
             gy2, x2 = gy.reshape(-1, outf), x.detach().to(dtype).reshape(-1, inf)
-            expect_main.add_(torch.matmul(gy2.t(), x2))
+            expect_main.addmm_(gy2.t().float(), x2.float())   # fp32 sums of the exact products
             assert m.main_grad.dtype == torch.float32 and same(m.main_grad, expect_main)
             assert len(calls) == step + 1
         assert [n for n, _ in m.named_parameters()] == (["bias"] if m.bias is not None else [])
@@ -256,7 +256,9 @@ def test_cuda_matches_cpu():
         wg = mxshard.dequantize_nvfp4(g.primary, plane="row", dtype=CODE[torch.float32])
         assert same(wg.cpu(), mxshard.dequantize_nvfp4(c.primary, plane="row", dtype=CODE[torch.float32]))
         x = torch.randn(3, 97, device="cuda", requires_grad=True)
-        y = g(x)
-        assert same(y, F.linear(x.detach(), wg, g.bias))
+        y = g(x)   # in = 97, an odd NVFP4 row length: the reference path; any path is within this bound
+        ref = F.linear(x.detach().double(), wg.double(), g.bias.double())
+        bound = 97 * 2.0 ** -24 * (x.detach().double().abs() @ wg.double().abs().t() + g.bias.double().abs())
+        assert torch.all((y.double() - ref).abs() <= bound)
         y.sum().backward()
         assert g.main_grad.is_cuda and g.main_grad.dtype == torch.float32

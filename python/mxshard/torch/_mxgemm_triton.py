@@ -1,0 +1,302 @@
+# SPDX-License-Identifier: MIT
+"""Triton kernels that read a quantized weight plane directly (mxshard.torch._gemm's fast paths).
+
+    plane_dequant(op, r0, r1, c0, c1, dtype)   P[r0:r1, c0:c1] dequantized (a chunk for cuBLAS)
+    qgemm(a, op, trans, dtype, bias=None)      a @ B, B[k, n] = P[n, k] (trans) or P[k, n]
+
+`op` is a PlaneOperand: one stored plane seen as a matrix P[R][C] with its data
+bytes, scale bytes and scale geometry. MXFP8 planes and NVFP4 row planes are
+P = W [out, in]; an NVFP4 column plane is stored transposed, P = W^T [in, out].
+
+Both kernels load P through ONE helper, `_plane_tile`, a second implementation
+of the library's dequantize rule (docs/contract.md 1.5 and 9.3), bit for bit:
+
+    MXFP8   x' = fl32(e4m3(q) * 2^(e-127))                    e: the E8M0 byte of q's block
+    NVFP4   x' = fl32(e2m1(n) * fl32(fl32(d * amax) * fl32(1/2688)))   d: the E4M3 scale
+    then    bf16 (round to nearest even, on the bits: mxs_bf16_from_f32), f16 (cvt.rn), or f32;
+            NaN results carry the library's bits (E4M3 NaN: its sign | 0x7FC00000, else 0x7FC00000).
+
+Element values are built from their bits without a branch: an E4M3 byte q
+placed as f32 bits sign | (q & 0x7F) << 20 is exactly e4m3(q) * 2^-120 (the
+subnormal codes land on f32 subnormals with the same factor), and an E2M1
+nibble n as sign | (n & 7) << 22 is e2m1(n) * 2^-126; one exact multiply by
+2^120 / 2^126 gives the value (Triton emits plain mul.f32: no flush to zero).
+python/tests/test_torch_gemm.py checks every E4M3 code x every E8M0 byte and
+every E2M1 code x every E4M3 scale x a set of amaxes against mxshard.dequantize.
+
+Scale entry (m, k) of a block, as mxs_scale_geom_offset: compact / padded are
+m * s_m + k * s_k (row-wise m*K + k, m*Kp + k; MXFP8 column-wise k*M + m,
+k*Mp + m), swizzled ((m/128) * (Kp/4) + k/4) * 512 + (m%32) * 16 + ((m%128)/32) * 4 + k%4.
+The block of element (r, c) of P is (m, k) = (r, c / B) when the blocks run
+along P's rows (`scale_c`: MXFP8 row planes, every NVFP4 plane), (c, r / 32) for
+an MXFP8 column plane.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["INTERPRET", "PlaneOperand", "plane_dequant", "qgemm", "gemm_config"]
+
+# TRITON_INTERPRET=1 (read by triton.jit when this module is imported): the kernels run in
+# Triton's interpreter on CPU tensors (the CPU tests); otherwise compiled, on CUDA tensors.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+_INTERP = tl.constexpr(INTERPRET)
+_OUT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+
+@dataclass(frozen=True)
+class PlaneOperand:
+    """One stored plane as the kernels read it: P[R][C], row-major data (packed
+    E2M1 when fp4, even flat index in the low nibble), scale entry (m, k) at
+    m*s_m + k*s_k (or swizzled with Kp = s_kp), blocks of `block` elements along
+    P's rows (scale_c) or down its columns."""
+    data: torch.Tensor      # uint8, flat
+    scale: torch.Tensor     # uint8, flat
+    amax: torch.Tensor      # float32 [1] (NVFP4); MXFP8: the scale tensor (never read)
+    R: int
+    C: int
+    fp4: bool
+    block: int
+    scale_c: bool
+    swizzled: bool
+    s_m: int
+    s_k: int
+    s_kp: int
+
+
+# ---- the dequantize rule, in registers ---------------------------------------------------
+
+@triton.jit
+def _f32_bits(u):
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _block_mult(s, amax, FP4: tl.constexpr):
+    """The f32 factor of each block from its scale byte s (int32): MXFP8 2^(e-127)
+    (0x00 -> 2^-127, a subnormal; 0xFF -> NaN); NVFP4 fl32(fl32(d * amax) * fl32(1/2688))."""
+    if FP4:
+        d = _f32_bits(((s & 0x80) << 24) | ((s & 0x7F) << 20)) * 1.329227995784916e+36  # e4m3(s), * 2^120
+        d = tl.where((s & 0x7F) == 0x7F, float("nan"), d)
+        return (d * amax) * 0.00037202381645329297  # fl32(1/2688) = 0x39C30C31
+    bits = tl.where(s == 0, 0x00400000, tl.where(s == 255, 0x7FC00000, s << 23))
+    return _f32_bits(bits)
+
+
+@triton.jit
+def _to_out(v, OUT: tl.constexpr):
+    """f32 -> the output dtype (0 f32, 1 bf16, 2 f16); NaNs keep the bits given (the
+    library's: mxs_bf16_from_f32 gives (u >> 16) | 0x40, mxs_f16_from_f32 sign | 0x7E00 |
+    mantissa bits for the canonical NaNs used here)."""
+    if OUT == 0:
+        return v
+    u = v.to(tl.uint32, bitcast=True)
+    isnan = (u & 0x7FFFFFFF) > 0x7F800000
+    if OUT == 1:
+        h = tl.where(isnan, (u >> 16) | 0x40, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)
+        return h.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    nan16 = ((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF)
+    h = tl.where(isnan, nan16, v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32))
+    return h.to(tl.uint16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _plane_tile(q_ptr, s_ptr, amax, r0, c0, r_end, c_end, C, s_m, s_k, s_kp,
+                TR: tl.constexpr, TC: tl.constexpr, FP4: tl.constexpr, BLOCK: tl.constexpr,
+                SCALE_C: tl.constexpr, SWIZZLED: tl.constexpr, OUT: tl.constexpr):
+    """P[r0:r0+TR, c0:c0+TC] dequantized, as a [TR, TC] tensor of the output dtype;
+    elements outside r < r_end, c < c_end are 0. r0 and c0 are multiples of BLOCK
+    (of 32 for SCALE_C=False); FP4 needs an even C."""
+    rows = r0 + tl.arange(0, TR)
+    cols = c0 + tl.arange(0, TC)
+    rmask = rows < r_end
+    mask = rmask[:, None] & (cols[None, :] < c_end)
+    row_off = rows.to(tl.int64) * C
+    if FP4:
+        half = c0 // 2 + tl.arange(0, TC // 2)
+        bmask = rmask[:, None] & (half[None, :] * 2 < c_end)
+        b = tl.load(q_ptr + (row_off // 2)[:, None] + half[None, :], mask=bmask, other=0).to(tl.int32)
+        n = tl.reshape(tl.join(b & 15, b >> 4), (TR, TC))  # the even flat index in the low nibble
+        x = _f32_bits(((n & 8) << 28) | ((n & 7) << 22)) * 8.507059173023462e+37  # e2m1(n) * 2^-126, * 2^126
+    else:
+        q = tl.load(q_ptr + row_off[:, None] + cols[None, :], mask=mask, other=0).to(tl.int32)
+        x = _f32_bits(((q & 0x80) << 24) | ((q & 0x7F) << 20)) * 1.329227995784916e+36  # e4m3(q) * 2^-120, * 2^120
+    if SCALE_C:
+        sm = rows
+        sk = c0 // BLOCK + tl.arange(0, TC // BLOCK)
+        smask = rmask[:, None] & (sk[None, :] * BLOCK < c_end)
+        if SWIZZLED:
+            soff = ((sm // 128) * (s_kp // 4))[:, None] * 512 + (sk // 4)[None, :] * 512 + \
+                ((sm % 32) * 16 + ((sm % 128) // 32) * 4)[:, None] + (sk % 4)[None, :]
+        else:
+            soff = sm.to(tl.int64)[:, None] * s_m + sk[None, :] * s_k
+        s = tl.load(s_ptr + soff, mask=smask, other=0).to(tl.int32)
+        f = _block_mult(s, amax, FP4)
+        f = tl.reshape(tl.broadcast_to(f[:, :, None], (TR, TC // BLOCK, BLOCK)), (TR, TC))
+    else:
+        sm = cols
+        sk = r0 // BLOCK + tl.arange(0, TR // BLOCK)
+        smask = (sk[:, None] * BLOCK < r_end) & (cols[None, :] < c_end)
+        if SWIZZLED:
+            soff = ((sm // 128) * (s_kp // 4))[None, :] * 512 + (sk // 4)[:, None] * 512 + \
+                ((sm % 32) * 16 + ((sm % 128) // 32) * 4)[None, :] + (sk % 4)[:, None]
+        else:
+            soff = sm.to(tl.int64)[None, :] * s_m + sk[:, None] * s_k
+        s = tl.load(s_ptr + soff, mask=smask, other=0).to(tl.int32)
+        f = _block_mult(s, amax, FP4)
+        f = tl.reshape(tl.broadcast_to(f[:, None, :], (TR // BLOCK, BLOCK, TC)), (TR, TC))
+    v = x * f
+    if FP4:
+        v = tl.where(v != v, _f32_bits(tl.full((TR, TC), 0x7FC00000, tl.int32)), v)  # NVFP4: every NaN is 0x7FC00000
+    else:
+        qnan = (q & 0x7F) == 0x7F
+        nan_bits = tl.where(qnan, ((q & 0x80) << 24) | 0x7FC00000, 0x7FC00000)
+        v = tl.where(qnan | (v != v), _f32_bits(nan_bits), v)  # the code 0x7F (x any scale), or the scale 0xFF
+    v = tl.where(mask, v, 0.0)
+    return _to_out(v, OUT)
+
+
+# ---- kernels -----------------------------------------------------------------------------
+
+@triton.jit
+def _dequant_kernel(q_ptr, s_ptr, amax_ptr, out_ptr, r0, c0, r_end, c_end, C, s_m, s_k, s_kp, out_stride,
+                    TR: tl.constexpr, TC: tl.constexpr, FP4: tl.constexpr, BLOCK: tl.constexpr,
+                    SCALE_C: tl.constexpr, SWIZZLED: tl.constexpr, OUT: tl.constexpr):
+    pr = tl.program_id(0)
+    pc = tl.program_id(1)
+    if FP4:
+        amax = tl.load(amax_ptr).to(tl.float32)
+    else:
+        amax = 0.0
+    tr0 = r0 + pr * TR
+    tc0 = c0 + pc * TC
+    w = _plane_tile(q_ptr, s_ptr, amax, tr0, tc0, r_end, c_end, C, s_m, s_k, s_kp, TR, TC, FP4, BLOCK, SCALE_C,
+                    SWIZZLED, OUT)
+    rows = tr0 + tl.arange(0, TR)
+    cols = tc0 + tl.arange(0, TC)
+    off = (rows - r0).to(tl.int64)[:, None] * out_stride + (cols - c0)[None, :]
+    tl.store(out_ptr + off, w, mask=(rows < r_end)[:, None] & (cols < c_end)[None, :])
+
+
+@triton.jit
+def _dot(a, b, acc):
+    if _INTERP:  # Triton 3.6's interpreter multiplies bf16 operands as raw bits: give it their exact f32
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _k_step(acc, a_rows, rm, rk, k0, M, N, K, sak, q_ptr, s_ptr, amax, pid_n, C, s_m, s_k, s_kp,
+            TRANS: tl.constexpr, FP4: tl.constexpr, BLOCK: tl.constexpr, SCALE_C: tl.constexpr,
+            SWIZZLED: tl.constexpr, OUT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """acc += A[:, k0:k0+BK] @ B[k0:k0+BK, n tile]."""
+    a = tl.load(a_rows + (k0 + rk)[None, :] * sak, mask=(rm[:, None] < M) & ((k0 + rk)[None, :] < K), other=0.0)
+    if TRANS:
+        w = _plane_tile(q_ptr, s_ptr, amax, pid_n * BN, k0, N, K, C, s_m, s_k, s_kp, BN, BK, FP4, BLOCK, SCALE_C,
+                        SWIZZLED, OUT)
+        return _dot(a, tl.trans(w), acc)
+    w = _plane_tile(q_ptr, s_ptr, amax, k0, pid_n * BN, K, N, C, s_m, s_k, s_kp, BK, BN, FP4, BLOCK, SCALE_C,
+                    SWIZZLED, OUT)
+    return _dot(a, w, acc)
+
+
+@triton.jit
+def _qgemm_kernel(a_ptr, q_ptr, s_ptr, amax_ptr, bias_ptr, c_ptr, M, N, K, sam, sak, scm, scn,
+                  C, s_m, s_k, s_kp,
+                  TRANS: tl.constexpr, FP4: tl.constexpr, BLOCK: tl.constexpr, SCALE_C: tl.constexpr,
+                  SWIZZLED: tl.constexpr, OUT: tl.constexpr, HAS_BIAS: tl.constexpr, INTERP: tl.constexpr,
+                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    """C[M, N] = A[M, K] @ B (+ bias[N]); B[k, n] = P[n, k] (TRANS) or P[k, n]; fp32 accumulate."""
+    pid = tl.program_id(0)
+    grid_m = tl.cdiv(M, BM)
+    grid_n = tl.cdiv(N, BN)
+    group = GROUP_M * grid_n
+    first_m = (pid // group) * GROUP_M
+    gm = min(grid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % gm
+    pid_n = (pid % group) // gm
+    if FP4:
+        amax = tl.load(amax_ptr).to(tl.float32)
+    else:
+        amax = 0.0
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    a_rows = a_ptr + rm.to(tl.int64)[:, None] * sam
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if INTERP:  # the interpreter cannot take a tensor as a range() bound (numpy >= 2.4)
+        k0 = 0
+        while k0 < K:
+            acc = _k_step(acc, a_rows, rm, rk, k0, M, N, K, sak, q_ptr, s_ptr, amax, pid_n, C, s_m, s_k, s_kp,
+                          TRANS, FP4, BLOCK, SCALE_C, SWIZZLED, OUT, BN, BK)
+            k0 += BK
+    else:
+        for k0 in range(0, K, BK):
+            acc = _k_step(acc, a_rows, rm, rk, k0, M, N, K, sak, q_ptr, s_ptr, amax, pid_n, C, s_m, s_k, s_kp,
+                          TRANS, FP4, BLOCK, SCALE_C, SWIZZLED, OUT, BN, BK)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    out = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptr + rm.to(tl.int64)[:, None] * scm + rn[None, :] * scn, out, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# ---- launchers ---------------------------------------------------------------------------
+
+def _common(op):
+    return dict(FP4=op.fp4, BLOCK=op.block, SCALE_C=op.scale_c, SWIZZLED=op.swizzled)
+
+
+def plane_dequant(op: PlaneOperand, r0, r1, c0, c1, dtype, out=None):
+    """P[r0:r1, c0:c1] in `dtype` as a new (or the given) row-major [r1-r0, c1-c0] tensor.
+    r0, c0: multiples of 32 (and c0 even, r1 - r0, c1 - c0 >= 1)."""
+    rows, cols = r1 - r0, c1 - c0
+    if out is None:
+        out = torch.empty(rows, cols, dtype=dtype, device=op.data.device)
+    # 4096-element tiles (narrow planes in tall ones); the interpreter runs one program at a
+    # time, in Python: there, tiles of up to 64K elements
+    span = 1 << 16 if INTERPRET else 4096
+    TC = min(256 if INTERPRET else 128, max(32, triton.next_power_of_2(cols)))
+    TR = min(span // TC, max(32, triton.next_power_of_2(rows)))
+    grid = (triton.cdiv(rows, TR), triton.cdiv(cols, TC))
+    _dequant_kernel[grid](op.data, op.scale, op.amax, out, r0, c0, r1, c1, op.C, op.s_m, op.s_k, op.s_kp,
+                          out.stride(0), TR=TR, TC=TC, OUT=_OUT_CODE[dtype], num_warps=4, **_common(op))
+    return out
+
+
+# Tile configurations (BM, BN, BK, warps, stages) by the number of rows of A. The table is
+# what bench/torch_layer.py --sweep measured on the H200 (bench/RESULTS.md run 14).
+_CONFIGS = (
+    (16, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4)),
+    (32, dict(BM=32, BN=64, BK=128, num_warps=4, num_stages=4)),
+    (64, dict(BM=64, BN=64, BK=128, num_warps=4, num_stages=4)),
+    (None, dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=3)),
+)
+
+
+def gemm_config(M):
+    for upto, cfg in _CONFIGS:
+        if upto is None or M <= upto:
+            return dict(cfg)
+
+
+def qgemm(a, op: PlaneOperand, trans, dtype, bias=None, out=None, config=None):
+    """a [M, K] (dtype, any strides) @ B -> [M, N] in dtype; B[k, n] = P[n, k] if trans
+    else P[k, n]; fp32 accumulation, + bias [N] (dtype) in fp32 before the one rounding."""
+    M, K = a.shape
+    N = op.R if trans else op.C
+    if out is None:
+        out = torch.empty(M, N, dtype=dtype, device=a.device)
+    cfg = dict(config or gemm_config(M))
+    BM, BN = cfg["BM"], cfg["BN"]
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    _qgemm_kernel[grid](a, op.data, op.scale, op.amax, bias if bias is not None else out, out, M, N, K,
+                        a.stride(0), a.stride(1), out.stride(0), out.stride(1), op.C, op.s_m, op.s_k, op.s_kp,
+                        TRANS=trans, OUT=_OUT_CODE[dtype], HAS_BIAS=bias is not None, INTERP=INTERPRET, GROUP_M=8, **cfg,
+                        **_common(op))
+    return out
