@@ -258,11 +258,10 @@ def plane_dequant(op: PlaneOperand, r0, r1, c0, c1, dtype, out=None):
     rows, cols = r1 - r0, c1 - c0
     if out is None:
         out = torch.empty(rows, cols, dtype=dtype, device=op.data.device)
-    # 4096-element tiles (narrow planes in tall ones); the interpreter runs one program at a
-    # time, in Python: there, tiles of up to 64K elements
-    span = 1 << 16 if INTERPRET else 4096
-    TC = min(256 if INTERPRET else 128, max(32, triton.next_power_of_2(cols)))
-    TR = min(span // TC, max(32, triton.next_power_of_2(rows)))
+    TR, TC = 32, 128
+    if INTERPRET:  # the interpreter runs one program at a time, in Python: few, large tiles
+        TC = min(256, max(32, triton.next_power_of_2(cols)))
+        TR = min((1 << 16) // TC, max(32, triton.next_power_of_2(rows)))
     grid = (triton.cdiv(rows, TR), triton.cdiv(cols, TC))
     _dequant_kernel[grid](op.data, op.scale, op.amax, out, r0, c0, r1, c1, op.C, op.s_m, op.s_k, op.s_kp,
                           out.stride(0), TR=TR, TC=TC, OUT=_OUT_CODE[dtype], num_warps=4, **_common(op))
