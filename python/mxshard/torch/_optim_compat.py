@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: MIT
+"""The PyTorch habits ShardedOptimizer cannot follow, each detected once and
+answered with what to do instead (pure functions; ShardedOptimizer calls them):
+
+- an inner optimizer that is not ELEMENTWISE (Adafactor, Muon, LBFGS,
+  SparseAdam, anything factored or matrix-shaped): it is handed flat fp32
+  views that span several parameters and cut parameters at shard
+  boundaries, so it would silently compute something else;
+- a model that is, or contains, a DistributedDataParallel: ShardedOptimizer
+  reduces the gradients itself, DDP would reduce them a second time;
+- torch.distributed.checkpoint.state_dict (get_state_dict, set_state_dict,
+  get_optimizer_state_dict, ...): the inner optimizer's parameters are
+  shards of the masters, not the model's parameters, so DCP cannot name
+  them: mxt.save_checkpoint / load_checkpoint are DCP underneath;
+- ranks built with different configurations: PlanMismatchError, said in the
+  terms of the Python call.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from .. import _lib as L
+
+__all__ = ["ELEMENTWISE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict", "dcp_error",
+           "plan_mismatch"]
+
+# torch.optim's elementwise optimizers: the update of an element depends only on its own
+# gradient and state and on scalars (step count, hyper-parameters), so stepping a vector
+# cut anywhere into views equals stepping it whole (test_torch_optim_habits checks each).
+ELEMENTWISE = tuple(getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "Adamax", "NAdam", "RAdam",
+                                                       "Adagrad", "Adadelta", "RMSprop", "ASGD", "Rprop")
+                    if hasattr(torch.optim, n))
+
+_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
+
+
+def check_elementwise(inner, assume):
+    """Raises TypeError unless `inner` is one of ELEMENTWISE (or a subclass), or `assume` is True."""
+    if assume or isinstance(inner, ELEMENTWISE):
+        return
+    names = ", ".join(c.__name__ for c in ELEMENTWISE)
+    raise TypeError(f"ShardedOptimizer: the inner optimizer {type(inner).__name__} is not known to be elementwise. "
+                    f"It is given flat fp32 views that span several parameters and cut parameters at shard "
+                    f"boundaries, so an optimizer whose update of an element depends on other elements or on the "
+                    f"parameters' shapes (factored or matrix-shaped: Adafactor, Muon, Shampoo; LBFGS; SparseAdam) "
+                    f"would silently compute something else. Use an elementwise one (torch.optim.{names}); if "
+                    f"{type(inner).__name__} is elementwise, pass assume_elementwise=True")
+
+
+def check_not_ddp(model):
+    """Raises ValueError when `model` is, or contains, a DistributedDataParallel."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    for name, m in model.named_modules():
+        if isinstance(m, DDP):
+            where = "the model is" if not name else f"the model contains ({name!r})"
+            raise ValueError(f"ShardedOptimizer: {where} a DistributedDataParallel. ShardedOptimizer reduces the "
+                             f"gradients itself (its backward hooks reduce each bucket); DDP would reduce them a "
+                             f"second time. Build the optimizer on the bare model and do not wrap it in DDP "
+                             f"(DDP's no_sync(): use opt.no_sync())")
+
+
+def called_from_dcp_state_dict(depth=8):
+    """True when one of the `depth` callers of our caller is in
+    torch.distributed.checkpoint.state_dict (its get_state_dict initialises an
+    optimizer's state by calling step() with zero gradients, then reads
+    state_dict() in torch.optim's form)."""
+    f = sys._getframe(2)
+    for _ in range(depth):
+        if f is None:
+            return False
+        if f.f_globals.get("__name__") == _DCP_STATE_DICT:
+            return True
+        f = f.f_back
+    return False
+
+
+def dcp_error():
+    return NotImplementedError(
+        "ShardedOptimizer does not work with torch.distributed.checkpoint.state_dict (get_state_dict, "
+        "set_state_dict, get_optimizer_state_dict, set_optimizer_state_dict): the inner optimizer's parameters are "
+        "shards of the fp32 masters, not the model's parameters, so DCP cannot name them. Use "
+        "mxt.save_checkpoint(path, model, opt) / mxt.load_checkpoint(path, model, opt) (DCP underneath, any DP size)")
+
+
+def plan_mismatch(rank, diff):
+    """The PlanMismatchError of ranks whose configurations differ (rank 0 vs `rank`: `diff`)."""
+    code = L.host_lib().codes.get("MXS_ERR_PLAN_MISMATCH", 9)
+    return L.PlanMismatchError(
+        code, "MXS_ERR_PLAN_MISMATCH",
+        f"configuration differs between ranks (rank 0 vs rank {rank}: {diff}). Every rank must build the same model "
+        f"(the same trainable parameters and quantized linears, in the same order, shapes and formats) and pass "
+        f"the same arguments (bucket_size, align, grad_reduce, grad_dtype, max_grad_norm, round_through, rounding, "
+        f"param_groups and their options, the inner optimizer and its hyper-parameters)", "ShardedOptimizer")
