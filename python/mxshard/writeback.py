@@ -273,8 +273,8 @@ class BucketWriteback(_WithClose):
             c.master = m.ptr if length > 0 else None
             c.master_dtype = mdt
             c.start, c.len = start, length
-            c.row_fragment = frags["row"].ptr if "row" in frags else None
-            c.col_fragment = frags["col"].ptr if "col" in frags else None
+            c.row_fragment = self._fragment_ptr(frags.get("row"))
+            c.col_fragment = self._fragment_ptr(frags.get("col"))
             self._keep.append((w, it.master, it.row_fragment, it.col_fragment))
             self._primaries.append(w)
         kinds = {a.kind for a in arrs}
@@ -315,6 +315,20 @@ class BucketWriteback(_WithClose):
             self._packed_status_np = (self.packed.numpy() if self.is_torch else self.packed)
         self._arrs = arrs
         self._closed = False
+
+    def _fragment_ptr(self, fa):
+        """A fragment's address for the C item. An empty fragment (an empty shard) has none in
+        torch or numpy (data_ptr 0), but the C API takes NULL for "no fragment": it gets the
+        address of a private byte instead (len = 0: nothing is ever written there)."""
+        if fa is None:
+            return None
+        if fa.ptr:
+            return fa.ptr
+        if not hasattr(self, "_empty_frag"):
+            t = A.torch_mod()
+            self._empty_frag = (t.zeros(1, dtype=t.uint8, device=fa.obj.device) if fa.kind == "torch"
+                                else np.zeros(1, dtype=np.uint8))
+        return A.arr(self._empty_frag, "empty fragment").ptr
 
     def _prepare_cuda(self):
         t = A.torch_mod()

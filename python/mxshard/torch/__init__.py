@@ -23,7 +23,7 @@ mxshard.torch.checkpoint).
 """
 from .linear import MXFP8Linear, is_mxfp8
 from .convert import convert
-from .fsdp_linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear
+from .fsdp_linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear, masters_changed
 from .fsdp_master import QuantMaster
 from .nvfp4_linear import NVFP4Linear, is_nvfp4
 from .optim import ShardedOptimizer
@@ -31,5 +31,6 @@ from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safete
                          save_checkpoint)
 
 __all__ = ["MXFP8Linear", "NVFP4Linear", "MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
+           "masters_changed",
            "is_param_linear", "convert", "is_mxfp8", "is_nvfp4", "ShardedOptimizer", "save_checkpoint",
            "load_checkpoint", "export_safetensors", "load_safetensors", "CheckpointError", "CheckpointMismatchError"]

@@ -15,10 +15,18 @@ small collective per step that their bytes need.
     then each FSDP2 all-gather moves one plane's bytes (pre_all_gather -> send,
     post_all_gather -> assemble into a GatheredWeight).
 
-The decision to refresh depends only on version counters that every rank's
-optimizer moved alike, so the ranks agree on it without a collective. A world
-of one without FSDP2 (the weight a plain Parameter) uses the same units with
-no collective at all (local_primary).
+When to refresh must be the same decision on every rank (the refresh may be a
+collective), so it follows events every rank sees alike, counted in
+`generation`: a step of any torch.optim optimizer holding one of the model's
+masters (a global optimizer step post-hook, installed once), a
+load_state_dict into a converted module, and masters_changed() (for writes
+mxshard cannot see: call it on every rank). A rank's own version counters
+are only a safety net: a weight whose bytes need no reduction is simply
+redone locally; one that needs it must not have moved unseen (FSDP2
+re-padding a shard into new storage with the same values is fine), else a
+clear error names masters_changed(). A world of one without FSDP2 (the weight
+a plain Parameter) uses the same units with no collective at all
+(local_primary).
 
 Collectives this module issues are counted in `collectives` by kind
 ("refresh_all_reduce", "fetch_all_gather").
@@ -61,9 +69,18 @@ class FSDPGroup:
         self.units = {}          # WeightMeta -> WeightUnit
         self.collectives = Counter()
         self.refreshes = 0
+        self.generation = 1      # moves when the masters moved (see the module docstring)
+        self.refreshed = 0       # the generation the units' bytes were made at
+        _install_step_hook()
 
     def add(self, name, module):
         self.members.append((name, module))
+        module.register_load_state_dict_post_hook(lambda mod, keys: self.masters_changed())
+
+    def masters_changed(self):
+        """The masters were written: the next all-gather refreshes every weight's bytes (call it on
+        every rank; optimizer steps and load_state_dict do it themselves)."""
+        self.generation += 1
 
     # ---- which masters FSDP2 manages now -------------------------------------------------
 
@@ -153,6 +170,7 @@ class FSDPGroup:
             at += c
             u.apply(local._data._version)
         self.refreshes += 1
+        self.refreshed = self.generation
 
     # ---- FSDP2's hooks -------------------------------------------------------------------
 
@@ -169,12 +187,43 @@ class FSDPGroup:
             raise RuntimeError(f"mxshard: {meta.name}: FSDP2 gathers a {tuple(outer_size)} weight, the module's is "
                                f"[{meta.rows}, {meta.cols}]")
         world, rank = mesh.size(), mesh.get_local_rank()
-        u = self.units.get(meta)
-        if u is None or not u.matches(local._data, world, rank) or not u.fresh(local._data):
+        if self.refreshed != self.generation:
             self.refresh(mesh)
-            u = self.units[meta]
+        u = self._ready(local, world, rank)
         plane = meta.spec.dgrad_plane() if _in_backward() else "row"
         return u.send(plane), (plane, mesh)
+
+    def _ready(self, local, world, rank):
+        """The unit of `local` with bytes of its current values, without a collective (see the
+        module docstring on versions)."""
+        meta = local._meta
+        u = self.units.get(meta)
+        if u is None:
+            raise RuntimeError(f"mxshard: {meta.name}: no bytes were made for this weight (it was not under "
+                               f"FSDP2 at the last refresh); call mxshard.torch.masters_changed(model) on every rank")
+        if u.matches(local._data, world, rank) and u.fresh(local._data):
+            return u
+        if u.n_shared == 0:  # nothing to agree on: redo it here
+            if not u.matches(local._data, world, rank):
+                u = WeightUnit(meta, local._data, world, rank)
+                self.units[meta] = u
+            u.partial()
+            u.apply(local._data._version)
+            return u
+        if u.matches(local._data, world, rank) or u.local.shape != local._data.shape or \
+                not torch.equal(u.local, local._data):
+            raise RuntimeError(
+                f"mxshard: {meta.name}: its master changed since the last optimizer step / load_state_dict through "
+                f"a tensor mxshard does not see (weight.data writes, an in-place dcp.load into a state_dict). Its "
+                f"bytes need the ranks' one reduction, so every rank must know: call "
+                f"mxshard.torch.masters_changed(model) on every rank after such writes (set_model_state_dict and "
+                f"load_state_dict do it for you)")
+        new = WeightUnit(meta, local._data, world, rank)  # FSDP2 moved the shard (same values): redo here
+        new.partial()
+        new.set_entries(u.reduced)
+        new.apply(local._data._version)
+        self.units[meta] = new
+        return new
 
     def post_all_gather(self, local, outputs, metadata, param_dtype, out):
         """The GatheredWeight of the plane just gathered (first time), or the same one refilled
@@ -228,6 +277,29 @@ class FSDPGroup:
             u.apply(master._data._version)
             u.cached = u.local_primary()
         return u.cached
+
+
+_STEP_HOOK = []  # the handle of the one optimizer step post-hook (installed by the first FSDPGroup)
+
+
+def _install_step_hook():
+    if not _STEP_HOOK:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+        _STEP_HOOK.append(register_optimizer_step_post_hook(_after_optimizer_step))
+
+
+def _after_optimizer_step(optimizer, args, kwargs):
+    """After any torch.optim step: the groups whose masters it holds must refresh."""
+    from torch.distributed.tensor import DTensor
+    groups = {}
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            m = p._local_tensor if isinstance(p, DTensor) else p
+            grp = m._meta.group if isinstance(m, QuantMaster) else None
+            if grp is not None:
+                groups[id(grp)] = grp
+    for grp in groups.values():
+        grp.masters_changed()
 
 
 def _replaced_message(name, w):

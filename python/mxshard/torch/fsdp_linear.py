@@ -27,7 +27,7 @@ from . import _gemm
 from .fsdp_gathered import GatheredWeight
 from .fsdp_master import QuantMaster, QuantSpec, WeightMeta
 
-__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight"]
+__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight", "masters_changed"]
 
 
 class _ParamLinearFn(torch.autograd.Function):
@@ -154,6 +154,14 @@ class NVFP4ParamLinear(_ParamLinear):
 def is_param_linear(module) -> bool:
     """True for MXFP8ParamLinear / NVFP4ParamLinear (convert(..., fsdp=True))."""
     return isinstance(module, _ParamLinear)
+
+
+def masters_changed(model):
+    """Tells mxshard that the masters of `model`'s converted linears were written outside an
+    optimizer step or load_state_dict (weight.data writes, an in-place dcp.load into a state
+    dict): the next all-gather refreshes their bytes. Call it on every rank."""
+    for g in {id(m._group): m._group for m in model.modules() if isinstance(m, _ParamLinear)}.values():
+        g.masters_changed()
 
 
 def make_spec(fmt, planes, layout, rounding, block, compute_dtype, round_through):

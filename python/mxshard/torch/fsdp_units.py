@@ -137,6 +137,8 @@ class WeightUnit:
         self.send_scale = {p: torch.zeros(max(nscale, 1), dtype=u8, device=dev) for p in self.planes} \
             if self.even else {}
         self.shared = self._shared_positions()
+        self.n_shared = int(self.shared.numel())
+        self.reduced = None  # the reduced shared entries of the last refresh (int32)
         self.version = None  # the master's version the bytes were made from (None: never)
         self.cached = None   # a world of one: the whole primary (FSDPGroup.local_primary)
 
@@ -182,6 +184,7 @@ class WeightUnit:
 
     def set_entries(self, reduced):
         """Writes the reduced shared entries back (and a clear status byte) before apply."""
+        self.reduced = reduced.clone()
         self.wb.packed[self.shared] = reduced.to(torch.uint8)
         self.wb.packed[self.wb.status_offset] = 0
 
@@ -213,7 +216,7 @@ class WeightUnit:
         g = outputs[1].view(self.world, -1)
         T = _scale_window(plane, self.rows, self.world, 0)[2]
         if plane == "row":  # every rank sends its S rows: the concatenation is the plane
-            return g[:, :T * per].reshape(-1)[:nbr * per].view(nbr, per)
+            return g[:, :T * per].contiguous().view(-1)[:nbr * per].view(nbr, per)
         out = torch.empty(nbr, per, dtype=torch.uint8, device=g.device)
         for k in range(self.world):  # a shared block row comes from each toucher, with equal bytes
             b0, b1, _ = _scale_window(plane, self.rows, self.world, k)
