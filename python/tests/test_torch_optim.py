@@ -16,10 +16,11 @@ DEADLINE = 90  # seconds for all groups; a hang fails the tests (children killed
 
 
 def spawn(worlds, plan=None):
-    """Runs every case of `plan` (default torch_dist_cases.PLAN) in one gloo
-    group per world size, all groups at once. Never blocks past DEADLINE."""
-    import torch_dist_cases as C
-    return H.spawn_groups(worlds, C.worker, plan, ["torch_dist_cases"], DEADLINE)
+    """Runs every case of `plan` (default torch_optim_habit_cases.PLAN: every case
+    of torch_dist_cases.PLAN, then the torch.optim-habit cases) in one gloo group
+    per world size, all groups at once. Never blocks past DEADLINE."""
+    import torch_optim_habit_cases as HC
+    return H.spawn_groups(worlds, HC.worker, plan, ["torch_dist_cases", "torch_optim_habit_cases"], DEADLINE)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,33 @@ def test_rank_local_step_failure_raises_everywhere(dist_results):
     for (w, r), o in out.items():
         for k in ("replaced", "inner", "main_grad"):
             assert o[k] == ("local" if r == 1 else "remote"), (w, r, k, o)
+
+
+def test_step_without_any_gradient_changes_nothing_on_every_rank(dist_results):
+    out = _case(dist_results, "no_gradient_step")
+    for o in out.values():
+        assert o["noop_collectives"] == ["all_reduce_grad", "all_reduce_norm"]
+
+
+def test_weights_written_from_outside_raise_on_every_rank_until_told(dist_results):
+    for (w, r), o in _case(dist_results, "model_written").items():
+        assert o["refused"] == ("local" if r == 1 else "remote"), (w, r, o)
+
+
+def test_ddp_model_refused_on_every_rank(dist_results):
+    for o in _case(dist_results, "ddp").values():
+        assert o == {"is": "refused", "contains": "refused"}
+
+
+def test_bf16_gradient_buffers_exact_vs_fp32_reference(dist_results):
+    out = _case(dist_results, "bf16_exact")
+    for (w, r), o in out.items():
+        assert o["per_step"]["all_reduce_grad"] >= 1 and o["direct"]["reduce_scatter"] >= 1, o
+
+
+def test_failed_construction_leaves_nothing_alive(dist_results):
+    for o in _case(dist_results, "failed_construction_frees").values():
+        assert o["left"] == 0
 
 
 def test_no_hang_and_runtime(dist_results):

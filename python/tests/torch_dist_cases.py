@@ -288,10 +288,12 @@ def _expect_raise(f, rank, bad_rank, local_exc, local_match=None):
 
 def case_exact(rank, world, layout="padded", opt="adamw", foreach=False, groups=True, bucket_size=2500,
                max_grad_norm=None, grad_reduce="mean", planes_c="both", align=128, steps=3, extra=0,
-               device="cpu", direct=False):
+               device="cpu", direct=False, grad_dtype=torch.float32):
     """Injected dyadic gradients; masters bit-identical to the one-process
-    reference; primaries and dense params == whole-tensor quantize / cast of
-    the master on every rank; collective counts as documented."""
+    reference (also with bf16 gradient buffers: the dyadic gradients and
+    their sums over <= 3 ranks are exact in bf16); primaries and dense params
+    == whole-tensor quantize / cast of the master on every rank; collective
+    counts as documented."""
     def build():
         torch.manual_seed(7)
         ex = torch.randn(extra) if extra else None
@@ -301,7 +303,7 @@ def case_exact(rank, world, layout="padded", opt="adamw", foreach=False, groups=
     ref = Reference(build(), factory, groups, world, grad_reduce, max_grad_norm)
     with direct_collectives(direct):
         o = ShardedOptimizer(m, factory, bucket_size=bucket_size, param_groups=groups_of(m) if groups else None,
-                             max_grad_norm=max_grad_norm, grad_reduce=grad_reduce, align=align)
+                             max_grad_norm=max_grad_norm, grad_reduce=grad_reduce, align=align, grad_dtype=grad_dtype)
     assert o.comm.has_reduce_scatter == (direct and world > 1)
     check_weights(m, ref.values())  # construction's writeback: quantize(bf16(master)) already
     split = sum(1 for bs in o.plan.buckets for p in bs.items

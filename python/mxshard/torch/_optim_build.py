@@ -256,7 +256,11 @@ class Construction:
                 groups[g]["params"].append(v)
                 self._views.append(v)
                 self._view_at.append((bs.index, lo, hi, g))
-        inner = factory(groups)
+        try:
+            inner = factory(groups)
+        except Exception as e:
+            e.add_note(compat.FACTORY_NOTE)
+            raise
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"optimizer_factory returned {type(inner).__name__}, not a torch.optim.Optimizer")
         got = [id(p) for g in inner.param_groups for p in g["params"]]

@@ -23,7 +23,7 @@ import torch
 
 from .. import _lib as L
 
-__all__ = ["ELEMENTWISE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict", "dcp_error",
+__all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict", "dcp_error",
            "plan_mismatch"]
 
 # torch.optim's elementwise optimizers: the update of an element depends only on its own
@@ -34,6 +34,12 @@ ELEMENTWISE = tuple(getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "A
                     if hasattr(torch.optim, n))
 
 _DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
+
+# added to an exception of optimizer_factory (Muon refuses 1-D parameters, for one)
+FACTORY_NOTE = ("ShardedOptimizer: optimizer_factory raised. It is given param groups of flat 1-D fp32 views of the "
+                "master shards (spanning several parameters, cut at shard boundaries), so the inner optimizer must "
+                "be elementwise: torch.optim.SGD, Adam, AdamW, Adamax, NAdam, RAdam, Adagrad, Adadelta, RMSprop, "
+                "ASGD or Rprop")
 
 
 def check_elementwise(inner, assume):

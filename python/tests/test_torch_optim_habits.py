@@ -1,0 +1,283 @@
+# SPDX-License-Identifier: MIT
+"""ShardedOptimizer behaves like a torch.optim optimizer, or says why not
+(issue 24), in a world of one in this process: it IS a torch.optim.Optimizer
+whose param groups are the inner optimizer's (schedulers, hooks,
+zero_grad(set_to_none)); a step without gradients changes nothing; writes
+into the model's weights are refused until the optimizer is told;
+torch.distributed.checkpoint's state_dict helpers, inner optimizers that are
+not elementwise and bad grad dtypes raise, naming what to use; bf16 gradient
+buffers; a failed construction leaves nothing alive. The same across gloo
+ranks: test_torch_optim.py (torch_optim_habit_cases)."""
+import copy
+import gc
+import warnings
+
+import pytest
+
+from conftest import gloo_or_skip
+
+
+@pytest.fixture(scope="module")
+def C():
+    gloo_or_skip(host_lib=True)
+    import torch.distributed as dist
+    if dist.is_initialized():
+        pytest.skip("torch.distributed is initialised in the test process")
+    import torch_dist_cases
+    return torch_dist_cases
+
+
+@pytest.fixture(scope="module")
+def HC(C):
+    import torch_optim_habit_cases
+    return torch_optim_habit_cases
+
+
+def _adamw(g):
+    import torch
+    return torch.optim.AdamW(g, lr=1e-2, weight_decay=0.1)
+
+
+def _untouched(m, f, exc, match):
+    """f() raises exc (message matching) and leaves the model's storage and hooks as they were."""
+    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+    bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
+    with pytest.raises(exc, match=match):
+        f()
+    assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
+    assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs
+    assert all(getattr(mod, "_mxs_grad_hook", None) is None for mod in m.modules())
+
+
+def test_is_a_torch_optimizer_sharing_the_inner_groups_and_state(C):
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = C.build_model()
+    o = ShardedOptimizer(m, _adamw, bucket_size=2500)
+    assert isinstance(o, torch.optim.Optimizer)
+    assert o.param_groups is o.inner.param_groups and o.state is o.inner.state and o.defaults is o.inner.defaults
+    calls = []
+    o.register_step_pre_hook(lambda *a: calls.append("pre"))
+    o.register_step_post_hook(lambda *a: calls.append("post"))
+    C.inject(m, 0, 0)
+    o.step()
+    assert calls == ["pre", "post"] and len(o.state) == len(o.inner.param_groups[0]["params"])
+    with pytest.raises(NotImplementedError, match="param_groups="):
+        o.add_param_group({"params": [torch.zeros(2)]})
+    with pytest.raises(TypeError, match="save_checkpoint"):
+        copy.deepcopy(o)
+    o.close()
+
+
+def test_lr_scheduler_drives_the_inner_learning_rate(C):
+    """LambdaLR(opt): the inner optimizer runs with the scheduled lr (masters
+    bit-identical to a plain AdamW driven by the same schedule), and no
+    'scheduler.step() before optimizer.step()' warning."""
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    factory = C.FACTORIES["adamw"](False)
+    m = C.build_model()
+    o = ShardedOptimizer(m, factory, bucket_size=2500, param_groups=C.groups_of(m))
+    ref = C.Reference(C.build_model(), factory, True, 1)
+    sched = [torch.optim.lr_scheduler.LambdaLR(x, lambda s: 0.5 ** s) for x in (o, ref.inner)]
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for s in range(3):
+            C.inject(m, s, 0)
+            o.step()
+            ref.step(s)
+            for sc in sched:
+                sc.step()
+            o.zero_grad()
+    assert not [x for x in w if "lr_scheduler" in str(x.message)], [str(x.message) for x in w]
+    assert o.inner.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5 ** 3)
+    C.check_masters(o, ref.values())
+    C.check_weights(m, ref.values())
+
+
+def test_zero_grad_honours_set_to_none(C):
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = C.build_model()
+    o = ShardedOptimizer(m, _adamw, bucket_size=2500)
+    g = torch.ones_like(m.ln.weight)
+    m.ln.weight.grad = g                      # a gradient set outside the hooks
+    m.b.main_grad.fill_(1.0)
+    o.zero_grad(set_to_none=False)
+    assert m.ln.weight.grad is g and not g.any(), "set_to_none=False must zero .grad in place"
+    assert not m.b.main_grad.any() and all(not bk.grad.any() for bk in o._buckets)
+    o.zero_grad()
+    assert m.ln.weight.grad is None
+
+
+def test_step_without_gradient_changes_nothing(C, HC):
+    """No gradient written since zero_grad() (or since the last step): step()
+    changes nothing. A gradient written straight into main_grad (no hook)
+    counts. Granularity is the step: an item without gradient in a step
+    where others have one is stepped with a zero gradient (weight decay)."""
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = C.build_model()
+    o = ShardedOptimizer(m, _adamw, bucket_size=2500)
+    before = HC.snapshot(m, o)
+    o.step()                                   # never a backward
+    assert not HC.same(before, HC.snapshot(m, o)) and o.last_grad_norm is None
+    C.inject(m, 0, 0)
+    o.step()
+    after_one = HC.snapshot(m, o)
+    o.step()                                   # no zero_grad, no backward: the gradient was consumed
+    assert not HC.same(after_one, HC.snapshot(m, o))
+    o.zero_grad()
+    o.step()
+    assert not HC.same(after_one, HC.snapshot(m, o))
+    m.c.main_grad.copy_(torch.full_like(m.c.main_grad, 2.0 ** -10))   # only c, no hook fired
+    h_before = m.h.detach().clone()
+    o.step()
+    assert o.steps == 2, "a gradient written straight into main_grad did not count"
+    assert not torch.equal(m.h.detach(), h_before), "an item without gradient is stepped (weight decay)"
+
+
+def test_writes_into_the_model_are_refused_until_told_nvfp4(C, HC):
+    """NVFP4 weights (amax and scale buffers) under the same guard:
+    model.load_state_dict() -> step() raises and changes nothing;
+    masters_from_model() -> the loaded primaries, dequantized, are the masters."""
+    import torch
+    import torch_nvfp4_cases as N
+    from mxshard.torch import ShardedOptimizer
+    m = N.build_model(modules=N.NV_MODULES[:4] + N.NV_MODULES[8:10])
+    o = ShardedOptimizer(m, _adamw, bucket_size=1000)
+    N.inject(m, 0, 0, 1)
+    o.step()
+    o.zero_grad()
+    m.load_state_dict(N.build_model(seed=3, modules=N.NV_MODULES[:4] + N.NV_MODULES[8:10]).state_dict())
+    before = HC.snapshot(m, o)
+    N.inject(m, 1, 0, 1)
+    with pytest.raises(RuntimeError, match="masters_from_model"):
+        o.step()
+    assert not HC.same(before, HC.snapshot(m, o))
+    loaded = {n: (obj.master_init() if hasattr(obj, "master_init") else obj.detach()).float().reshape(-1).clone()
+              for n, obj in C.item_table(m)}
+    o.masters_from_model()
+    full = N.full_masters(o)
+    for n, v in loaded.items():   # (the writeback then quantizes them: NVFP4 values may move by one rounding)
+        assert torch.equal(full[n], v), f"{n}: the master is not the loaded (dequantized) value"
+    o.zero_grad()
+    N.inject(m, 2, 0, 1)
+    o.step()
+    assert o.steps == 2
+
+
+def test_dcp_state_dict_helpers_raise_naming_save_checkpoint(C, HC):
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from mxshard.torch import ShardedOptimizer
+    m = C.build_model()
+    o = ShardedOptimizer(m, _adamw, bucket_size=2500)
+    for stepped in (False, True):
+        before = HC.snapshot(m, o)
+        with pytest.raises(NotImplementedError, match="mxt.save_checkpoint"):
+            get_state_dict(m, o)
+        assert not HC.same(before, HC.snapshot(m, o)), "get_state_dict changed the optimizer"
+        C.inject(m, 0, 0)
+        o.step()
+        o.zero_grad()
+    with pytest.raises(NotImplementedError, match="mxt.load_checkpoint"):
+        set_state_dict(m, o, model_state_dict=m.state_dict(), optim_state_dict={"state": {}, "param_groups": []})
+    assert o.steps == 2
+
+
+def test_inner_optimizer_must_be_elementwise(C):
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = C.build_model()
+    bad = [torch.optim.LBFGS, torch.optim.SparseAdam] + \
+        [getattr(torch.optim, n) for n in ("Adafactor",) if hasattr(torch.optim, n)]
+    for cls in bad:
+        _untouched(m, lambda: ShardedOptimizer(m, lambda g: cls(g, lr=1e-2)), TypeError,
+                   f"inner optimizer {cls.__name__} is not known to be elementwise")
+    if hasattr(torch.optim, "Muon"):  # refuses 1-D parameters itself: its error gets a note saying why
+        with pytest.raises(ValueError) as e:
+            ShardedOptimizer(m, lambda g: torch.optim.Muon(g, lr=1e-2))
+        assert any("must be elementwise" in n for n in getattr(e.value, "__notes__", [])), e.value
+    if hasattr(torch.optim, "Adafactor"):
+        ShardedOptimizer(m, lambda g: torch.optim.Adafactor(g, lr=1e-2), assume_elementwise=True).close()
+
+
+def _elementwise(cls, cut):
+    """Stepping a vector cut into views at `cut` equals stepping it whole (3 steps)."""
+    import torch
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.randn(37, generator=gen)
+    grads = [torch.randn(37, generator=gen) for _ in range(3)]
+    whole, cutv = x0.clone(), x0.clone()
+    views = [cutv[a:b] for a, b in zip([0] + cut, cut + [37])]
+    opts = [cls([whole], lr=0.01), cls(views, lr=0.01)]
+    for g in grads:
+        whole.grad = g.clone()
+        for v, (a, b) in zip(views, zip([0] + cut, cut + [37])):
+            v.grad = g[a:b].clone()
+        for o in opts:
+            o.step()
+    return torch.equal(whole, cutv)
+
+
+def test_allowed_inner_optimizers_are_elementwise():
+    torch = gloo_or_skip()
+    from mxshard.torch._optim_compat import ELEMENTWISE
+    assert len(ELEMENTWISE) >= 10
+    for cls in ELEMENTWISE:
+        assert _elementwise(cls, [10, 23]), f"{cls.__name__} is not elementwise on views"
+    if hasattr(torch.optim, "Adafactor"):  # the property the allow-list rests on, failing where it should
+        assert not _elementwise(torch.optim.Adafactor, [10, 23])
+
+
+def test_grad_dtype(C, HC):
+    """bf16 gradient buffers: exact against the fp32 reference (dyadic
+    gradients); a real backward through dense layers gives the same masters
+    as fp32 buffers (the gradients are bf16 already); a quantized linear that
+    does not accumulate into a bf16 main_grad is refused, naming the fix."""
+    import torch
+    from torch import nn
+    from mxshard.torch import MXFP8Linear, ShardedOptimizer
+    with HC.bf16_main_grads():
+        C.case_exact(0, 1, grad_dtype=torch.bfloat16, opt="sgd", max_grad_norm=0.05, steps=2)
+    masters = []
+    for gd in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(12, 16), nn.GELU(), nn.Linear(16, 4)).to(torch.bfloat16)
+        o = ShardedOptimizer(net, lambda g: torch.optim.SGD(g, lr=0.5), grad_dtype=gd)
+        net(torch.randn(3, 12, dtype=torch.bfloat16)).float().pow(2).sum().backward()
+        o.step()
+        masters.append(o._buckets[0].master.clone())
+        assert o._buckets[0].grad.dtype == gd and all(v.grad is None for v in o._views) == (gd != torch.float32)
+    assert torch.equal(masters[0], masters[1])
+    m = C.build_model()
+    _untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.float16), ValueError, "grad_dtype")
+    if torch.bfloat16 not in getattr(MXFP8Linear, "MAIN_GRAD_DTYPES", (torch.float32,)):
+        _untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.bfloat16), ValueError,
+                   "grad_dtype=torch.float32")
+    else:  # the linear accumulates into bf16: a real backward through it steps
+        mlp = C.MLP("padded")
+        o = ShardedOptimizer(mlp, _adamw, grad_dtype=torch.bfloat16)
+        mlp(torch.randn(4, 40)).pow(2).sum().backward()
+        o.step()
+        assert o.steps == 1
+
+
+def test_failed_construction_leaves_nothing_alive(C, HC):
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        base = HC.alive_optimizers()
+        for f in (lambda: ShardedOptimizer(C.build_model(extra_dense=torch.zeros(2, dtype=torch.float64)), _adamw),
+                  lambda: ShardedOptimizer(C.build_model(), lambda g: object()),
+                  lambda: ShardedOptimizer(C.build_model(), lambda g: torch.optim.LBFGS(g))):
+            with pytest.raises(TypeError):
+                f()
+        assert HC.alive_optimizers() == base, "a failed ShardedOptimizer is still in memory (a reference cycle)"
+    finally:
+        if enabled:
+            gc.enable()

@@ -1,0 +1,228 @@
+# SPDX-License-Identifier: MIT
+"""ShardedOptimizer and the habits of torch.optim users (issue 24): cases run
+by every rank of the gloo groups test_torch_optim.py spawns (after every case
+of torch_dist_cases.PLAN, in the same groups: PLAN here is both), and a few
+helpers the world-of-one tests of test_torch_optim_habits.py share. Each case
+returns a small summary or raises."""
+import contextlib
+import gc
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import mxshard
+import torch_dist_cases as C
+import torch_harness as H
+from mxshard.torch import MXFP8Linear, ShardedOptimizer
+
+
+@contextlib.contextmanager
+def bf16_main_grads(cls=MXFP8Linear):
+    """`cls` declares that its backward accumulates into a bf16 main_grad (what
+    ShardedOptimizer(grad_dtype=torch.bfloat16) asks of a quantized linear);
+    the cases inject gradients into main_grad, no backward runs through it."""
+    had = "MAIN_GRAD_DTYPES" in cls.__dict__
+    old = cls.__dict__.get("MAIN_GRAD_DTYPES")
+    cls.MAIN_GRAD_DTYPES = (torch.float32, torch.bfloat16)
+    try:
+        yield
+    finally:
+        if had:
+            cls.MAIN_GRAD_DTYPES = old
+        else:
+            del cls.MAIN_GRAD_DTYPES
+
+
+def snapshot(m, opt):
+    """Everything a step may change: masters, inner state, the model's tensors, steps."""
+    return {"masters": [b.master.clone() for b in opt._buckets],
+            "inner": {id(v): {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in st.items()}
+                      for v, st in opt.inner.state.items()},
+            "model": {k: v.clone() for k, v in m.state_dict().items()}, "steps": opt.steps}
+
+
+def same(a, b):
+    """Bit-equal snapshots (the names of what differs, else [])."""
+    diff = []
+    for i, (x, y) in enumerate(zip(a["masters"], b["masters"])):
+        if not torch.equal(x.view(torch.int32), y.view(torch.int32)):
+            diff.append(f"master {i}")
+    if a["inner"].keys() != b["inner"].keys():
+        diff.append("inner state keys")
+    for k, st in a["inner"].items():
+        for n, x in st.items():
+            y = b["inner"].get(k, {}).get(n)
+            if not (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y):
+                diff.append(f"inner state {n}")
+    for k, v in a["model"].items():
+        if not torch.equal(v.view(torch.uint8) if v.dtype == torch.uint8 else v, b["model"][k]):
+            diff.append(k)
+    if a["steps"] != b["steps"]:
+        diff.append("steps")
+    return diff
+
+
+def values(m):
+    """Every item's value as the forward sees it, fp32 flat: a quantized weight's
+    row plane dequantized (master_init() once released), a dense parameter."""
+    return {n: (o.master_init() if C.is_mxfp8(o) else o.detach()).float().reshape(-1).clone()
+            for n, o in C.item_table(m)}
+
+
+def alive_optimizers():
+    """ShardedOptimizers still in memory (gc tracks objects in unreachable cycles too)."""
+    return sum(1 for o in gc.get_objects() if type(o) is ShardedOptimizer)
+
+
+def _adamw(g):
+    return torch.optim.AdamW(g, lr=1e-2, weight_decay=0.1)
+
+
+# ---- the cases -------------------------------------------------------------------
+
+def case_no_gradient_step(rank, world):
+    """No backward on any rank: step() changes nothing on every rank (and issues
+    only the reductions and the norm all-reduce); a gradient on rank 0 only:
+    every rank steps (the others' zeros count), and the ranks agree."""
+    m = C.build_model()
+    o = ShardedOptimizer(m, _adamw, bucket_size=2500)
+    C.inject(m, 0, rank)
+    o.step()
+    o.zero_grad()
+    before, n0 = snapshot(m, o), dict(o.collectives)
+    o.step()
+    diff = same(before, snapshot(m, o))
+    assert not diff, f"a step without gradients changed {diff}"
+    kinds = {k for k, v in o.collectives.items() if v != n0.get(k, 0)}
+    assert kinds <= {"all_reduce_grad", "all_reduce_norm"}, kinds
+    if rank == 0:
+        C.inject(m, 1, rank)
+    o.step()
+    assert o.steps == 2
+    digests = C._gather_obj([bytes(t.view(torch.uint8).numpy().tobytes()) if t.dtype == torch.uint8 else
+                             t.float().numpy().tobytes() for t in m.state_dict().values()])
+    assert all(d == digests[0] for d in digests), "ranks hold different weights"
+    return {"noop_collectives": sorted(kinds)}
+
+
+def case_model_written(rank, world):
+    """model.load_state_dict() on rank 1 only: the next step raises on every
+    rank (rank 1 naming masters_from_model, the others RemoteError) and
+    changes nothing; masters_from_model() (collective) makes the loaded
+    values the masters; model_from_masters() undoes a write."""
+    bad = 1
+    m = C.build_model()
+    o = ShardedOptimizer(m, _adamw, bucket_size=2500)
+    C.inject(m, 0, rank)
+    o.step()
+    o.zero_grad()
+    trained = {k: v.clone() for k, v in m.state_dict().items() if k != "frozen"}  # (not the optimizer's)
+    if rank == bad:
+        m.load_state_dict(C.build_model(seed=5).state_dict())
+    before = snapshot(m, o)
+    C.inject(m, 1, rank)
+    got = C._expect_raise(o.step, rank, bad, RuntimeError, "masters_from_model")
+    diff = same(before, snapshot(m, o))
+    assert not diff, f"a refused step changed {diff}"
+    # undo: every rank writes its weights from the masters again
+    o.model_from_masters()
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in trained.items()), "model_from_masters did not undo"
+    # train on from loaded values: every rank loads, then masters_from_model
+    m.load_state_dict(C.build_model(seed=5).state_dict())
+    loaded = values(m)
+    o.masters_from_model()
+    full = C.full_masters(o)
+    for n, v in loaded.items():
+        assert torch.equal(full[n], v), f"{n}: the master is not the loaded value (dequantized row plane)"
+    after = values(m)
+    for n, v in loaded.items():  # the writeback re-quantizes the row planes' values to themselves
+        assert torch.equal(after[n], v), f"{n}: the writeback after masters_from_model changed its values"
+    C.check_weights(m, full)
+    o.zero_grad()
+    C.inject(m, 2, rank)
+    o.step()
+    C.check_weights(m, C.full_masters(o))
+    return {"refused": got}
+
+
+def case_ddp(rank, world):
+    """A model that is, or contains, a DistributedDataParallel is refused on
+    every rank, before anything of it is touched."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    out = {}
+    for what in ("is", "contains"):
+        inner = C.build_model()
+        ddp = DDP(inner)
+        m = ddp if what == "is" else nn.Sequential(nn.Linear(2, 2), ddp)
+        ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+        try:
+            ShardedOptimizer(m, _adamw)
+            raise AssertionError("a DDP model was accepted")
+        except ValueError as e:
+            assert "DistributedDataParallel" in str(e) and "reduces the gradients itself" in str(e), e
+            out[what] = "refused"
+        assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
+    return out
+
+
+def case_bf16_exact(rank, world):
+    """grad_dtype=bfloat16: masters bit-identical to the fp32 one-process
+    reference (dyadic gradients), with and without reduce_scatter; the
+    gradient buffers take half the bytes."""
+    with bf16_main_grads():
+        a = C.case_exact(rank, world, grad_dtype=torch.bfloat16, max_grad_norm=0.05, steps=2)
+        b = C.case_exact(rank, world, grad_dtype=torch.bfloat16, direct=True, foreach=True, bucket_size=1800,
+                         steps=2)
+        m = C.build_model()
+        o16 = ShardedOptimizer(m, _adamw, bucket_size=2500, grad_dtype=torch.bfloat16)
+        o32 = ShardedOptimizer(C.build_model(), _adamw, bucket_size=2500)
+        assert o16.buffer_bytes()["grad"] * 2 == o32.buffer_bytes()["grad"]
+        assert all(bk.grad.dtype == torch.bfloat16 for bk in o16._buckets)
+    return {"per_step": a["per_step"], "direct": b["per_step"]}
+
+
+def case_failed_construction_frees(rank, world):
+    """Failed constructions (configurations that differ; a local failure on one
+    rank) leave no ShardedOptimizer in memory once their exception is handled
+    (no reference cycle: what held the process group is gone before
+    destroy_process_group), and the mismatch says what to do in Python terms."""
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        base = alive_optimizers()
+        msgs = []
+        for kw, model in (({"bucket_size": 2500 + 500 * rank}, C.build_model()),
+                          ({}, C.build_model(extra_dense=torch.zeros(4, dtype=torch.float64 if rank == 1
+                                                                     else torch.float32)))):
+            try:
+                ShardedOptimizer(model, _adamw, **kw)
+                raise AssertionError("constructed")
+            except (mxshard.PlanMismatchError, mxshard.RemoteError, TypeError) as e:
+                msgs.append(str(e))
+        left = alive_optimizers() - base
+    finally:
+        if enabled:
+            gc.enable()
+    assert left == 0, f"{left} failed ShardedOptimizer(s) still in memory (a reference cycle)"
+    assert "bucket_size" in msgs[0] and "every rank must build the same model" in msgs[0].lower(), msgs[0]
+    assert "mxs_wb_make_plan" not in msgs[0], msgs[0]
+    return {"left": left}
+
+
+CASES = dict(C.CASES, no_gradient_step=case_no_gradient_step, model_written=case_model_written, ddp=case_ddp,
+             bf16_exact=case_bf16_exact, failed_construction_frees=case_failed_construction_frees)
+
+HABITS = [
+    ("no_gradient_step", "no_gradient_step", {}),
+    ("model_written", "model_written", {}),
+    ("ddp", "ddp", {}),
+    ("bf16_exact", "bf16_exact", {}),
+    ("failed_construction_frees", "failed_construction_frees", {}),
+]
+PLAN = C.PLAN + HABITS
+
+
+def worker(rank, world, port, q, plan=None):
+    H.run_rank(rank, world, port, q, plan or PLAN, CASES, gloo_timeout=20)
