@@ -71,6 +71,8 @@ def parse(argv=None):
     p.add_argument("--round-through", default="none", choices=("none", "bf16"))
     p.add_argument("--bucket-size", type=int, default=40_000_000, help="ShardedOptimizer bucket size (elements)")
     p.add_argument("--no-overlap", action="store_true", help="reduce gradients in step(), not from the hooks")
+    p.add_argument("--grad-dtype", default="float32", choices=("float32", "bfloat16"),
+                   help="ShardedOptimizer grad_dtype: the gradient buffers' dtype (bfloat16: 2 bytes per parameter)")
     p.add_argument("--save-at", type=int, action="append", default=[],
                    help="save a checkpoint after this many optimizer steps (repeatable)")
     p.add_argument("--ckpt-dir", default="/tmp/mxshard-train-ckpt")
@@ -369,7 +371,7 @@ def run(rank, world, backend, device, a, counter, trace):
         param_groups=[{"params": decay, "weight_decay": a.wd}, {"params": others, "weight_decay": 0.0}],
         bucket_size=a.bucket_size, grad_reduce="sum", max_grad_norm=a.max_grad_norm,
         round_through=None if a.round_through == "none" else a.round_through, rounding=a.rounding,
-        overlap=not a.no_overlap)
+        overlap=not a.no_overlap, grad_dtype=getattr(torch, a.grad_dtype))
     kinds = {}
     for it in opt.items:
         kinds[it.kind] = kinds.get(it.kind, 0) + math.prod(it.shape)
