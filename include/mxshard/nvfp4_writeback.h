@@ -44,6 +44,14 @@
  * leave col_stage NULL and finish transposes the gathered row-wise plane
  * (half the gather bytes).
  *
+ * Fragments (FSDP, docs/contract.md 9.8). A rank that keeps only its shard
+ * gives item.row_fragment / item.stage_fragment: apply writes the shard's
+ * bytes of the row-wise plane / of the stage there instead, fragment byte 0
+ * = plane byte start/2 (mxs_nvfp4_fragment_bytes bytes, same nibbles), and
+ * primary.row_data / col_stage (and col_data) may be NULL. The caller
+ * gathers the fragments into full planes; finish skips such items and
+ * mxs_host_nvfp4_stage_to_col transposes a gathered stage.
+ *
  * Packed buffer: an array of plan.entry_bytes-wide unsigned entries
  * (uint16 with round_through = MXS_BF16, else uint32), host byte order:
  *
@@ -97,7 +105,14 @@ typedef struct mxs_nvfp4_wb_item {
     int64_t start, len;       /* the shard; even boundaries (mxs_nvfp4_shard_check); len = 0: none */
     uint8_t *col_stage;       /* column-wise plane: ceil(rows*cols/2) bytes, the column-wise values
                                  in row-major order (gathered, then transposed by finish). May be
-                                 NULL only for a 16x16 primary that also has the row-wise plane. */
+                                 NULL only for a 16x16 primary that also has the row-wise plane,
+                                 or with a stage fragment. */
+    uint8_t *row_fragment;    /* optional (FSDP): the row-wise plane's bytes of the shard go here
+                                 instead of primary.row_data (then optional):
+                                 mxs_nvfp4_fragment_bytes(start, len) bytes, byte 0 = plane byte
+                                 start/2 */
+    uint8_t *stage_fragment;  /* optional (FSDP): the column stage's bytes of the shard go here
+                                 instead of col_stage (then optional; so is primary.col_data) */
 } mxs_nvfp4_wb_item;
 
 /* A batch; zero-initialise, then set items / n_items. */
@@ -131,6 +146,40 @@ typedef struct mxs_nvfp4_wb_slot {
  * unsigned entries of `entry_bytes` (2: uint16, 4: uint32) at `packed`, in
  * place, across the data-parallel group. Return 0 on success. */
 typedef int (*mxs_nvfp4_wb_reduce_max_fn)(void *packed, int64_t count, int64_t entry_bytes, void *user);
+
+/* ---- fragments ---------------------------------------------------------------
+ *
+ * A fragment is the shard's byte range of a data plane (or stage), held
+ * apart (FSDP: the rank has no full plane):
+ *
+ *   plane bytes   0   1   2   3   4   5   6   7   8   9  10     (3 x 7: 21 nibbles)
+ *   shard         .   .   .   .   .  [10 .. 21)            start = 10, len = 11
+ *   fragment                         0   1   2   3   4   5     = plane bytes 5 .. 10
+ *                                                              (spare high nibble 0)
+ *
+ * fragment byte j = plane byte start/2 + j, nibbles in the same positions
+ * (start is even); mxs_nvfp4_fragment_bytes(start, len) = ceil((start+len)/2)
+ * - start/2 bytes (0 for an empty shard). Nibble i of the plane is nibble
+ * i - start of the fragment. */
+
+/* Bytes of a fragment of the shard [start, start+len): 0 when len <= 0. */
+MXS_HD int64_t mxs_nvfp4_fragment_bytes(int64_t start, int64_t len) {
+    return len > 0 ? (start + len + 1) / 2 - start / 2 : 0;
+}
+
+/* Whether the item's column-wise values go to a fragment: a stage fragment,
+ * or (16x16 without a stage) a row fragment, finish's source then. Finish
+ * skips such an item: its column stage exists only after the caller's
+ * gather (mxs_host_nvfp4_stage_to_col). */
+MXS_PRIVATE int mxs__nvfp4_wb_col_fragmented(const mxs_nvfp4_wb_item *it) {
+    return it->stage_fragment != NULL || (it->col_stage == NULL && it->row_fragment != NULL);
+}
+
+/* Whether finish transposes the item: a column-wise plane whose source (the
+ * stage, or the row-wise plane) apply wrote in place. */
+MXS_PRIVATE int mxs__nvfp4_wb_finishes(const mxs_nvfp4_wb_item *it) {
+    return (it->primary.dirs & MXS_COLWISE) && !mxs__nvfp4_wb_col_fragmented(it);
+}
 
 /* ---- entries (one rule for every writer and reader) ----------------------- */
 
@@ -206,17 +255,19 @@ MXS_HD void mxs__nvfp4_packed_slot(const mxs_nvfp4_tensor *t, int64_t index, int
  *
  * Outputs of an item: each present plane's data plane (ceil(rows*cols/2)
  * bytes) and scale plane (its bytes in the primary's layout), the column
- * stage (ceil(rows*cols/2) bytes) and the 4-byte amax; inputs: the master
- * (len elements). As for MXFP8 (docs/contract.md section 6): outputs
+ * stage (ceil(rows*cols/2) bytes), the fragments (mxs_nvfp4_fragment_bytes)
+ * and the 4-byte amax; inputs: the master (len elements). As for MXFP8 (docs/contract.md section 6): outputs
  * pairwise disjoint within and across items, no master over an output,
  * masters may overlap each other; the packed buffer is checked against all
  * of them by every phase. MXS_ERR_ALIASING. */
 
-/* The outputs of an item whose shape and shard are checked (at most 6; NULL
- * ones left out) and its master (n = 0: none). */
-MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf out[6], mxs__wb_buf *master) {
+/* The outputs of an item whose shape and shard are checked (at most 8; NULL
+ * and empty ones left out) and its master (n = 0: none). */
+MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf out[MXS__WB_MAX_OUTS],
+                                        mxs__wb_buf *master) {
     const mxs_nvfp4_tensor *t = &it->primary;
     const int64_t dbytes = mxs_nvfp4_data_plane_bytes(t->rows, t->cols);
+    const int64_t fbytes = mxs_nvfp4_fragment_bytes(it->start, it->len);
     int n = 0, p;
     for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
         const uint8_t *data = p == MXS_ROWWISE ? t->row_data : t->col_data;
@@ -237,6 +288,14 @@ MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf
         out[n].p = it->col_stage;
         out[n++].n = dbytes;
     }
+    if (it->row_fragment && (t->dirs & MXS_ROWWISE) && fbytes > 0) {
+        out[n].p = it->row_fragment;
+        out[n++].n = fbytes;
+    }
+    if (it->stage_fragment && (t->dirs & MXS_COLWISE) && fbytes > 0) {
+        out[n].p = it->stage_fragment;
+        out[n++].n = fbytes;
+    }
     if (t->amax) {
         out[n].p = t->amax;
         out[n++].n = (int64_t)sizeof(float);
@@ -246,29 +305,41 @@ MXS_PRIVATE int mxs__nvfp4_wb_item_bufs(const mxs_nvfp4_wb_item *it, mxs__wb_buf
     return n;
 }
 
-MXS_PRIVATE int mxs__nvfp4_wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf out[6], mxs__wb_buf *master) {
+MXS_PRIVATE int mxs__nvfp4_wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf out[MXS__WB_MAX_OUTS],
+                                           mxs__wb_buf *master) {
     return mxs__nvfp4_wb_item_bufs(&((const mxs_nvfp4_wb_item *)items)[i], out, master);
 }
 
-/* Validates one item: the primary (mxs_nvfp4_tensor_check: shape, flags,
- * layout, block, amax, plane pointers), master dtype, shard (with the even
- * rule: MXS_ERR_RANGE), master pointer, the column stage (required for a
- * column-wise plane unless 16x16 with a row-wise plane; refused without a
- * column-wise plane: MXS_ERR_ABSENT_PLANE) and the item's own buffers
- * (MXS_ERR_ALIASING). Overlaps with other items: mxs_nvfp4_wb_make_plan. */
+/* Validates one item: the primary (as mxs_nvfp4_tensor_check: shape, flags,
+ * layout, block, amax, plane pointers - except that a data plane whose
+ * bytes go to a fragment may be NULL: row_data with a row fragment, col_data
+ * when the column-wise values do), master dtype, shard (with the even rule:
+ * MXS_ERR_RANGE), master pointer, the column stage (required for a
+ * column-wise plane unless 16x16 with a row-wise plane, or a stage fragment
+ * replaces it; refused without a column-wise plane: MXS_ERR_ABSENT_PLANE),
+ * the fragments (refused for an absent plane: MXS_ERR_ABSENT_PLANE) and the
+ * item's own buffers (MXS_ERR_ALIASING). Overlaps with other items:
+ * mxs_nvfp4_wb_make_plan. */
 MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_item_check(const mxs_nvfp4_wb_item *it) {
     const mxs_nvfp4_tensor *t;
-    mxs__wb_buf out[6], m;
+    mxs__wb_buf out[MXS__WB_MAX_OUTS], m;
     int n;
     mxs_status s;
     if (!it) return MXS_ERR_INVALID_ARGUMENT;
     t = &it->primary;
-    if ((s = mxs_nvfp4_tensor_check(t)) != MXS_OK) return s;
+    if ((s = mxs_nvfp4_tensor_check_shape(t)) != MXS_OK) return s;
+    if (!t->amax) return MXS_ERR_INVALID_ARGUMENT;
+    if ((t->dirs & MXS_ROWWISE) && (!t->row_scale || (!t->row_data && !it->row_fragment))) return MXS_ERR_ABSENT_PLANE;
+    if ((t->dirs & MXS_COLWISE) && (!t->col_scale || (!t->col_data && !mxs__nvfp4_wb_col_fragmented(it))))
+        return MXS_ERR_ABSENT_PLANE;
     s = mxs__wb_master_check(it->master, it->master_dtype, it->len,
                              mxs_nvfp4_shard_check(t->rows * t->cols, it->start, it->len));
     if (s != MXS_OK) return s;
+    if ((it->row_fragment && !(t->dirs & MXS_ROWWISE)) || (it->stage_fragment && !(t->dirs & MXS_COLWISE)))
+        return MXS_ERR_ABSENT_PLANE;
     if (it->col_stage && !(t->dirs & MXS_COLWISE)) return MXS_ERR_ABSENT_PLANE;
-    if ((t->dirs & MXS_COLWISE) && !it->col_stage && !(t->block == MXS_NVFP4_16X16 && (t->dirs & MXS_ROWWISE)))
+    if ((t->dirs & MXS_COLWISE) && !it->col_stage && !it->stage_fragment &&
+        !(t->block == MXS_NVFP4_16X16 && (t->dirs & MXS_ROWWISE)))
         return MXS_ERR_ABSENT_PLANE;
     n = mxs__nvfp4_wb_item_bufs(it, out, &m);
     return mxs__wb_bufs_disjoint(out, n, m);
@@ -295,7 +366,9 @@ MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_wb_check_buffer(const mxs_nvfp4_wb_ba
 
 /* plan->local_hash (as writeback.h's mxs__wb_local_hash): the batch option;
  * per item its shape, flags, layout, block, master dtype, shard and every
- * pointer; the plan's other fields. */
+ * pointer (stage, fragments and amax included); the plan's other fields.
+ * The fingerprint leaves fragments out: they do not change the packed
+ * buffer, and ranks may differ in them. */
 MXS_PRIVATE uint64_t mxs__nvfp4_wb_local_hash(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan) {
     uint64_t h = 0xCBF29CE484222325ull ^ 0x4E56465034ull; /* "NVFP4" */
     int64_t i;
@@ -309,7 +382,9 @@ MXS_PRIVATE uint64_t mxs__nvfp4_wb_local_hash(const mxs_nvfp4_wb_batch *b, const
                                            (uint64_t)it->master_dtype << 16 | (uint64_t)t->block << 24,
                                        it->start, it->len, it->master, t->dirs, t->row_data, t->row_scale, t->col_data,
                                        t->col_scale) +
-                     mxs__wb_hash_field(MXS__WB_PTR(it->col_stage), 10) + mxs__wb_hash_field(MXS__WB_PTR(t->amax), 11);
+                     mxs__wb_hash_field(MXS__WB_PTR(it->col_stage), 10) + mxs__wb_hash_field(MXS__WB_PTR(t->amax), 11) +
+                     mxs__wb_hash_field(MXS__WB_PTR(it->row_fragment), 12) +
+                     mxs__wb_hash_field(MXS__WB_PTR(it->stage_fragment), 13);
         h = mxs__wb_hash_word(h, w);
     }
     h = mxs__wb_hash_word(h, (uint64_t)plan->n_items);
@@ -410,7 +485,9 @@ MXS_PRIVATE void mxs__nvfp4_wb_cast(uint8_t *data, int64_t idx, const float *x, 
  * passes so that every block is met whole within a pass. apply = 0: raise
  * the block entries by the shard's elements (partial); apply = 1: cast the
  * shard with the reduced entries and S_enc into the row-wise plane and the
- * column stage. */
+ * column stage - or their fragments, where plane nibble i is fragment
+ * nibble i - start (an integer offset: the same nibble position, start
+ * being even). */
 MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, void *packed, int64_t w,
                                     const mxs_nvfp4_wb_slot *sl, int apply, float s_enc) {
     float x[MXS__NVFP4_WB_COLS], erow[MXS__NVFP4_WB_COLS], ecol[MXS__NVFP4_WB_COLS];
@@ -418,7 +495,10 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
     const int64_t rows = t->rows, cols = t->cols, start = it->start, end = it->start + it->len;
     const int64_t kr = mxs_ceil_div(cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(rows, MXS_NVFP4_BLOCK);
     const int two_d = t->block == MXS_NVFP4_16X16;
-    const int do_row = (t->dirs & MXS_ROWWISE) != 0, do_col = (t->dirs & MXS_COLWISE) != 0 && it->col_stage;
+    uint8_t *const row_out = it->row_fragment ? it->row_fragment : t->row_data;
+    uint8_t *const col_out = it->stage_fragment ? it->stage_fragment : it->col_stage;
+    const int64_t row_base = it->row_fragment ? start : 0, col_base = it->stage_fragment ? start : 0;
+    const int do_row = (t->dirs & MXS_ROWWISE) != 0, do_col = (t->dirs & MXS_COLWISE) != 0 && col_out;
     const int64_t r_first = start / cols, r_last = (end - 1) / cols;
     int64_t g, cc, r, j;
     for (g = r_first / MXS_NVFP4_BLOCK; g <= r_last / MXS_NVFP4_BLOCK; g++) {
@@ -459,14 +539,15 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
                                                    mxs_amax_step(0.0f, x[j])); /* |x|, NaN -> 0 */
                     continue;
                 }
-                if (do_row) mxs__nvfp4_wb_cast(t->row_data, r * cols + lo, x, erow, n);
-                if (do_col) mxs__nvfp4_wb_cast(it->col_stage, r * cols + lo, x, two_d ? erow : ecol + (lo - cc), n);
+                if (do_row) mxs__nvfp4_wb_cast(row_out, r * cols + lo - row_base, x, erow, n);
+                if (do_col)
+                    mxs__nvfp4_wb_cast(col_out, r * cols + lo - col_base, x, two_d ? erow : ecol + (lo - cc), n);
             }
         }
     }
     if (apply && end == rows * cols && ((rows * cols) & 1)) { /* the spare nibble of the last byte is 0 */
-        if (do_row) t->row_data[(rows * cols) >> 1] &= 0x0Fu;
-        if (do_col) it->col_stage[(rows * cols) >> 1] &= 0x0Fu;
+        if (do_row) row_out[(rows * cols - row_base) >> 1] &= 0x0Fu;
+        if (do_col) col_out[(rows * cols - col_base) >> 1] &= 0x0Fu;
     }
 }
 
@@ -597,7 +678,8 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_partial(const mxs_nvfp4_wb_ba
  * global amax (its reduced tensor-amax entry) into *amax, every E4M3 scale
  * of every present plane in the primary's layout (padding 0x00), and the
  * cast of this rank's shard into bytes [start/2, ceil((start+len)/2)) of the
- * row-wise plane and of the column stage. */
+ * row-wise plane and of the column stage - or into all the bytes of their
+ * fragments. */
 MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_apply(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
                                                          const void *packed) {
     mxs_status s;
@@ -610,7 +692,10 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_apply(const mxs_nvfp4_wb_batc
 /* Step 6, after the gather: the column-wise data plane of every item that
  * has one, transposed from its gathered column stage (or, with a NULL stage,
  * from its gathered row-wise plane: 16x16). Local; checks that the batch is
- * the planned one. Only the column-wise data planes are written. */
+ * the planned one. Only the column-wise data planes are written. Items whose
+ * column-wise values went to a fragment (a stage fragment; 16x16 without a
+ * stage: a row fragment) are skipped: the caller gathers the fragments into
+ * a full stage (or row-wise plane) and calls mxs_host_nvfp4_stage_to_col. */
 MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan) {
     int64_t i;
     mxs_status s;
@@ -618,9 +703,38 @@ MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_wb_finish(const mxs_nvfp4_wb_bat
     for (i = 0; i < b->n_items; i++) {
         const mxs_nvfp4_wb_item *it = &b->items[i];
         const mxs_nvfp4_tensor *t = &it->primary;
-        if (t->dirs & MXS_COLWISE)
+        if (mxs__nvfp4_wb_finishes(it))
             mxs__nvfp4_transpose(t->col_data, it->col_stage ? it->col_stage : t->row_data, t->rows, t->cols);
     }
+    return MXS_OK;
+}
+
+/* What mxs_host_nvfp4_stage_to_col (and the CUDA one) checks before writing:
+ * t's shape (mxs_nvfp4_tensor_check_shape), a column-wise plane with its
+ * data (MXS_ERR_ABSENT_PLANE; nothing else of t is read or needed), a
+ * non-NULL stage (MXS_ERR_INVALID_ARGUMENT) and the stage and the
+ * column-wise data plane disjoint (ceil(rows*cols/2) bytes each:
+ * MXS_ERR_ALIASING). */
+MXS_NODISCARD MXS_API mxs_status mxs_nvfp4_stage_to_col_check(const mxs_nvfp4_tensor *t, const uint8_t *stage) {
+    int64_t dbytes;
+    mxs_status s;
+    if ((s = mxs_nvfp4_tensor_check_shape(t)) != MXS_OK) return s;
+    if (!(t->dirs & MXS_COLWISE) || !t->col_data) return MXS_ERR_ABSENT_PLANE;
+    if (!stage) return MXS_ERR_INVALID_ARGUMENT;
+    dbytes = mxs_nvfp4_data_plane_bytes(t->rows, t->cols);
+    return mxs__overlap(stage, dbytes, t->col_data, dbytes) ? MXS_ERR_ALIASING : MXS_OK;
+}
+
+/* Finish's transpose on its own, for a caller that gathered fragments (FSDP):
+ * t->col_data (the whole column-wise data plane, the spare nibble 0) from
+ * `stage`, a full ceil(rows*cols/2)-byte column stage in row-major nibble
+ * order - for a 16x16 primary also its gathered row-wise plane. No batch or
+ * plan; validated by mxs_nvfp4_stage_to_col_check, nothing written on
+ * error. Only t->col_data is written. */
+MXS_NODISCARD MXS_API mxs_status mxs_host_nvfp4_stage_to_col(const mxs_nvfp4_tensor *t, const uint8_t *stage) {
+    mxs_status s;
+    if ((s = mxs_nvfp4_stage_to_col_check(t, stage)) != MXS_OK) return s;
+    mxs__nvfp4_transpose(t->col_data, stage, t->rows, t->cols);
     return MXS_OK;
 }
 

@@ -140,11 +140,14 @@ typedef struct mxs__wb_buf {
     int64_t n;
 } mxs__wb_buf;
 
+/* The most outputs one item reports (MXFP8: 6; NVFP4: 8, nvfp4_writeback.h). */
+#define MXS__WB_MAX_OUTS 8
+
 /* The buffers of an item whose shape and shard are checked: its outputs
  * (at most 6: data plane, scale plane and fragment per present plane; NULL
  * and empty ones left out) go to out[] and their count is returned; its
  * master goes to *master (n = 0: none). */
-MXS_PRIVATE int mxs__wb_item_bufs(const mxs_wb_item *it, mxs__wb_buf out[6], mxs__wb_buf *master) {
+MXS_PRIVATE int mxs__wb_item_bufs(const mxs_wb_item *it, mxs__wb_buf out[MXS__WB_MAX_OUTS], mxs__wb_buf *master) {
     const mxs_tensor *t = &it->primary;
     int n = 0, p;
     for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
@@ -200,9 +203,10 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_master_check(const void *master, mx
 
 /* The buffers of item i of an item array (mxs__wb_item_bufs of an MXFP8
  * item, or the NVFP4 one): the shared aliasing checks below take one. */
-typedef int (*mxs__wb_bufs_fn)(const void *items, int64_t i, mxs__wb_buf out[6], mxs__wb_buf *master);
+typedef int (*mxs__wb_bufs_fn)(const void *items, int64_t i, mxs__wb_buf out[MXS__WB_MAX_OUTS], mxs__wb_buf *master);
 
-MXS_PRIVATE int mxs__wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf out[6], mxs__wb_buf *master) {
+MXS_PRIVATE int mxs__wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf out[MXS__WB_MAX_OUTS],
+                                     mxs__wb_buf *master) {
     return mxs__wb_item_bufs(&((const mxs_wb_item *)items)[i], out, master);
 }
 
@@ -212,7 +216,7 @@ MXS_PRIVATE int mxs__wb_item_bufs_at(const void *items, int64_t i, mxs__wb_buf o
  * other items are mxs_wb_make_plan's part. */
 MXS_NODISCARD MXS_API mxs_status mxs_wb_item_check(const mxs_wb_item *it) {
     const mxs_tensor *t;
-    mxs__wb_buf out[6], m;
+    mxs__wb_buf out[MXS__WB_MAX_OUTS], m;
     int n;
     mxs_status s;
     if (!it) return MXS_ERR_INVALID_ARGUMENT;
@@ -294,8 +298,8 @@ MXS_PRIVATE int mxs__span_hits_sorted(const mxs__span *a, const uint64_t *reach,
     return lo > 0 && reach[lo - 1] > x.lo;
 }
 
-/* Items one overlap pass holds on the stack: 6 outputs + 1 master each,
- * about 16 KB. */
+/* Items one overlap pass holds on the stack: MXS__WB_MAX_OUTS outputs + 1
+ * master each, about 20 KB. */
 #define MXS__WB_CHUNK 128
 
 /* The cross-item part of the aliasing rules, for a batch whose items passed
@@ -308,14 +312,14 @@ MXS_PRIVATE int mxs__span_hits_sorted(const mxs__span *a, const uint64_t *reach,
  * one core: about 45 us for 200 items, 0.6 ms for 1000, 7-15 ms for 4000 (a
  * plan is made once per bucket). */
 MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_overlaps_of(const void *items, int64_t n_items, mxs__wb_bufs_fn bufs) {
-    mxs__span outs[6 * MXS__WB_CHUNK], ms[MXS__WB_CHUNK];
+    mxs__span outs[MXS__WB_MAX_OUTS * MXS__WB_CHUNK], ms[MXS__WB_CHUNK];
     uint64_t reach[MXS__WB_CHUNK];
     int64_t c0, c1, i, k, no, nm;
     for (c0 = 0; c0 < n_items; c0 = c1) {
         c1 = n_items - c0 > MXS__WB_CHUNK ? c0 + MXS__WB_CHUNK : n_items;
         no = nm = 0;
         for (i = c0; i < c1; i++) {
-            mxs__wb_buf o[6], m;
+            mxs__wb_buf o[MXS__WB_MAX_OUTS], m;
             int n = bufs(items, i, o, &m), q;
             for (q = 0; q < n; q++) outs[no++] = mxs__span_of(o[q]);
             if (m.n > 0) ms[nm++] = mxs__span_of(m);
@@ -329,7 +333,7 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_overlaps_of(const void *items, int6
             if (mxs__span_hits_disjoint(outs, no, ms[k])) return MXS_ERR_ALIASING; /* a master and an output */
         }
         for (i = c1; i < n_items; i++) { /* later items against this chunk */
-            mxs__wb_buf o[6], m;
+            mxs__wb_buf o[MXS__WB_MAX_OUTS], m;
             int n = bufs(items, i, o, &m), q;
             for (q = 0; q < n; q++) {
                 mxs__span x = mxs__span_of(o[q]);
@@ -353,7 +357,7 @@ MXS_NODISCARD MXS_PRIVATE mxs_status mxs__wb_buffer_disjoint(const void *items, 
                                                              const void *buf, int64_t bytes) {
     int64_t i;
     for (i = 0; i < n_items; i++) {
-        mxs__wb_buf o[6], m;
+        mxs__wb_buf o[MXS__WB_MAX_OUTS], m;
         int n = bufs(items, i, o, &m), q;
         if (mxs__overlap(buf, bytes, m.p, m.n)) return MXS_ERR_ALIASING;
         for (q = 0; q < n; q++)
