@@ -88,7 +88,7 @@ def test_weights_written_from_outside_raise_on_every_rank_until_told(dist_result
 
 def test_ddp_model_refused_on_every_rank(dist_results):
     for o in _case(dist_results, "ddp").values():
-        assert o == {"is": "refused", "contains": "refused"}
+        assert o == {"is": "refused", "contains": "refused", "wrapped_after": "raised"}
 
 
 def test_bf16_gradient_buffers_exact_vs_fp32_reference(dist_results):

@@ -163,6 +163,16 @@ def case_ddp(rank, world):
             assert "DistributedDataParallel" in str(e) and "reduces the gradients itself" in str(e), e
             out[what] = "refused"
         assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
+    # wrapped after construction: the first step raises on every rank, naming DDP
+    net = C.MLP("padded")
+    o = ShardedOptimizer(net, _adamw)
+    DDP(net)(C._data(rank, 0)).pow(2).sum().backward()
+    try:
+        o.step()
+        raise AssertionError("a step through DDP was accepted")
+    except RuntimeError as e:
+        assert "DistributedDataParallel" in str(e), e
+        out["wrapped_after"] = "raised"
     return out
 
 

@@ -102,20 +102,23 @@ class Gradients:
     def _flush(self, errs):
         """Dense .grad set outside the hooks (or by hooks that did not report)
         goes into the gradient buffers of the buckets not launched yet."""
+        late = []
         for it, view, gview in self._expect:
             if it.param is None or it.param.grad is None:
                 continue
             b, _ = self._where[id(it)]
             if self._buckets[b].work is not None:
-                errs.append(f"{it.name}: a gradient arrived after its bucket was reduced (is the model also wrapped "
-                            f"in DistributedDataParallel? ShardedOptimizer reduces the gradients itself: do not "
-                            f"wrap it)")
+                late.append(it.name)
                 continue
             try:
                 gview.add_(it.param.grad.reshape(gview.shape))
                 it.param.grad = None
             except Exception as e:  # noqa: BLE001
                 errs.append(f"{it.name}: {e}")
+        if late:
+            errs.append(f"{', '.join(late)}: a gradient arrived after its bucket was reduced (is the model also "
+                        f"wrapped in DistributedDataParallel? ShardedOptimizer reduces the gradients itself: do not "
+                        f"wrap it)")
 
     @property
     def _where(self):
