@@ -182,11 +182,268 @@ def case_exact(rank, world, steps=3, modules=MODULES, opt="adamw"):
     return {"checked": checked, "reduces": reduces, "group": dict(m.a._group.collectives)}
 
 
-def plan(root):
-    return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2})]
+# ---- a small transformer-like model for the feature cases ------------------------------
+
+class Block(nn.Module):
+    def __init__(self, d, h, ac=False):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d, bias=False)
+        self.ac = ac
+
+    def _inner(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    def forward(self, x):
+        if self.ac:
+            return x + torch.utils.checkpoint.checkpoint(self._inner, x, use_reentrant=False)
+        return x + self._inner(x)
 
 
-CASES = {"exact": case_exact}
+class Toy(nn.Module):
+    def __init__(self, d=40, h=72, vocab=11, n=2, ac=False):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d, h, ac) for _ in range(n))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, tok):
+        x = self.emb(tok)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x).float()
+
+
+def toy(seed=0, ac=False, fmt="mxfp8"):
+    torch.manual_seed(seed)
+    m = Toy(ac=ac)
+    mxt.convert(m, {"blocks.*.up": "both", "blocks.*.down": "row"}, format=fmt, fsdp=True)
+    return m
+
+
+def batch(step, rank, n=6, seq=5):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    tok = torch.randint(0, 11, (n, seq + 1), generator=g)
+    return tok[:, :-1], tok[:, 1:]
+
+
+def _last_planes_match(m, seen, masters):
+    specs = {mod.meta.name: mod.spec for mod in m.modules() if FL.is_param_linear(mod)}
+    n = 0
+    for name, plane, got in seen:
+        want = plane_bytes(quantize_whole(specs[name], masters[f"{name}.weight"]), plane)
+        for k in want:
+            assert torch.equal(got[k], want[k]), f"{name} {plane} {k}: gathered bytes differ"
+        n += 1
+    return n
+
+
+def case_features(rank, world, steps=5):
+    """What FSDP2 users rely on, together: MixedPrecisionPolicy (bf16 params, fp32 reduce),
+    activation checkpointing (the recomputed forward fetches the row plane of "both" weights on
+    demand), reshard_after_forward False on one block, gradient accumulation with
+    set_requires_gradient_sync, clip_grad_norm_, an LR scheduler. The loss falls, the planes of
+    the last step equal the whole-tensor quantize, one reduction per optimizer step."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    m = toy(ac=True)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(m.blocks[0], mp_policy=mp)
+    fully_shard(m.blocks[1], mp_policy=mp, reshard_after_forward=False)
+    fully_shard(m, mp_policy=mp)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + 0.1 * s))
+    lossf = nn.CrossEntropyLoss()
+    losses, reduces, norms, fetches = [], [], [], []
+    for s in range(steps):
+        masters = full_masters(m)
+        group = m.blocks[0].up._group
+        f0 = group.collectives["fetch_all_gather"]
+        with count_collectives() as calls, record_planes() as seen:
+            total = 0.0
+            for micro in range(2):
+                m.set_requires_gradient_sync(micro == 1)
+                tok, tgt = batch(micro, rank)  # the same two micro-batches: the loss must fall
+                loss = lossf(m(tok).reshape(-1, 11), tgt.reshape(-1)) / 2
+                loss.backward()
+                total += float(loss.detach())
+            norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0).full_tensor()))
+            o.step()
+            sched.step()
+            o.zero_grad()
+        reduces.append(calls.get("all_reduce", 0))
+        fetches.append(group.collectives["fetch_all_gather"] - f0)
+        checked = _last_planes_match(m, seen, masters)
+        losses.append(total)
+    assert all(x > 0 and x == x for x in norms), norms
+    assert losses[-1] < losses[0], losses
+    return {"losses": losses, "reduces": reduces, "fetches": fetches, "checked": checked,
+            "lr": o.param_groups[0]["lr"]}
+
+
+def case_failure(rank, world):
+    """A rank-local failure before the reduction (rank 1's partial raises): rank 1 raises its
+    error, the others RemoteError, nobody hangs; then a model converted differently on rank 1:
+    every rank raises PlanMismatchError before any reduction."""
+    from mxshard.torch import fsdp_units as FU
+    out = {}
+    m = shard_all(build())
+    orig = FU.WeightUnit.partial
+
+    def broken(self):
+        raise RuntimeError("injected partial failure")
+    if rank == 1:
+        FU.WeightUnit.partial = broken
+    try:
+        loss_of(m, MODULES, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+        out["partial"] = "none"
+    except mxshard.RemoteError:
+        out["partial"] = "remote"
+    except RuntimeError as e:
+        assert "injected" in str(e), e
+        out["partial"] = "local"
+    finally:
+        FU.WeightUnit.partial = orig
+    mods = [x if (rank == 0 or x[0] != "b") else ("b", "mxfp8", "row", "padded", "ceil", (40, 96)) for x in MODULES]
+    m2 = shard_all(build(modules=mods))
+    try:
+        loss_of(m2, mods, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+        out["mismatch"] = "none"
+    except mxshard.PlanMismatchError as e:
+        assert "different model" in str(e), e
+        out["mismatch"] = "raised"
+    return out
+
+
+def case_unsupported(rank, world):
+    """What mxshard cannot do raises a clear error naming it, before any collective of ours:
+    Shard(1) placements, CPU offload, a converted submodule called alone while sharded, a weight
+    replaced by a plain Parameter."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.tensor import Shard
+    out = {}
+
+    def expect(key, f, exc, words):
+        try:
+            f()
+            out[key] = "no error"
+        except exc as e:
+            assert all(w in str(e) for w in words), (key, str(e))
+            out[key] = "ok"
+    m = build(modules=[MODULES[0]], dense=False)
+    fully_shard(m.a, shard_placement_fn=lambda p: Shard(1))
+    fully_shard(m)
+    expect("shard1", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16)}), NotImplementedError, ["Shard(0)"])
+    m = build(modules=[MODULES[0]], dense=False)
+    fully_shard(m.a, offload_policy=CPUOffloadPolicy(pin_memory=False))
+    fully_shard(m)
+    expect("offload", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16)}), NotImplementedError, ["offload"])
+    m = shard_all(build(modules=[MODULES[0]], dense=False))
+    expect("sharded", lambda: m.a.forward(torch.eye(48, dtype=torch.bfloat16)), RuntimeError, ["still sharded"])
+    m = build(modules=[MODULES[0]], dense=False)
+    m.a.weight = nn.Parameter(torch.zeros(40, 48))
+    expect("replaced", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16)}), RuntimeError, ["replaced"])
+    return out
+
+
+def case_bytes(rank, world):
+    """Bytes every rank puts on the all-gather per forward: a row-only MXFP8 weight R x C evenly
+    sharded sends S*C + S*ceil(C/32) (S = R/world) and needs no reduction; FSDP2 bf16 sends 2*S*C."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    R, C = 64 * world, 96
+    torch.manual_seed(0)
+    out = {}
+    for kind in ("mxfp8", "bf16"):
+        m = Net()
+        m.a = nn.Linear(C, R, bias=False)
+        if kind == "mxfp8":
+            mxt.convert(m, "row", fsdp=True)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+        fully_shard(m.a, mp_policy=mp)
+        fully_shard(m, mp_policy=mp)
+        with count_collectives() as calls:
+            with torch.no_grad():
+                m({"a": torch.ones(3, C, dtype=torch.bfloat16)})
+        out[kind] = {"bytes": calls["bytes_all_gather_into_tensor"], "all_reduce": calls.get("all_reduce", 0)}
+    S = R // world
+    assert out["mxfp8"]["bytes"] == S * C + S * (-(-C // 32)), out
+    assert out["bf16"]["bytes"] == 2 * S * C, out
+    assert out["mxfp8"]["all_reduce"] == 0, out
+    return out
+
+
+def _adamw(params):
+    return torch.optim.AdamW(params, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.05)
+
+
+def _world_free_step(m, o, s):
+    """A step whose mean gradient is the same at any DP size (every rank uses rank 0's G)."""
+    loss_of(m, MODULES, s, lambda n, sh: grad_for(n, sh, s, 0)).backward()
+    o.step()
+    o.zero_grad()
+
+
+def case_dcp_save(rank, world, root, k=2, steps=4):
+    """Steps 0..k-1, a DCP checkpoint with get_state_dict (the masters are the checkpoint: plain
+    tensors), then steps k..steps-1; rank 0 keeps the final masters for case_dcp_load."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    m = shard_all(build())
+    o = _adamw(m.parameters())
+    for s in range(steps):
+        if s == k:
+            msd, osd = get_state_dict(m, o)
+            assert not any(isinstance(getattr(v, "_local_tensor", v), mxt.QuantMaster) for v in msd.values())
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(root, "ckpt"))
+        _world_free_step(m, o, s)
+    final = full_masters(m)
+    if rank == 0:
+        torch.save(final, os.path.join(root, "final.pt"))
+    return {"keys": sorted(msd)}
+
+
+def case_dcp_load(rank, world, root, k=2, steps=4):
+    """A new model and optimizer at another DP size load the checkpoint (dcp.load, then
+    set_state_dict) and continue: the final masters are bit-identical to the saving run's."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    m = shard_all(build(seed=123))   # other initial values: everything must come from the checkpoint
+    o = _adamw(m.parameters())
+    msd, osd = get_state_dict(m, o)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=os.path.join(root, "ckpt"))
+    set_state_dict(m, o, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for s in range(k, steps):
+        _world_free_step(m, o, s)
+    got, want = full_masters(m), torch.load(os.path.join(root, "final.pt"))
+    bad = {n: (got[n] - want[n]).abs().max().item() for n in want if not torch.equal(got[n], want[n])}
+    assert not bad, f"continuation at DP={world} differs from the saving run (max |d|): {bad}"
+    return {"params": len(want)}
+
+
+def only_at(world_needed, case):
+    """`case` at one world size; the other groups of the same plan skip it."""
+    def run(rank, world, **kw):
+        return case(rank, world, **kw) if world == world_needed else {"skipped": world}
+    return run
+
+
+def plan_a(root):
+    """Groups of 2, 3 and 4: the exact case everywhere; the rest at 2 (and its checkpoint)."""
+    return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2}),
+            ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
+            ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root})]
+
+
+def plan_b(root):
+    """Groups of 1 and 3: load the checkpoint the group of 2 saved."""
+    return [("dcp_load", "dcp_load", {"root": root})]
+
+
+CASES = {"exact": case_exact, "features": case_features, "failure": case_failure, "unsupported": case_unsupported,
+         "bytes": case_bytes, "dcp_save": case_dcp_save, "dcp_load": case_dcp_load,
+         "features@2": only_at(2, case_features), "failure@2": only_at(2, case_failure),
+         "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save)}
 
 
 def worker(rank, world, port, q, plan=None):

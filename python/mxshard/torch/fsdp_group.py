@@ -9,7 +9,9 @@ small collective per step that their bytes need.
       partial                                             the library, per unit, local
       ONE all_reduce(MAX, int32) of the shared entries    skipped when no weight has one
          + a status entry (a rank that failed: all raise) (row-only MXFP8 evenly sharded:
-         + a configuration fingerprint (x and -x)          nothing to reduce, no collective)
+                                                            nothing to reduce, no collective)
+      (before the first reduction at a world size: one all_gather of the entry count and a
+       fingerprint of the converted model: ranks that differ all raise PlanMismatchError)
       apply                                               fragments + scales, per unit
 
     then each FSDP2 all-gather moves one plane's bytes (pre_all_gather -> send,
@@ -46,7 +48,7 @@ from .fsdp_units import WeightUnit, scratch_bytes, shared_entry_count
 
 __all__ = ["FSDPGroup"]
 
-_FP_ENTRIES = 4  # a 64-bit fingerprint as four 16-bit int32 entries (and their negations)
+_FP_ENTRIES = 4  # a 64-bit fingerprint as four 16-bit entries
 
 
 def _in_backward():
@@ -70,6 +72,7 @@ class FSDPGroup:
         self.collectives = Counter()
         self.refreshes = 0
         self.generation = 1      # moves when the masters moved (see the module docstring)
+        self._agreed = None      # the world size whose ranks checked they reduce the same entries
         self.refreshed = 0       # the generation the units' bytes were made at
         _install_step_hook()
 
@@ -128,7 +131,9 @@ class FSDPGroup:
         counts = [shared_entry_count(l._meta.spec, l._meta.rows, l._meta.cols, world) for _, l, _ in masters]
         n = sum(counts)
         dev = masters[0][1].device if masters else torch.device("cpu")
-        wire = torch.zeros(n + 1 + 2 * _FP_ENTRIES, dtype=torch.int32, device=dev)
+        if n > 0 and self._agreed != world:
+            self._agree(pg, world, n, _fingerprint(masters, world), dev)
+        wire = torch.zeros(n + 1, dtype=torch.int32, device=dev)
         units, err = [], None
         try:
             for _, local, _ in masters:
@@ -143,9 +148,6 @@ class FSDPGroup:
                 if c:
                     wire[at:at + c] = u.entries()
                 at += c
-            fp = torch.tensor(_fingerprint(masters, world), dtype=torch.int32)
-            wire[n + 1:n + 1 + _FP_ENTRIES] = fp
-            wire[n + 1 + _FP_ENTRIES:] = -fp
         except Exception as e:  # noqa: BLE001 - every rank learns of it through the status entry
             err = e
             wire.zero_()
@@ -155,14 +157,8 @@ class FSDPGroup:
             self.collectives["refresh_all_reduce"] += 1
         if err is not None:
             raise err
-        if n > 0:
-            if int(wire[n]) != 0:
-                raise L.remote_error("mxshard FSDP2 refresh (another rank failed before the reduction)")
-            fp = wire[n + 1:].cpu()
-            if not torch.equal(fp[:_FP_ENTRIES], -fp[_FP_ENTRIES:]):
-                raise L.status_error(L.status_code("MXS_ERR_PLAN_MISMATCH"),
-                                     "mxshard FSDP2 refresh: the ranks' converted models differ (names, shapes, "
-                                     "formats or options); build the same model on every rank")
+        if n > 0 and int(wire[n]) != 0:
+            raise L.remote_error("mxshard FSDP2 refresh (another rank failed before the reduction)")
         at = 0
         for (_, local, _), u, c in zip(masters, units, counts):
             if c:
@@ -171,6 +167,23 @@ class FSDPGroup:
             u.apply(local._data._version)
         self.refreshes += 1
         self.refreshed = self.generation
+
+    def _agree(self, pg, world, n, fp, dev):
+        """Once per world size, before the first reduction: one all_gather of (entry count,
+        fingerprint of names, shapes and options); ranks that differ all raise PlanMismatchError
+        (a reduction of unequal buffers would hang or mix unrelated entries)."""
+        mine = torch.tensor([n] + fp, dtype=torch.int64, device=dev)
+        out = torch.empty(world * mine.numel(), dtype=torch.int64, device=dev)
+        dist.all_gather_into_tensor(out, mine, group=pg)
+        self.collectives["setup_all_gather"] += 1
+        rows = out.view(world, -1).cpu()
+        if not torch.equal(rows, rows[:1].expand_as(rows)):
+            bad = [r for r in range(world) if not torch.equal(rows[r], rows[0])]
+            raise L.status_error(L.status_code("MXS_ERR_PLAN_MISMATCH"),
+                                 f"mxshard FSDP2: ranks {bad} converted a different model than rank 0 (names, shapes, "
+                                 f"formats, planes or options of the quantized linears); build and convert the same "
+                                 f"model on every rank")
+        self._agreed = world
 
     # ---- FSDP2's hooks -------------------------------------------------------------------
 

@@ -117,6 +117,9 @@ class WeightUnit:
         self.rows, self.cols, self.r0, self.r1 = R, C, r0, r1
         self.S = G.chunk_rows(R, world)
         self.even = G.is_even(R, world)
+        # the scales travel beside the data only when FSDP2 takes inputs of any shape (evenly sharded)
+        # and gathers them all (a world of one copies the first input alone)
+        self.scales_travel = self.even and world > 1
         self.planes = _planes(spec)
         dev = local.device
         self.device = dev
@@ -135,7 +138,7 @@ class WeightUnit:
                                   mode="fused", gather=False)
         nscale = _send_scale_bytes(spec, R, C, world)
         self.send_scale = {p: torch.zeros(max(nscale, 1), dtype=u8, device=dev) for p in self.planes} \
-            if self.even else {}
+            if self.scales_travel else {}
         self.shared = self._shared_positions()
         self.n_shared = int(self.shared.numel())
         self.reduced = None  # the reduced shared entries of the last refresh (int32)
@@ -202,15 +205,16 @@ class WeightUnit:
     # -- the all-gather of one plane
 
     def send(self, plane):
-        """FSDP2's all-gather inputs for `plane` (same count, shapes and dtypes for every plane)."""
-        if self.even:
+        """FSDP2's all-gather inputs for `plane` (same count, shapes and dtypes for every plane): the
+        data and this rank's scale window when evenly sharded over several ranks, else the data."""
+        if self.scales_travel:
             return (self.send_data[plane], self.send_scale[plane])
         return (self.send_data[plane],)
 
     def compact_scales(self, plane, outputs):
         """The complete COMPACT scales of `plane` from the gathered outputs (even) or from the
-        reduction (uneven). A view when it can be one."""
-        if not self.even:
+        reduction (uneven) or the unit itself (a world of one). A view when it can be one."""
+        if not self.scales_travel:
             return self.scales[plane]
         nbr, per = _mx_region(plane, self.rows, self.cols)
         g = outputs[1].view(self.world, -1)
