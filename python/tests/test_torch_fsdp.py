@@ -88,3 +88,10 @@ def test_dcp_checkpoint_reshards_2_to_3_and_1_bit_identically(phase_b):
 def test_no_hang(phase_a, phase_b):
     assert not phase_a["hung"] and not phase_b["hung"], (phase_a["hung"], phase_b["hung"])
     print(f"fsdp groups: {phase_a['seconds']:.1f} s + {phase_b['seconds']:.1f} s")
+
+
+def test_sharded_optimizer_and_fsdp2_hold_the_same_bytes(phase_a):
+    """The same model, initial values and gradients under ShardedOptimizer and under FSDP2 +
+    torch.optim.AdamW: every plane FSDP2 gathers equals ShardedOptimizer's primary, every step."""
+    out = H.case_results(phase_a, "vs_sharded", (2,))
+    assert all(o["compared"] == 3 * 2 * 3 for o in out.values()), out

@@ -421,6 +421,42 @@ def case_dcp_load(rank, world, root, k=2, steps=4):
     return {"params": len(want)}
 
 
+def case_vs_sharded(rank, world, steps=3):
+    """The same model, initial values and gradients under ShardedOptimizer (MXFP8Linear, the
+    optimizer's writeback) and under FSDP2 (MXFP8ParamLinear, torch.optim.AdamW): every plane
+    FSDP2 gathers equals the primary ShardedOptimizer holds, byte for byte, every step."""
+    mods = [x for x in MODULES if x[4] == "ceil"]  # ShardedOptimizer takes one rounding per bucket
+
+    def sharded_model():
+        torch.manual_seed(0)
+        sm = Net()
+        for name, fmt, planes, layout, opt, (cin, cout) in mods:
+            setattr(sm, name, nn.Linear(cin, cout, bias=False))
+        for name, fmt, planes, layout, opt, _ in mods:
+            mxt.convert(sm, {name: planes}, layout=layout, rounding=opt)
+        return sm
+    m = shard_all(build(modules=mods, dense=False))
+    o = _adamw(m.parameters())
+    sm = sharded_model()
+    so = mxt.ShardedOptimizer(sm, _adamw)
+    compared = 0
+    for s in range(steps):
+        with record_planes() as seen:
+            loss_of(m, mods, s, lambda n, sh: grad_for(n, sh, s, rank)).backward()
+        for name, plane, got in seen:
+            held = getattr(sm, name)
+            for k in ("data", "scale"):
+                assert torch.equal(got[k], getattr(held, f"{plane}_{k}").reshape(-1)), (s, name, plane, k)
+            compared += 1
+        o.step()
+        o.zero_grad()
+        for name, *_, (cin, cout) in mods:
+            getattr(sm, name).main_grad.copy_(grad_for(name, (cin, cout), s, rank).t())
+        so.step()
+        so.zero_grad()
+    return {"compared": compared}
+
+
 def only_at(world_needed, case):
     """`case` at one world size; the other groups of the same plan skip it."""
     def run(rank, world, **kw):
@@ -432,7 +468,7 @@ def plan_a(root):
     """Groups of 2, 3 and 4: the exact case everywhere; the rest at 2 (and its checkpoint)."""
     return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2}),
             ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
-            ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root})]
+            ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {})]
 
 
 def plan_b(root):
@@ -443,7 +479,8 @@ def plan_b(root):
 CASES = {"exact": case_exact, "features": case_features, "failure": case_failure, "unsupported": case_unsupported,
          "bytes": case_bytes, "dcp_save": case_dcp_save, "dcp_load": case_dcp_load,
          "features@2": only_at(2, case_features), "failure@2": only_at(2, case_failure),
-         "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save)}
+         "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save),
+         "vs_sharded@2": only_at(2, case_vs_sharded)}
 
 
 def worker(rank, world, port, q, plan=None):
