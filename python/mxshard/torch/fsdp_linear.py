@@ -116,6 +116,7 @@ class _ParamLinear(nn.Linear):
         if getattr(self, "meta", None) is not None:
             super().reset_parameters()
 
+    @torch.compiler.disable  # runs eagerly inside a torch.compile'd model (ctypes calls, tensor subclasses)
     def forward(self, x):
         who = type(self).__name__
         if not isinstance(x, torch.Tensor):

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: MIT
+"""MXFP8ParamLinear (convert(..., fsdp=True)) without FSDP2, in this process:
+what a torch user does to an nn.Linear and its weight Parameter works, the
+forward reads exactly the whole-tensor quantize of the master, and what
+cannot work fails with a message that says what to do. Skips without torch
+or the host library."""
+import io
+
+import pytest
+
+from conftest import torch_or_skip
+
+
+def _mods():
+    torch = torch_or_skip()
+    import mxshard
+    try:
+        mxshard.library_info()
+    except mxshard.LibraryNotFoundError as e:
+        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+    import mxshard.torch as mxt
+    return torch, mxshard, mxt
+
+
+def _model(torch, planes="row", layout="padded", dtype=None, **kw):
+    nn = torch.nn
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(40, 33), nn.GELU(), nn.Linear(33, 7, bias=False))
+    if dtype is not None:
+        m = m.to(dtype)
+    import mxshard.torch as mxt
+    return mxt.convert(m, {"0": planes, "2": "row"}, fsdp=True, layout=layout, compute_dtype=torch.float32, **kw)
+
+
+def _whole(torch, mxshard, lin, plane="row"):
+    """The row (or col) plane of the whole-tensor quantize of the module's master, dequantized to f32."""
+    s = lin.spec
+    w = mxshard.MXFP8Weight.empty(lin.out_features, lin.in_features, planes=s.planes, layout=s.layout, device="cpu")
+    mxshard.quantize(w, lin.weight._data.detach().to(torch.bfloat16), rounding=s.rounding)
+    return mxshard.dequantize(w, plane=plane, dtype="f32")
+
+
+@pytest.mark.parametrize("planes,layout", [("row", "padded"), ("both", "swizzled"), ("both", "compact")])
+def test_forward_and_backward_read_the_whole_tensor_quantize(planes, layout):
+    torch, mxshard, mxt = _mods()
+    m = _model(torch, planes, layout)
+    lin = m[0]
+    assert isinstance(lin, torch.nn.Linear) and isinstance(lin.weight, torch.nn.Parameter)
+    assert isinstance(lin.weight, mxt.QuantMaster) and lin.weight.dtype == torch.float32
+    x = torch.randn(5, 40, requires_grad=True)
+    y = lin(x)
+    w = _whole(torch, mxshard, lin)
+    assert torch.equal(y, torch.nn.functional.linear(x.detach(), w, lin.bias.detach()))
+    assert torch.equal(mxt.dequantized_weight(lin), w)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    wd = _whole(torch, mxshard, lin, "col" if planes == "both" else "row")
+    assert torch.equal(x.grad, gy @ wd)
+    assert torch.allclose(lin.weight.grad, gy.t() @ x.detach(), rtol=1e-6, atol=1e-6)
+    assert lin.weight.grad.dtype == torch.float32 and lin.weight.grad.shape == (33, 40)
+
+
+def test_torch_optim_steps_requantize_and_parameter_tooling_works():
+    torch, mxshard, mxt = _mods()
+    m = _model(torch)
+    n = sum(p.numel() for p in m.parameters())
+    assert n == 40 * 33 + 33 + 33 * 7          # weights count as parameters
+    opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
+    x = torch.randn(6, 40)
+    before = mxt.dequantized_weight(m[0]).clone()
+    m(x).square().sum().backward()
+    torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    after = mxt.dequantized_weight(m[0])
+    assert not torch.equal(before, after) and torch.equal(after, _whole(torch, mxshard, m[0]))
+    # HF-style initialisation through .data, nn.init
+    with torch.no_grad():
+        m[0].weight.data.normal_(0.0, 0.02)
+        torch.nn.init.zeros_(m[2].weight)
+    assert torch.equal(mxt.dequantized_weight(m[0]), _whole(torch, mxshard, m[0]))
+    assert torch.count_nonzero(mxt.dequantized_weight(m[2])) == 0
+
+
+def test_state_dict_holds_plain_tensors_and_round_trips():
+    torch, mxshard, mxt = _mods()
+    m = _model(torch, "both")
+    sd = m.state_dict()
+    assert type(sd["0.weight"]) is torch.Tensor and sd["0.weight"].dtype == torch.float32
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    m2 = _model(torch, "both")
+    with torch.no_grad():
+        m2[0].weight.mul_(3)
+    m2.load_state_dict(loaded)
+    assert isinstance(m2[0].weight, mxt.QuantMaster)
+    for a, b in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(a.detach(), b.detach())
+    x = torch.randn(4, 40)
+    assert torch.equal(m(x), m2(x))
+    # bf16 masters: .to(dtype) keeps the subclass
+    mb = m.to(torch.bfloat16)
+    assert isinstance(mb[0].weight, mxt.QuantMaster) and mb[0].weight.dtype == torch.bfloat16
+    assert torch.equal(mxt.dequantized_weight(mb[0]), _whole(torch, mxshard, mb[0]))
+
+
+def test_torch_compile_runs_the_quantized_linears_eagerly():
+    torch, mxshard, mxt = _mods()
+    m = _model(torch)
+    x = torch.randn(3, 40)
+    ref = m(x)
+    got = torch.compile(m)(x)
+    assert torch.equal(got, ref)
+
+
+def test_what_cannot_work_fails_clearly():
+    torch, mxshard, mxt = _mods()
+    m = _model(torch)
+    m[2].weight = torch.nn.Parameter(torch.zeros(7, 33))          # a tie / assign=True / a new Parameter
+    with pytest.raises(RuntimeError, match="replaced"):
+        m(torch.randn(2, 40))
+    m = _model(torch)
+    with pytest.raises(ValueError, match="in_features=40"):
+        m[0](torch.randn(2, 39))
+    from mxshard.torch.fsdp_gathered import GatheredWeight, _Box
+    gathered = GatheredWeight((33, 40), torch.float32, torch.device("cpu"), _Box(m[0].weight, None))
+    with pytest.raises(NotImplementedError, match="holds quantized planes.*module\\(x\\)"):
+        gathered.sum()
+
+
+def test_convert_strict_rejects_patterns_that_match_nothing():
+    torch, mxshard, mxt = _mods()
+    nn = torch.nn
+    m = nn.Module()
+    m.blocks = nn.ModuleList(nn.ModuleDict({"mlp": nn.Linear(8, 8)}) for _ in range(2))
+    with pytest.raises(ValueError, match="'block.\\*.mlp' matches no nn.Linear.*strict=False"):
+        mxt.convert(m, {"block.*.mlp": "row"})
+    with pytest.raises(ValueError, match="skip pattern"):
+        mxt.convert(m, "row", skip="nothing.*")
+    assert mxt.convert(m, {"block.*.mlp": "row"}, strict=False) is m     # nothing converted, allowed
+    assert type(m.blocks[0]["mlp"]) is nn.Linear
+    mxt.convert(m, {"blocks.*.mlp": "row"}, fsdp=True)
+    assert all(mxt.is_param_linear(b["mlp"]) for b in m.blocks)
