@@ -64,6 +64,16 @@ def legacy():
         _gemm.linear_wgrad = new
 
 
+@contextlib.contextmanager
+def patched(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
 # ---- the layers -------------------------------------------------------------------------------
 
 def make_layer(kind, out_f, in_f, dev):
@@ -210,8 +220,57 @@ def part_profile(a, dev, out):
         torch.cuda.empty_cache()
 
 
+def _warm_task(task):
+    """Compile (into Triton's on-disk cache) the kernels one format / path / token count uses."""
+    fmt, path, tokens = task
+    dev = torch.device("cuda")
+    m = make_layer((fmt, "both"), 4096, 4096, dev)
+    x = torch.randn(tokens, 4096, device=dev, dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    with _gemm.forced_path(path):
+        _gemm.linear_fwd(x, m.primary, None, torch.bfloat16)
+        for plane in ("row", "col"):
+            _gemm.linear_dgrad(x, m.primary, plane, torch.bfloat16)
+    torch.cuda.synchronize()
+    return f"{fmt} {path} {tokens}: {time.perf_counter() - t0:.1f} s"
+
+
+def part_warm(a, dev, out):
+    """The kernels of the sweep, table and models parts compiled in parallel processes first
+    (Triton compiles each specialisation once, on the host, and caches it on disk)."""
+    import multiprocessing as mp
+    tasks = [(fmt, "fused", t) for fmt in ("mxfp8", "nvfp4") for t in (16, 64, 256)] + \
+        [(fmt, "chunked", 256) for fmt in ("mxfp8", "nvfp4")]
+    with mp.get_context("spawn").Pool(len(tasks)) as pool:
+        for line in pool.imap_unordered(_warm_task, tasks):
+            out.append(f"- warm {line}")
+            print(out[-1], flush=True)
+
+
+SWEEP_TOKENS = (16, 64, 256, 1024, 2048, 8192)
+CHUNK_CAPS = (8 << 20, 16 << 20, 32 << 20)
+
+
+def derive_rule(fused_vs_chunked, chunk_totals):
+    """The measured rule from the sweep: per GEMM, the largest token count up to which the
+    fused kernel is at least as fast as the chunked path at every swept count (over every
+    format and plane); CHUNK_BYTES: the cap with the least total time over the table's shapes."""
+    limits = {}
+    for (op, _variant), rows in fused_vs_chunked.items():
+        lim = 0
+        for t, fused, chunked in sorted(rows):
+            if not fused <= chunked:
+                break
+            lim = t
+        limits[op] = min(limits.get(op, lim), lim)
+    cap = min(chunk_totals, key=chunk_totals.get) if chunk_totals else _gemm.CHUNK_BYTES
+    return limits, cap
+
+
 def part_sweep(a, dev, out):
-    """GEMM time against tokens for each path; 4096x4096 (and CHUNK_BYTES at the table's shapes)."""
+    """GEMM time against tokens for each path; 4096x4096 (and CHUNK_BYTES at the table's shapes).
+    Returns (FUSED_MAX_TOKENS, CHUNK_BYTES) derived from it."""
+    fvc = {}
     out.append("| GEMM | weight | tokens | bf16 cuBLAS µs | fused µs | chunked µs | dequant µs |")
     out.append("|---|---|---:|---:|---:|---:|---:|")
     for fmt, planes, plane in (("mxfp8", "both", "row"), ("mxfp8", "both", "col"), ("nvfp4", "both", "row"),
@@ -219,7 +278,7 @@ def part_sweep(a, dev, out):
         shape = (4096, 4096)
         m = make_layer((fmt, planes), *shape, dev)
         w = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
-        for t in (16, 64, 256, 1024, 2048, 8192):
+        for t in SWEEP_TOKENS:
             x = torch.randn(t, shape[1], device=dev, dtype=torch.bfloat16)
             gy = torch.randn(t, shape[0], device=dev, dtype=torch.bfloat16)
             ops = [("fwd", lambda: _gemm.linear_fwd(x, m.primary, None, torch.bfloat16), lambda: x @ w.t())] \
@@ -237,11 +296,13 @@ def part_sweep(a, dev, out):
                             print(f"sweep {fmt} {op} {path} {t}: {type(e).__name__}: {str(e)[:300]}", flush=True)
                 out.append(f"| {op} | {fmt} {shape[0]}x{shape[1]} | {t} | " + " | ".join(f"{v:.1f}" for v in r) + " |")
                 print(out[-1], flush=True)
+                fvc.setdefault((op.split()[0], (fmt, op)), []).append((t, r[1], r[2]))
         del m
     out.append("\nchunked path against CHUNK_BYTES (fwd + dgrad row, MXFP8), µs:\n")
-    out.append("| weight | tokens | bf16 fwd+dgrad | 8 MiB | 16 MiB | 32 MiB | whole |")
+    out.append("| weight | tokens | bf16 fwd+dgrad | 8 MiB | 16 MiB | 32 MiB | whole (not allowed) |")
     out.append("|---|---:|---:|---:|---:|---:|---:|")
     old = _gemm.CHUNK_BYTES
+    totals = {}
     for shape, toks in SHAPES:
         m = make_layer(("mxfp8", "row"), *shape, dev)
         w = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
@@ -249,16 +310,37 @@ def part_sweep(a, dev, out):
             x = torch.randn(t, shape[1], device=dev, dtype=torch.bfloat16)
             gy = torch.randn(t, shape[0], device=dev, dtype=torch.bfloat16)
             r = [time_fn(lambda: (x @ w.t(), gy @ w), 10)]
-            for cb in (8 << 20, 16 << 20, 32 << 20, 1 << 40):
-                _gemm.CHUNK_BYTES = cb
-                with _gemm.forced_path("chunked"):
+            for cb in CHUNK_CAPS + (None,):
+                _gemm.CHUNK_BYTES = cb or old
+                # None: the whole weight in one chunk (what _chunk never does), for comparison
+                whole = contextlib.nullcontext() if cb else patched(_gemm, "_chunk", lambda extent, other, dt: extent)
+                with _gemm.forced_path("chunked"), whole:
                     r.append(time_fn(lambda: (_gemm.linear_fwd(x, m.primary, None, torch.bfloat16),
                                               _gemm.linear_dgrad(gy, m.primary, "row", torch.bfloat16)), 10))
+                if cb:
+                    totals[cb] = totals.get(cb, 0.0) + r[-1] / r[0]
             _gemm.CHUNK_BYTES = old
             out.append(f"| {shape[0]}x{shape[1]} | {t} | " + " | ".join(f"{v:.0f}" for v in r) + " |")
             print(out[-1], flush=True)
         del m
     _gemm.CHUNK_BYTES = old
+    out.append("\nwgrad, 4096x4096, µs: bf16 mm | bf16 mm + fp32 add_ | mm(out_dtype=fp32) + add_ | "
+               "addmm(out_dtype=fp32, out=main_grad)\n")
+    for t in (2048, 8192):
+        gy = torch.randn(t, 4096, device=dev, dtype=torch.bfloat16)
+        x = torch.randn(t, 4096, device=dev, dtype=torch.bfloat16)
+        mg = torch.zeros(4096, 4096, device=dev)
+        r = [time_fn(lambda: gy.t() @ x, 20), time_fn(lambda: mg.add_(gy.t() @ x), 20),
+             time_fn(lambda: mg.add_(torch.mm(gy.t(), x, out_dtype=torch.float32)), 20),
+             time_fn(lambda: torch.addmm(mg, gy.t(), x, out_dtype=torch.float32, out=mg), 20)]
+        out.append(f"- {t} tokens: " + " | ".join(f"{v:.0f}" for v in r))
+        print(out[-1], flush=True)
+    limits, cap = derive_rule(fvc, totals)
+    out.append(f"\nmeasured rule: FUSED_MAX_TOKENS = {limits}, CHUNK_BYTES = {cap >> 20} MiB "
+               f"(chunk time / bf16 summed over the table's shapes: "
+               + ", ".join(f"{k >> 20} MiB {v:.3f}" for k, v in sorted(totals.items())) + ")")
+    print(out[-1], flush=True)
+    return limits, cap
 
 
 def part_models(a, dev, out):
@@ -325,6 +407,8 @@ def main():
     p.add_argument("--quick", action="store_true", help="tokens <= 8192 only")
     p.add_argument("--budget-s", type=float, default=1e9, help="skip model runs started after this many seconds")
     p.add_argument("--out", default=None, help="also write the markdown here")
+    p.add_argument("--apply-rule", action="store_true",
+                   help="the parts after sweep use the rule it measured (instead of _gemm's constants)")
     a = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("torch_layer.py needs a CUDA device")
@@ -344,10 +428,17 @@ def main():
             if part == "legacy" and "table" in parts:
                 continue
             part_table(a, dev, out, with_legacy="legacy" in parts)
+        elif part == "warm":
+            part_warm(a, dev, out)
         elif part == "profile":
             part_profile(a, dev, out)
         elif part == "sweep":
-            part_sweep(a, dev, out)
+            limits, cap = part_sweep(a, dev, out)
+            if a.apply_rule:
+                _gemm.FUSED_MAX_TOKENS.update(limits)
+                _gemm.CHUNK_BYTES = cap
+                out.append(f"(applied to the parts that follow: FUSED_MAX_TOKENS {_gemm.FUSED_MAX_TOKENS}, "
+                           f"CHUNK_BYTES {cap >> 20} MiB)")
         elif part == "models":
             part_models(a, dev, out)
         else:

@@ -7,7 +7,7 @@
 #
 #   scripts/gpu-layer.sh [PARTS] [TEST_K]     PARTS for bench/torch_layer.py (default table)
 #   MXS_PREBUILT=dir scripts/gpu-layer.sh ...  libmxshard_host.so + libmxshard_cuda.so built elsewhere
-#   MXS_LAYER_TESTS=0 / MXS_LINEAR_TESTS=1     skip the GEMM tests / also run the linear modules' tests
+#   MXS_LAYER_TESTS=0                          skip phase A (tests + warm-up)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
@@ -34,17 +34,28 @@ fi
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 python3 -c 'import mxshard; print(mxshard.library_info(cuda=True))' 2>&1 | tee -a "$out/layer.log"
 
+# phase A, in parallel (Triton compiles on the host, one kernel at a time per process): the GEMM
+# tests in groups, the linear modules' CUDA cases, and the bench's kernels compiled into the cache
 if [ "${MXS_LAYER_TESTS:-1}" = 1 ]; then
-  say "pytest test_torch_gemm.py (CUDA)"
-  timeout 240 python3 -m pytest python/tests/test_torch_gemm.py -q -rs -p no:cacheprovider --durations=8 \
-    ${testk:+-k "$testk"} 2>&1 | tee "$out/tests.log" | tail -25
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
-fi
-if [ "${MXS_LINEAR_TESTS:-0}" = 1 ]; then
-  say "pytest linear modules (CUDA cases included)"
-  timeout 240 python3 -m pytest python/tests/test_torch_linear.py python/tests/test_torch_nvfp4_linear.py -q -rs \
-    -p no:cacheprovider 2>&1 | tee "$out/tests-linear.log" | tail -15
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  say "phase A: tests in parallel groups + bench warm-up"
+  groups=("upconversion" "kernel_dequantize or chunks" "gemm_paths and bfloat16" "gemm_paths and float16 and not bfloat16"
+          "gemm_paths and float32" "reads_exactly or fallbacks or triton or rule or wgrad or interpreter")
+  pids=()
+  for i in "${!groups[@]}"; do
+    timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/test_torch_gemm.py -q -rs -p no:cacheprovider \
+      --durations=3 -k "${groups[$i]}" > "$out/t$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/test_torch_linear.py \
+    python/tests/test_torch_nvfp4_linear.py -q -rs -p no:cacheprovider -k cuda > "$out/t9.txt" 2>&1 &
+  pids+=($!)
+  timeout ${MXS_LAYER_TEST_S:-150} python3 bench/torch_layer.py --parts warm > "$out/warm.log" 2>&1 &
+  wpid=$!
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  wait "$wpid"
+  for f in "$out"/t*.txt; do echo "---- $f"; cat "$f"; done > "$out/tests.log"; rm -f "$out"/t*.txt
+  grep -E "passed|failed|error" "$out/tests.log" | tee -a "$out/layer.log"
+  say "phase A done (status $status)"
 fi
 say "bench/torch_layer.py --parts $parts"
 timeout ${MXS_LAYER_BENCH_S:-400} python3 bench/torch_layer.py --parts "$parts" --out "$out/layer.md" \
