@@ -4,26 +4,26 @@ library's sharded writeback from this rank's rows of the master.
 
     rank k holds rows [r0, r1) of the [R, C] master (FSDP2's dim-0 shard; all of it in a world of one)
 
-    partial   the library's partial exponents / block amaxes of the shard (BucketWriteback /
-              NVFP4BucketWriteback of one item, group=None: no collective of its own)
+    partial   the library's partial exponents (MXFP8) / block amaxes (NVFP4) of the shard
+              (BucketWriteback / NVFP4BucketWriteback of one item, group=None: no collective)
     entries   the packed entries other ranks also write ("shared"), widened to int32, for the
               model's ONE MAX all-reduce (FSDPGroup.refresh):
                  evenly sharded   the blocks two ranks touch (column planes and 16x16 tiles cut by
-                                  a boundary that is not a multiple of the block height) + NVFP4's
-                                  tensor amax; a row-only MXFP8 weight has none
+                                  a boundary that is not a multiple of the block height) and
+                                  NVFP4's tensor amax; a row-only MXFP8 weight has none
                  unevenly         every entry of the weight: FSDP2 then all-gathers inputs of the
                                   padded shard's shape only, so the scales cannot travel with
                                   the data and every rank takes them from the reduction
-    apply     the library casts the shard into FRAGMENTS (this rank's bytes of each data plane,
-              the first rows of a padded [S, C] send buffer) and writes complete COMPACT scale
-              planes (correct for every block this rank touches; all of them when uneven)
-    send      the all-gather inputs of one plane: (data [S, C] bytes, this rank's scale window)
-              when evenly sharded, (data,) when not
-    assemble  after the all-gather: the [R, C] plane (a view of the gathered bytes), its scales
-              in the module's layout (convert_scales into FSDP2-managed scratch)
+    apply     the library casts the shard into FRAGMENTS (this rank's bytes of each data plane /
+              NVFP4 column stage, at the front of a padded send buffer) and writes complete
+              COMPACT scale planes (right for every block this rank touches; all when uneven)
+    send      the all-gather inputs of one plane: (data, this rank's scale window) when evenly
+              sharded over several ranks, (data,) otherwise
+    assemble  after the all-gather: the [R, C] primary of that plane in the module's layout
 
 The master's values reach the bytes only through the library's writeback (the
-format's rules live there); this module moves bytes and picks entries.
+format's rules live there); this module moves bytes and picks entries, by the
+packed layout of contract sections 4.2 (MXFP8) and 9.8 (NVFP4).
 """
 from __future__ import annotations
 
@@ -32,67 +32,129 @@ import math
 import torch
 
 from .. import _arrays as A
+from ..nvfp4 import (NVFP4BucketWriteback, NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes,
+                     nvfp4_scale_shape, nvfp4_stage_to_col)
 from ..ops import convert_scales
 from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
 from . import fsdp_geometry as G
 
-__all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes"]
+__all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported"]
 
 _RT = {"bf16": "bf16", "none": None}
+_U8 = torch.uint8
 
 
-# ---- pure geometry of one weight's planes ---------------------------------------------------
+# ---- pure geometry of one weight's packed regions and scale planes -----------------------
 
 def _planes(spec):
     return ("row", "col") if spec.planes == "both" else ("row",)
 
 
-def _mx_region(plane, rows, cols):
-    """(block rows, entries per block row) of an MXFP8 plane's COMPACT exponent region."""
-    if plane == "row":
-        return rows, A.ceil_div(cols, 32)
-    return A.ceil_div(rows, 32), cols
+def _regions(spec, rows, cols):
+    """[(region, block height, block rows, entries per block row, stride of those entries)] of
+    the weight's packed entries: an entry of block row b is at off + b*step + j*stride (j <
+    per), step = per when stride is 1, else 1 (NVFP4's column blocks are stored transposed)."""
+    if spec.format == "mxfp8":
+        out = [("row", 1, rows, A.ceil_div(cols, 32), 1)]
+        if spec.planes == "both":
+            out.append(("col", 32, A.ceil_div(rows, 32), cols, 1))
+        return out
+    if spec.block == "16x16":
+        return [("tile", 16, A.ceil_div(rows, 16), A.ceil_div(cols, 16), 1)]
+    out = [("row", 1, rows, A.ceil_div(cols, 16), 1)]
+    if spec.planes == "both":
+        out.append(("col", 16, A.ceil_div(rows, 16), cols, A.ceil_div(rows, 16)))
+    return out
 
 
 def shared_entry_count(spec, rows, cols, world):
     """How many packed entries of this weight travel in the model's reduction (pure: every rank
-    computes the same number)."""
-    if spec.format != "mxfp8":
-        raise NotImplementedError("NVFP4 under FSDP2")
-    n = 0
-    for p in _planes(spec):
-        nbr, per = _mx_region(p, rows, cols)
+    computes the same number): NVFP4's tensor amax, and the cut blocks (all blocks when uneven)."""
+    n = 1 if spec.format == "nvfp4" and world > 1 else 0
+    for _, h, nbr, per, _ in _regions(spec, rows, cols):
         if not G.is_even(rows, world):
             n += nbr * per
         else:
-            n += len(G.shared_block_rows(rows, world, G.block_height("mxfp8", p))) * per
+            n += len(G.shared_block_rows(rows, world, h)) * per
     return n
 
 
-def _scale_window(plane, rows, world, rank):
-    """(b0, b1, T): the COMPACT scale rows (block rows) rank `rank` sends for `plane` and the
-    padded count every rank sends (evenly sharded weights)."""
-    h = G.block_height("mxfp8", plane)
+def _scale_height(spec, plane):
+    """Rows of the weight per index of the scale window's axis: the compact scale planes index
+    rows (row planes, 16x16 tiles stored per row) or blocks of rows (column planes)."""
+    if plane == "row":
+        return 1
+    return 32 if spec.format == "mxfp8" else 16
+
+
+def _scale_window(spec, plane, rows, world, rank):
+    """(b0, b1, T): the compact scale indices rank `rank` sends for `plane` (rows of the compact
+    plane, or its columns for NVFP4's column plane [cols, ceil(rows/16)]) and the padded count
+    every rank sends."""
+    h = _scale_height(spec, plane)
     b0, b1 = G.touched_block_rows(*G.rank_rows(rows, world, rank), h)
     return b0, b1, G.max_touched(rows, world, h)
 
 
+def _compact_scale_shape(spec, rows, cols, plane):
+    if spec.format == "mxfp8":
+        return A.scale_shape(rows, cols, plane, "compact")
+    return nvfp4_scale_shape(rows, cols, plane, "compact")
+
+
+def _layout_scale_shape(spec, rows, cols, plane):
+    if spec.format == "mxfp8":
+        return A.scale_shape(rows, cols, plane, spec.layout)
+    return nvfp4_scale_shape(rows, cols, plane, spec.layout)
+
+
+def _window_unit(spec, rows, cols, plane):
+    """Bytes of the compact scale plane per index of the window's axis."""
+    m, k = _compact_scale_shape(spec, rows, cols, plane)
+    return m if (spec.format == "nvfp4" and plane == "col") else k
+
+
 def _send_scale_bytes(spec, rows, cols, world):
-    """Bytes of the scale input of one gather (the larger plane's window; 0 when uneven)."""
-    if not G.is_even(rows, world):
-        return 0
-    out = 0
-    for p in _planes(spec):
-        _, per = _mx_region(p, rows, cols)
-        out = max(out, _scale_window(p, rows, world, 0)[2] * per)
-    return out
+    """Bytes of the scale input of one gather (the larger plane's window, padded)."""
+    return max(_scale_window(spec, p, rows, world, 0)[2] * _window_unit(spec, rows, cols, p) for p in _planes(spec))
+
+
+def _data_send_shape(spec, rows, cols, world):
+    """The data input of one gather: [S, C] bytes (MXFP8; NVFP4 when unevenly sharded: FSDP2's
+    padded-shard shape), or the S*C/2 packed bytes of an evenly sharded NVFP4 weight."""
+    S = G.chunk_rows(rows, world)
+    if spec.format == "nvfp4" and G.is_even(rows, world):
+        return (nvfp4_fragment_bytes(0, S * cols),)
+    return (S, cols)
+
+
+def _packed_plane_bytes(rows, cols):
+    return (rows * cols + 1) // 2
 
 
 def scratch_bytes(spec, rows, cols):
-    """Bytes of the per-weight scratch FSDP2 allocates and frees with the unsharded weight: the
-    largest scale plane in the module's layout."""
-    return max(math.prod(A.scale_shape(rows, cols, p, spec.layout)) for p in _planes(spec))
+    """Bytes of the per-weight scratch FSDP2 allocates and frees with the unsharded weight: a
+    plane's scales in the module's layout, and for NVFP4 room for a compacted or transposed
+    data plane (and the stage it comes from)."""
+    out = 0
+    for p in _planes(spec):
+        n = math.prod(_layout_scale_shape(spec, rows, cols, p))
+        if spec.format == "nvfp4":
+            n += 2 * _packed_plane_bytes(rows, cols)
+        out = max(out, n)
+    return out
+
+
+def check_supported(spec, rows, cols, world, name):
+    """What the library's writeback cannot do on FSDP2's shards: NVFP4 needs every shard to start
+    at an even element (ceil(rows/world) * cols even). Raises the same error on every rank."""
+    if spec.format == "nvfp4" and world > 1 and (G.chunk_rows(rows, world) * cols) % 2:
+        raise NotImplementedError(
+            f"mxshard: {name} ({rows}x{cols}, NVFP4) over {world} ranks: each rank's {G.chunk_rows(rows, world)} "
+            f"rows x {cols} columns is an odd number of elements, so a shard would start mid-byte of the packed "
+            f"plane (contract 9.8); use an even in_features, a world size with ceil(out_features/world) even, "
+            f"or MXFP8 for this weight")
 
 
 # ---- the unit ------------------------------------------------------------------------------
@@ -103,8 +165,6 @@ class WeightUnit:
 
     def __init__(self, meta, local, world, rank):
         spec = meta.spec
-        if spec.format != "mxfp8":
-            raise NotImplementedError("NVFP4 under FSDP2")
         R, C = meta.rows, meta.cols
         r0, r1 = G.rank_rows(R, world, rank)
         if tuple(local.shape) != (r1 - r0, C):
@@ -113,37 +173,51 @@ class WeightUnit:
                              f"{rank}); quantized weights need fully_shard's default Shard(0) placement")
         if not local.is_contiguous():
             raise ValueError(f"mxshard: {meta.name}: the master shard is not contiguous")
+        check_supported(spec, R, C, world, meta.name)
         self.meta, self.spec, self.world, self.rank = meta, spec, world, rank
         self.rows, self.cols, self.r0, self.r1 = R, C, r0, r1
-        self.S = G.chunk_rows(R, world)
         self.even = G.is_even(R, world)
-        # the scales travel beside the data only when FSDP2 takes inputs of any shape (evenly sharded)
-        # and gathers them all (a world of one copies the first input alone)
+        # the scales travel beside the data only when FSDP2 takes inputs of any shape (evenly
+        # sharded) and gathers them all (a world of one copies the first input alone)
         self.scales_travel = self.even and world > 1
         self.planes = _planes(spec)
-        dev = local.device
-        self.device = dev
+        dev = self.device = local.device
         self._key = self._storage_key(local)
-        u8 = torch.uint8
-        # this rank's bytes of each data plane: the first rows of a padded [S, C] send buffer
-        self.send_data = {p: torch.zeros(self.S, C, dtype=u8, device=dev) for p in self.planes}
-        frags = {p: self.send_data[p].view(-1)[:(r1 - r0) * C] for p in self.planes}
-        # complete COMPACT scale planes (the library writes every block's scale)
-        self.scales = {p: torch.zeros(A.scale_shape(R, C, p, "compact"), dtype=u8, device=dev) for p in self.planes}
-        self.primary = MXFP8Weight(R, C, layout="compact", **{f"{p}_scale": self.scales[p] for p in self.planes})
         self.local = local
-        item = (self.primary, local.reshape(-1), r0 * C, (r1 - r0) * C,
-                (frags.get("row"), frags.get("col")))
-        self.wb = BucketWriteback([item], rounding=spec.rounding, round_through=_RT[spec.round_through],
-                                  mode="fused", gather=False)
+        self.scales = {p: torch.zeros(_compact_scale_shape(spec, R, C, p), dtype=_U8, device=dev)
+                       for p in self.planes}
+        dshape = _data_send_shape(spec, R, C, world)
+        # the data planes this rank sends: "row", and "col" (MXFP8's column plane, NVFP4 1x16's
+        # column stage); a 16x16 NVFP4 weight sends its row plane for both (finish's source)
+        sources = self.planes if not (spec.format == "nvfp4" and spec.block == "16x16") else ("row",)
+        self.send_data = {p: torch.zeros(dshape, dtype=_U8, device=dev) for p in sources}
+        self.wb = self._writeback(local)
         nscale = _send_scale_bytes(spec, R, C, world)
-        self.send_scale = {p: torch.zeros(max(nscale, 1), dtype=u8, device=dev) for p in self.planes} \
+        self.send_scale = {p: torch.zeros(max(nscale, 1), dtype=_U8, device=dev) for p in self.planes} \
             if self.scales_travel else {}
         self.shared = self._shared_positions()
         self.n_shared = int(self.shared.numel())
         self.reduced = None  # the reduced shared entries of the last refresh (int32)
         self.version = None  # the master's version the bytes were made from (None: never)
         self.cached = None   # a world of one: the whole primary (FSDPGroup.local_primary)
+
+    def _writeback(self, local):
+        spec, R, C, r0, r1 = self.spec, self.rows, self.cols, self.r0, self.r1
+        start, n = r0 * C, (r1 - r0) * C
+        if spec.format == "mxfp8":
+            self.primary = MXFP8Weight(R, C, layout="compact", **{f"{p}_scale": self.scales[p] for p in self.planes})
+            frags = {p: self.send_data[p].view(-1)[:n] for p in self.planes}
+            return BucketWriteback([(self.primary, local.reshape(-1), start, n, (frags.get("row"), frags.get("col")))],
+                                   rounding=spec.rounding, round_through=_RT[spec.round_through], mode="fused",
+                                   gather=False)
+        self.amax = torch.zeros(1, dtype=torch.float32, device=self.device)
+        self.primary = NVFP4Weight(R, C, block=spec.block, layout="compact", amax=self.amax,
+                                   **{f"{p}_scale": self.scales[p] for p in self.planes})
+        nb = nvfp4_fragment_bytes(start, n)
+        frag = {p: self.send_data[p].view(-1)[:nb] for p in self.send_data}
+        item = dict(primary=self.primary, master=local.reshape(-1), start=start, length=n,
+                    row_fragment=frag["row"], stage_fragment=frag.get("col"))
+        return NVFP4BucketWriteback([item], round_through=_RT[spec.round_through], gather=False)
 
     # -- identity
 
@@ -161,20 +235,32 @@ class WeightUnit:
 
     # -- the entries that travel
 
+    def _entry_view(self):
+        """The packed buffer as its entries: uint8 (MXFP8), int16 / int32 patterns (NVFP4)."""
+        if self.spec.format == "mxfp8":
+            return self.wb.packed
+        return self.wb.packed.view(torch.int16 if self.wb.entry_bytes == 2 else torch.int32)
+
     def _shared_positions(self):
-        """Byte positions in the packed buffer of the shared entries (a LongTensor)."""
-        (row_off, col_off), = self.wb.slots()
-        idx = []
-        for p in self.planes:
-            off = row_off if p == "row" else col_off
-            nbr, per = _mx_region(p, self.rows, self.cols)
-            if not self.even:
-                idx.append(torch.arange(off, off + nbr * per))
-                continue
-            for b in G.shared_block_rows(self.rows, self.world, G.block_height("mxfp8", p)):
-                idx.append(torch.arange(off + b * per, off + (b + 1) * per))
+        """Entry positions in the packed buffer of the shared entries (a LongTensor)."""
+        spec, R, C = self.spec, self.rows, self.cols
+        if spec.format == "mxfp8":
+            (row_off, col_off), = self.wb.slots()
+            offs = {"row": row_off, "col": col_off}
+            amax = None
+        else:
+            s, = self.wb.slots()
+            offs = {"row": s["row_entry"], "col": s["col_entry"], "tile": s["tile_entry"]}
+            amax = s["amax_entry"] if self.world > 1 else None
+        idx = [torch.tensor([amax])] if amax is not None else []
+        for region, h, nbr, per, stride in _regions(spec, R, C):
+            off = offs[region]
+            rows_of_blocks = range(nbr) if not self.even else G.shared_block_rows(R, self.world, h)
+            step = per if stride == 1 else 1
+            for b in rows_of_blocks:
+                idx.append(off + b * step + torch.arange(per) * stride)
         pos = torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
-        if pos.numel() != shared_entry_count(self.spec, self.rows, self.cols, self.world):
+        if pos.numel() != shared_entry_count(spec, R, C, self.world):
             raise AssertionError("mxshard: shared entry count differs from its geometry")
         return pos.to(self.device)
 
@@ -183,67 +269,113 @@ class WeightUnit:
 
     def entries(self):
         """The shared entries after partial, as int32 (this rank's partial values)."""
-        return self.wb.packed[self.shared].to(torch.int32)
+        e = self._entry_view()[self.shared].to(torch.int32)
+        return e & 0xFFFF if e.dtype == torch.int32 and self._entry_view().dtype == torch.int16 else e
 
     def set_entries(self, reduced):
-        """Writes the reduced shared entries back (and a clear status byte) before apply."""
+        """Writes the reduced shared entries back (and a clear status) before apply."""
         self.reduced = reduced.clone()
-        self.wb.packed[self.shared] = reduced.to(torch.uint8)
-        self.wb.packed[self.wb.status_offset] = 0
+        view = self._entry_view()
+        view[self.shared] = reduced.to(view.dtype)
+        if self.spec.format == "mxfp8":
+            self.wb.packed[self.wb.status_offset] = 0
+        else:
+            view[-1] = 0
 
     def apply(self, version):
         """The cast of the shard into the fragments, complete scales; then this rank's scale
         windows into the send buffers. `version`: the master's version these bytes come from."""
         self.wb.apply()
         for p, buf in self.send_scale.items():
-            b0, b1, _ = _scale_window(p, self.rows, self.world, self.rank)
-            win = self.scales[p][b0:b1].reshape(-1)
+            b0, b1, _ = _scale_window(self.spec, p, self.rows, self.world, self.rank)
+            sc = self.scales[p]
+            win = (sc[:, b0:b1] if self.spec.format == "nvfp4" and p == "col" else sc[b0:b1]).contiguous().view(-1)
             buf[:win.numel()].copy_(win)
         self.version = version
         self.cached = None
 
     # -- the all-gather of one plane
 
+    def _data_source(self, plane):
+        return plane if plane in self.send_data else "row"
+
     def send(self, plane):
         """FSDP2's all-gather inputs for `plane` (same count, shapes and dtypes for every plane): the
         data and this rank's scale window when evenly sharded over several ranks, else the data."""
+        data = self.send_data[self._data_source(plane)]
         if self.scales_travel:
-            return (self.send_data[plane], self.send_scale[plane])
-        return (self.send_data[plane],)
+            return (data, self.send_scale[plane])
+        return (data,)
 
     def compact_scales(self, plane, outputs):
-        """The complete COMPACT scales of `plane` from the gathered outputs (even) or from the
-        reduction (uneven) or the unit itself (a world of one). A view when it can be one."""
+        """The complete COMPACT scales of `plane` from the gathered outputs, or the unit's own (from
+        the reduction when uneven; a world of one)."""
         if not self.scales_travel:
             return self.scales[plane]
-        nbr, per = _mx_region(plane, self.rows, self.cols)
+        spec = self.spec
+        shape = _compact_scale_shape(spec, self.rows, self.cols, plane)
+        unit = _window_unit(spec, self.rows, self.cols, plane)
         g = outputs[1].view(self.world, -1)
-        T = _scale_window(plane, self.rows, self.world, 0)[2]
-        if plane == "row":  # every rank sends its S rows: the concatenation is the plane
-            return g[:, :T * per].contiguous().view(-1)[:nbr * per].view(nbr, per)
-        out = torch.empty(nbr, per, dtype=torch.uint8, device=g.device)
+        out = torch.empty(shape, dtype=_U8, device=g.device)
+        transposed = spec.format == "nvfp4" and plane == "col"
         for k in range(self.world):  # a shared block row comes from each toucher, with equal bytes
-            b0, b1, _ = _scale_window(plane, self.rows, self.world, k)
-            out[b0:b1] = g[k, :(b1 - b0) * per].view(b1 - b0, per)
+            b0, b1, _ = _scale_window(spec, plane, self.rows, self.world, k)
+            if transposed:
+                out[:, b0:b1] = g[k, :(b1 - b0) * unit].view(unit, b1 - b0)
+            else:
+                out[b0:b1] = g[k, :(b1 - b0) * unit].view(b1 - b0, unit)
         return out
 
+    def _gathered_packed(self, outputs, scratch):
+        """The gathered packed plane (NVFP4): a view of the all-gather output when every rank's
+        fragment fills its send buffer (evenly sharded), else the fragments compacted into scratch."""
+        R, C, W = self.rows, self.cols, self.world
+        total = _packed_plane_bytes(R, C)
+        g = outputs[0].view(W, -1)
+        if self.even or W == 1:
+            return g.reshape(-1)[:total], scratch
+        dst, rest = scratch[:total], scratch[total:]
+        for k in range(W):
+            r0, r1 = G.rank_rows(R, W, k)
+            nb = nvfp4_fragment_bytes(r0 * C, (r1 - r0) * C)
+            dst[(r0 * C) // 2:(r0 * C) // 2 + nb] = g[k, :nb]
+        return dst, rest
+
     def assemble(self, plane, outputs, scratch):
-        """The gathered [R, C] primary of `plane` (an MXFP8Weight in the module's layout): data a
-        view of the all-gather output, scales converted into `scratch` (uint8, scratch_bytes)."""
-        R, C = self.rows, self.cols
-        data = outputs[0].view(-1)[:R * C].view(R, C)
-        shape = A.scale_shape(R, C, plane, self.spec.layout)
-        scale = scratch[:math.prod(shape)].view(shape)
-        convert_scales(R, C, plane, self.compact_scales(plane, outputs), "compact", self.spec.layout, out=scale)
-        return MXFP8Weight(R, C, layout=self.spec.layout, **{f"{plane}_data": data, f"{plane}_scale": scale})
+        """The gathered [R, C] primary of `plane` in the module's layout: data a view of the
+        all-gather output (or rebuilt in `scratch`), scales converted into `scratch`."""
+        spec, R, C = self.spec, self.rows, self.cols
+        shape = _layout_scale_shape(spec, R, C, plane)
+        nsc = math.prod(shape)
+        scale, rest = scratch[:nsc].view(shape), scratch[nsc:]
+        cs = self.compact_scales(plane, outputs)
+        if spec.format == "mxfp8":
+            convert_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
+            data = outputs[0].view(-1)[:R * C].view(R, C)
+            return MXFP8Weight(R, C, layout=spec.layout, **{f"{plane}_data": data, f"{plane}_scale": scale})
+        convert_nvfp4_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
+        packed, rest = self._gathered_packed(outputs, rest)
+        if plane == "row":
+            data = packed.view(nvfp4_data_shape(R, C, "row"))
+            return NVFP4Weight(R, C, block=spec.block, layout=spec.layout, row_data=data, row_scale=scale,
+                               amax=self.amax)
+        col = rest[:_packed_plane_bytes(R, C)].view(nvfp4_data_shape(R, C, "col"))
+        w = NVFP4Weight(R, C, block=spec.block, layout=spec.layout, col_data=col, col_scale=scale, amax=self.amax)
+        return nvfp4_stage_to_col(w, packed)
 
     def local_primary(self):
-        """A world of one: the whole weight's primary (both planes it has) from the fragments."""
+        """A world of one: the whole weight's primary (every plane it has) from the fragments."""
         R, C = self.rows, self.cols
-        kw = {}
+        planes = {}
         for p in self.planes:
-            shape = A.scale_shape(R, C, p, self.spec.layout)
-            kw[f"{p}_data"] = self.send_data[p]
-            kw[f"{p}_scale"] = convert_scales(R, C, p, self.scales[p], "compact", self.spec.layout,
-                                              out=torch.empty(shape, dtype=torch.uint8, device=self.device))
-        return MXFP8Weight(R, C, layout=self.spec.layout, **kw)
+            outs = (self.send_data[self._data_source(p)],)
+            scratch = torch.empty(scratch_bytes(self.spec, R, C), dtype=_U8, device=self.device)
+            planes[p] = self.assemble(p, outs, scratch)
+        if len(planes) == 1:
+            return planes["row"]
+        r, c = planes["row"], planes["col"]
+        if self.spec.format == "mxfp8":
+            return MXFP8Weight(R, C, layout=self.spec.layout, row_data=r.row_data, row_scale=r.row_scale,
+                               col_data=c.col_data, col_scale=c.col_scale)
+        return NVFP4Weight(R, C, block=self.spec.block, layout=self.spec.layout, row_data=r.row_data,
+                           row_scale=r.row_scale, col_data=c.col_data, col_scale=c.col_scale, amax=self.amax)
