@@ -21,6 +21,14 @@ import torch_harness as H
 import mxshard.torch as mxt
 from mxshard.torch import fsdp_linear as FL
 
+# where the cases run: "cpu" (CI) or "cuda" (scripts/gpu-fsdp.sh: every rank on GPU rank % count)
+DEV = os.environ.get("MXS_FSDP_DEVICE", "cpu")
+
+
+def dev():
+    return torch.device("cuda", torch.cuda.current_device()) if DEV == "cuda" else torch.device("cpu")
+
+
 # name, format, planes, layout, rounding | block, (in, out): even / uneven / rows < world / aligned at 3
 MODULES = [
     ("a", "mxfp8", "row", "compact", "ceil", (48, 40)),
@@ -47,6 +55,7 @@ def build(seed=0, modules=MODULES, dense=True):
         setattr(m, name, nn.Linear(cin, cout, bias=False))
     if dense:
         m.f = nn.Linear(9, 4)
+    m = m.to(dev())
     for name, fmt, planes, layout, opt, _ in modules:
         kw = {"rounding": opt} if fmt == "mxfp8" else {"block": opt}
         mxt.convert(m, {name: planes}, format=fmt, layout=layout, fsdp=True, **kw)
@@ -60,11 +69,12 @@ def grad_for(name, shape, step, rank):
 
 def loss_of(m, modules, step, grads):
     """sum over the converted linears of sum(lin(I) * G), + the dense one's; grads(name, shape)."""
-    xs = {name: torch.eye(cin, dtype=torch.bfloat16, requires_grad=True) for name, _, _, _, _, (cin, _) in modules}
+    xs = {name: torch.eye(cin, dtype=torch.bfloat16, device=dev(), requires_grad=True)
+          for name, _, _, _, _, (cin, _) in modules}
     if hasattr(m, "f"):
-        xs["f"] = torch.eye(9)
+        xs["f"] = torch.eye(9, device=dev())
     ys = m(xs)
-    return sum((y.float() * grads(n, (y.shape[0], y.shape[1]))).sum() for n, y in ys.items())
+    return sum((y.float() * grads(n, (y.shape[0], y.shape[1])).to(y.device)).sum() for n, y in ys.items())
 
 
 def shard_all(m, **kw):
@@ -217,14 +227,14 @@ class Toy(nn.Module):
 
 def toy(seed=0, ac=False, fmt="mxfp8"):
     torch.manual_seed(seed)
-    m = Toy(ac=ac)
+    m = Toy(ac=ac).to(dev())
     mxt.convert(m, {"blocks.*.up": "both", "blocks.*.down": "row"}, format=fmt, fsdp=True)
     return m
 
 
 def batch(step, rank, n=6, seq=5):
     g = torch.Generator().manual_seed(1000 * step + rank)
-    tok = torch.randint(0, 11, (n, seq + 1), generator=g)
+    tok = torch.randint(0, 11, (n, seq + 1), generator=g).to(dev())
     return tok[:, :-1], tok[:, 1:]
 
 
@@ -333,16 +343,16 @@ def case_unsupported(rank, world):
     m = build(modules=[MODULES[0]], dense=False)
     fully_shard(m.a, shard_placement_fn=lambda p: Shard(1))
     fully_shard(m)
-    expect("shard1", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16)}), NotImplementedError, ["Shard(0)"])
+    expect("shard1", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}), NotImplementedError, ["Shard(0)"])
     m = build(modules=[MODULES[0]], dense=False)
     fully_shard(m.a, offload_policy=CPUOffloadPolicy(pin_memory=False))
     fully_shard(m)
-    expect("offload", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16)}), NotImplementedError, ["offload"])
+    expect("offload", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}), NotImplementedError, ["offload"])
     m = shard_all(build(modules=[MODULES[0]], dense=False))
-    expect("sharded", lambda: m.a.forward(torch.eye(48, dtype=torch.bfloat16)), RuntimeError, ["still sharded"])
+    expect("sharded", lambda: m.a.forward(torch.eye(48, dtype=torch.bfloat16, device=dev())), RuntimeError, ["still sharded"])
     m = build(modules=[MODULES[0]], dense=False)
-    m.a.weight = nn.Parameter(torch.zeros(40, 48))
-    expect("replaced", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16)}), RuntimeError, ["replaced"])
+    m.a.weight = nn.Parameter(torch.zeros(40, 48, device=dev()))
+    expect("replaced", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}), RuntimeError, ["replaced"])
     return out
 
 
@@ -356,6 +366,7 @@ def case_bytes(rank, world):
     for kind in ("mxfp8", "bf16"):
         m = Net()
         m.a = nn.Linear(C, R, bias=False)
+        m = m.to(dev())
         if kind == "mxfp8":
             mxt.convert(m, "row", fsdp=True)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
@@ -363,7 +374,7 @@ def case_bytes(rank, world):
         fully_shard(m, mp_policy=mp)
         with count_collectives() as calls:
             with torch.no_grad():
-                m({"a": torch.ones(3, C, dtype=torch.bfloat16)})
+                m({"a": torch.ones(3, C, dtype=torch.bfloat16, device=dev())})
         out[kind] = {"bytes": calls["bytes_all_gather_into_tensor"], "all_reduce": calls.get("all_reduce", 0)}
     S = R // world
     assert out["mxfp8"]["bytes"] == S * C + S * (-(-C // 32)), out
@@ -432,6 +443,7 @@ def case_vs_sharded(rank, world, steps=3):
         sm = Net()
         for name, fmt, planes, layout, opt, (cin, cout) in mods:
             setattr(sm, name, nn.Linear(cin, cout, bias=False))
+        sm = sm.to(dev())
         for name, fmt, planes, layout, opt, _ in mods:
             mxt.convert(sm, {name: planes}, layout=layout, rounding=opt)
         return sm
@@ -451,7 +463,7 @@ def case_vs_sharded(rank, world, steps=3):
         o.step()
         o.zero_grad()
         for name, *_, (cin, cout) in mods:
-            getattr(sm, name).main_grad.copy_(grad_for(name, (cin, cout), s, rank).t())
+            getattr(sm, name).main_grad.copy_(grad_for(name, (cin, cout), s, rank).t().to(dev()))
         so.step()
         so.zero_grad()
     return {"compared": compared}
@@ -484,6 +496,8 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
 
 
 def worker(rank, world, port, q, plan=None):
+    if DEV == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     H.run_rank(rank, world, port, q, plan, CASES, gloo_timeout=30)
 
 
