@@ -75,11 +75,13 @@ class Writeback:
                         dst.copy_(src)
         self._versions = self._model_versions()
 
-    def _status_then_writeback(self, err, where):
+    def _status_then_writeback(self, err, where, apply=None):
         """The collective tail of load_state_dict / masters_from_model /
-        model_from_masters: every rank learns whether any rank failed (`err`:
-        this rank's error, raised before anything was written), then, when none
-        did, every weight is written from the masters."""
+        model_from_masters: every rank learns whether any rank's checks failed
+        (`err`: this rank's error; nothing was written anywhere yet), then, when
+        none did, `apply()` writes this rank's masters and every weight is
+        written from the masters. An error of apply() travels in the
+        writebacks' status bytes (every rank raises, nobody hangs)."""
         flag = torch.tensor([1.0 if err is not None else 0.0], dtype=torch.float64,
                             device=self.comm.small_device(self.device))
         self.comm.all_reduce(flag, "all_reduce_status")
@@ -91,6 +93,11 @@ class Writeback:
         if flag.item():
             raise L.remote_error(f"ShardedOptimizer.{where} (another rank failed)")
         local, remote = [], []
+        if apply is not None:
+            try:
+                apply()
+            except Exception as e:  # noqa: BLE001 - the writebacks tell the others
+                local.append(e)
         self._writeback_and_gather(local, remote)
         if local or remote:
             raise (local + remote)[0]
@@ -122,7 +129,7 @@ class Writeback:
         """This rank's master shards from the model's current values: a quantized
         weight's master is its row plane dequantized to fp32 (master_init()), a
         dense parameter's its value in fp32. Everything is read before anything
-        is written."""
+        is written (a failure leaves the masters as they were)."""
         new = []
         for b in self._buckets:
             for p, start, length, pos in LY.item_shards(b.spec, self.rank):

@@ -465,16 +465,10 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         the weights) to train on from what was loaded. The inner optimizer's
         state (moments, step counts) is kept."""
         self._check_open("masters_from_model")
-        err = None
+        errs = self._check_storage(written=False)
+        err = RuntimeError("ShardedOptimizer.masters_from_model: " + "; ".join(errs)) if errs else None
         try:
-            errs = self._check_storage(written=False)
-            if errs:
-                raise RuntimeError("ShardedOptimizer.masters_from_model: " + "; ".join(errs))
-            self._seed_masters()
-        except Exception as e:  # noqa: BLE001 - the group learns of it first
-            err = e
-        try:
-            self._status_then_writeback(err, "masters_from_model")
+            self._status_then_writeback(err, "masters_from_model", self._seed_masters)
         finally:
             err = None
 
@@ -513,12 +507,16 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
     def load_state_dict(self, state_dict):
         """Load a state_dict() of the same world size, rank and configuration,
         then rebuild the primaries and dense parameters from the masters.
-        Collective: every rank calls it (a rank whose checks fail makes every
-        rank raise)."""
+        Collective: every rank calls it; a rank whose checks fail makes every
+        rank raise before anything is loaded anywhere."""
         self._check_open("load_state_dict")
         sd, err = state_dict, None
         try:
             self._check_state(sd)
+        except Exception as e:  # noqa: BLE001 - the group learns of it first
+            err = e
+
+        def apply():
             inner_before = _clone_tree(self.inner.state_dict())
             try:
                 self.inner.load_state_dict(_clone_tree(sd["inner"]))
@@ -528,10 +526,8 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             for b, m in zip(self._buckets, sd["buckets"]):
                 b.master.copy_(m)
             self.steps = int(sd["step"])
-        except Exception as e:  # noqa: BLE001 - the group learns of it first
-            err = e
         try:
-            self._status_then_writeback(err, "load_state_dict")
+            self._status_then_writeback(err, "load_state_dict", apply)
         finally:
             err = None
 
