@@ -302,9 +302,11 @@ def test_no_triton_falls_back_with_the_import_error(monkeypatch):
 def test_cuda_rule_takes_fused_then_chunked():
     w = mx_weight(256, 256, "row", "padded", 3)
     d = torch.device("cuda")
-    lim = _gemm.FUSED_MAX_TOKENS["fwd"]
-    assert _gemm.choose_path("fwd", w, "row", lim, torch.bfloat16, d)[0] == "fused"
-    assert _gemm.choose_path("fwd", w, "row", lim + 1, torch.bfloat16, d)[0] == "chunked"
+    for op in ("fwd", "dgrad"):
+        lim = _gemm.FUSED_MAX_TOKENS[op]
+        if lim > 0:
+            assert _gemm.choose_path(op, w, "row", lim, torch.bfloat16, d)[0] == "fused"
+        assert _gemm.choose_path(op, w, "row", lim + 1, torch.bfloat16, d)[0] == "chunked"
     assert _gemm.choose_path("fwd", w, "row", 8, torch.float32, d)[0] == "chunked"
 
 
