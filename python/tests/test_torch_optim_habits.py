@@ -241,6 +241,10 @@ def test_grad_dtype(C, HC):
     from mxshard.torch import MXFP8Linear, ShardedOptimizer
     with HC.bf16_main_grads():
         C.case_exact(0, 1, grad_dtype=torch.bfloat16, opt="sgd", max_grad_norm=0.05, steps=2)
+        o16 = ShardedOptimizer(C.build_model(), _adamw, bucket_size=2500, grad_dtype=torch.bfloat16)
+    o32 = ShardedOptimizer(C.build_model(), _adamw, bucket_size=2500)
+    assert o16.buffer_bytes()["grad"] * 2 == o32.buffer_bytes()["grad"]
+    assert all(bk.grad.dtype == torch.bfloat16 for bk in o16._buckets)
     masters = []
     for gd in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
