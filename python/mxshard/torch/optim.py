@@ -462,8 +462,10 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         masters (a quantized weight's master becomes its row plane dequantized
         to fp32, a dense parameter's its value in fp32), then one writeback.
         Call it right after model.load_state_dict() (or any in-place write into
-        the weights) to train on from what was loaded. The inner optimizer's
-        state (moments, step counts) is kept."""
+        the weights) to train on from what was loaded: it replaces the fp32
+        masters by the model's lower-precision values (model_from_masters()
+        is the call that keeps them). The inner optimizer's state (moments,
+        step counts) is kept."""
         self._check_open("masters_from_model")
         errs = self._check_storage(written=False)
         err = RuntimeError("ShardedOptimizer.masters_from_model: " + "; ".join(errs)) if errs else None
