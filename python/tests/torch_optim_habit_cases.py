@@ -8,7 +8,6 @@ import contextlib
 import gc
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import mxshard

@@ -23,8 +23,8 @@ import torch
 
 from .. import _lib as L
 
-__all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict", "dcp_error",
-           "plan_mismatch"]
+__all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict",
+           "dcp_error", "plan_mismatch"]
 
 # torch.optim's elementwise optimizers: the update of an element depends only on its own
 # gradient and state and on scalars (step count, hyper-parameters), so stepping a vector
