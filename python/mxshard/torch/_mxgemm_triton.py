@@ -95,15 +95,19 @@ def _to_out(v, OUT: tl.constexpr):
     library's: mxs_bf16_from_f32 gives (u >> 16) | 0x40, mxs_f16_from_f32 sign | 0x7E00 |
     mantissa bits for the canonical NaNs used here)."""
     if OUT == 0:
-        return v
-    u = v.to(tl.uint32, bitcast=True)
-    isnan = (u & 0x7FFFFFFF) > 0x7F800000
-    if OUT == 1:
+        r = v
+    elif OUT == 1:
+        u = v.to(tl.uint32, bitcast=True)
+        isnan = (u & 0x7FFFFFFF) > 0x7F800000
         h = tl.where(isnan, (u >> 16) | 0x40, (u + 0x7FFF + ((u >> 16) & 1)) >> 16)
-        return h.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    nan16 = ((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF)
-    h = tl.where(isnan, nan16, v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32))
-    return h.to(tl.uint16).to(tl.float16, bitcast=True)
+        r = h.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        u = v.to(tl.uint32, bitcast=True)
+        isnan = (u & 0x7FFFFFFF) > 0x7F800000
+        nan16 = ((u >> 16) & 0x8000) | 0x7E00 | ((u >> 13) & 0x3FF)
+        h = tl.where(isnan, nan16, v.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32))
+        r = h.to(tl.uint16).to(tl.float16, bitcast=True)
+    return r
 
 
 @triton.jit
