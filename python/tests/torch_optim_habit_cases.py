@@ -69,6 +69,11 @@ def values(m):
             for n, o in C.item_table(m)}
 
 
+def _walk_tb(tb):
+    import traceback
+    return list(traceback.walk_tb(tb))
+
+
 def alive_optimizers():
     """ShardedOptimizers still in memory (gc tracks objects in unreachable cycles too)."""
     return sum(1 for o in gc.get_objects() if type(o) is ShardedOptimizer)
@@ -205,6 +210,11 @@ def case_failed_construction_frees(rank, world):
                 raise AssertionError("constructed")
             except (mxshard.PlanMismatchError, mxshard.RemoteError, TypeError) as e:
                 msgs.append(str(e))
+                held = [f.f_locals["self"] for f, _ in _walk_tb(e.__traceback__.tb_next)  # (not this frame:
+                        if type(f.f_locals.get("self")) is ShardedOptimizer]    # its f_locals would hold e)
+                assert held and all(o.comm.group is None and o._closed for o in held), \
+                    "a failed optimizer (reachable from its exception) still holds the process group"
+                del held
         left = alive_optimizers() - base
     finally:
         if enabled:
