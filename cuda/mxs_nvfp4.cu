@@ -25,10 +25,12 @@
  *              - off the tile path: scale pass + cast pass, one unit each
  *   partial    memset(packed) | one kernel: block entries and tensor amaxes
  *   apply      one kernel: every scale byte (units) and the shard's nibbles
- *              in the row-wise plane and the stage (tiles), S_enc from the
- *              reduced tensor-amax entry; *amax from it too
+ *              in the row-wise plane and the stage, or their fragments
+ *              (tiles), S_enc from the reduced tensor-amax entry; *amax
+ *              from it too
  *   finish     one kernel: the column-wise plane from the gathered stage
- *              (tiles when rows % 16 == 0, else one unit per byte)
+ *              (tiles when rows % 16 == 0, else one unit per byte); the
+ *              same kernel serves mxs_cuda_nvfp4_stage_to_col
  *
  * The unprepared calls pass the items as kernel parameters,
  * MXS_CUDA_NVFP4_CHUNK per launch (__grid_constant__); a prepared bucket
@@ -225,7 +227,8 @@ struct alignas(16) NvItem {
     int64_t rows, cols, n, kr, kc;
     int64_t start, len;
     const void *master;
-    uint8_t *data[2], *scale[2], *stage;
+    uint8_t *data[2], *scale[2], *stage; /* data[0], stage: apply's outputs (planes or fragments) */
+    int64_t row_base, stage_base;        /* plane nibble of output byte 0: start for a fragment, else 0 */
     float *amax;
     mxs_scale_geom geom[2];
     int64_t sbytes[2];                                    /* scale bytes of the present planes (0: absent) */
@@ -236,8 +239,9 @@ struct alignas(16) NvItem {
     int64_t tile0, tiles;                                 /* this phase's warp tiles in the chunk */
     int64_t grp0, ctiles; /* tiles: first row group, column tiles per group (tile t: group grp0 + t / ctiles) */
     int dirs, two_d, dtype;
-    int mis; /* master loads element-aligned only (ld16_elems) */
-    int st4; /* row plane and stage 4-byte aligned: 32-bit stores */
+    int mis;    /* master loads element-aligned only (ld16_elems) */
+    int st4[2]; /* row output, stage output: plane byte 0 4-byte aligned (32-bit stores) */
+    int finish; /* finish transposes this item (mxs__nvfp4_wb_finishes) */
 };
 
 /* What a launch needs besides its items. */
@@ -439,18 +443,21 @@ __device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
     return q;
 }
 
-/* Bytes q of nibbles f .. f+7 (f % 8 == 0) into plane d: one 32-bit store
- * when all 8 are inside the shard (and d is 4-byte aligned), else the bytes
- * inside it (shard boundaries are even: a byte is wholly inside or out). */
-__device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t f, uint32_t q) {
-    const int64_t end = I.start + I.len;
-    if (I.st4 && f >= I.start && f + 8 <= end) {
-        *reinterpret_cast<uint32_t *>(d + f / 2) = q;
+/* Bytes q of plane nibbles f .. f+7 (f % 8 == 0) into output d, whose byte
+ * 0 is plane nibble `base` (0: the plane; start: a fragment; even, so plane
+ * byte b is output byte b - base/2, an integer offset formed only inside the
+ * shard): one 32-bit store when all 8 are inside the shard (and st4: the
+ * output's plane byte 0 is 4-byte aligned, hence this address), else the
+ * bytes inside it (shard boundaries are even: a byte is wholly inside or out). */
+__device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t base, int st4, int64_t f, uint32_t q) {
+    const int64_t end = I.start + I.len, o = (f - base) / 2;
+    if (st4 && f >= I.start && f + 8 <= end) {
+        *reinterpret_cast<uint32_t *>(d + o) = q;
         return;
     }
 #pragma unroll
     for (int p = 0; p < 4; p++)
-        if (f + 2 * p >= I.start && f + 2 * p < end) d[f / 2 + p] = (uint8_t)(q >> (8 * p));
+        if (f + 2 * p >= I.start && f + 2 * p < end) d[o + p] = (uint8_t)(q >> (8 * p));
 }
 
 /* Apply, one warp tile: the shard's nibbles of group g, columns c0 .. in the
@@ -493,12 +500,12 @@ template <int DT, int RT> __device__ void nv_apply_tile(const NvHead &C, const N
             if (do_row) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
-                nv_store8(I, I.data[0], f, nv_cast8(x, e));
+                nv_store8(I, I.data[0], I.row_base, I.st4[0], f, nv_cast8(x, e));
             }
             if (do_stage) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
-                nv_store8(I, I.stage, f, nv_cast8(x, e));
+                nv_store8(I, I.stage, I.stage_base, I.st4[1], f, nv_cast8(x, e));
             }
         }
     }
@@ -564,12 +571,12 @@ __device__ void nv_apply_unit(const NvHead &C, const NvItem *it, int64_t u) {
         if (I.data[0] || I.two_d) er[h] = nv_mult(C, nv_row_entry(I, r, c), s_enc);
         if (I.stage) ec[h] = I.two_d ? er[h] : nv_mult(C, nv_col_entry(I, r, c), s_enc);
     }
-    if (I.data[0])
-        I.data[0][b] = both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
-                            : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
+    if (I.data[0]) /* plane byte b: output byte b - base/2 */
+        I.data[0][b - I.row_base / 2] = both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
+                                             : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
     if (I.stage)
-        I.stage[b] = both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
-                          : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
+        I.stage[b - I.stage_base / 2] = both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
+                                             : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
 }
 
 /* Finish, one CTA tile (rows % 16 == 0, cols % 8 == 0): kFinishGroups
@@ -876,6 +883,28 @@ __global__ void __launch_bounds__(kNvThreads) nv_quantize_kernel(const __grid_co
 
 bool nv_aligned_to(const void *p, uintptr_t a) { return p == nullptr || aligned(p, a); }
 
+/* Whether plane byte 0 of an output whose byte 0 is plane nibble `base`
+ * (even) is 4-byte aligned: (address - base/2) % 4 == 0, in integers (no
+ * pointer outside the output is formed). nv_store8's 32-bit stores are at
+ * plane bytes that are multiples of 4. */
+int nv_st4(const void *out, int64_t base) {
+    return out == nullptr || ((uintptr_t)out - (uintptr_t)(base / 2)) % 4u == 0;
+}
+
+/* A finish record transposing src (rows x cols, row-major nibbles) into the
+ * column-wise plane dst: finish's kernels, for items and for
+ * mxs_cuda_nvfp4_stage_to_col. */
+void nv_transpose_record(int64_t rows, int64_t cols, const uint8_t *src, uint8_t *dst, NvItem *I) {
+    I->rows = rows;
+    I->cols = cols;
+    I->n = rows * cols;
+    I->dirs = MXS_COLWISE;
+    I->data[1] = dst;
+    I->stage = const_cast<uint8_t *>(src);
+    I->ctiles = mxs_ceil_div(cols, kNvTileCols);
+    I->finish = 1;
+}
+
 /* Item `in` (validated) as a chunk record, its entries at slot `sl`. */
 void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvItem *I) {
     const mxs_nvfp4_tensor *t = &in->primary;
@@ -902,7 +931,13 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
         I->sunits[p] = (G.layout == MXS_SCALES_COMPACT ? G.M : G.Mp) *
                        mxs_ceil_div(G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, 4);
     }
-    I->stage = (t->dirs & MXS_COLWISE) ? in->col_stage : nullptr;
+    if ((t->dirs & MXS_ROWWISE) && in->row_fragment) { /* fragments win over the planes */
+        I->data[0] = in->row_fragment;
+        I->row_base = in->start;
+    }
+    I->stage = (t->dirs & MXS_COLWISE) ? (in->stage_fragment ? in->stage_fragment : in->col_stage) : nullptr;
+    I->stage_base = (t->dirs & MXS_COLWISE) && in->stage_fragment ? in->start : 0;
+    I->finish = mxs__nvfp4_wb_finishes(in);
     I->row_entry = sl->row_entry;
     I->col_entry = sl->col_entry;
     I->tile_entry = sl->tile_entry;
@@ -914,7 +949,8 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
     const int64_t es = mxs_dtype_bytes(in->master_dtype);
     I->mis = in->len > 0 &&
              (reinterpret_cast<uintptr_t>(in->master) - (uintptr_t)(in->start * es)) % 16u != 0; /* vec rule */
-    I->st4 = nv_aligned_to(I->data[0], 4) && nv_aligned_to(I->stage, 4);
+    I->st4[0] = nv_st4(I->data[0], I->row_base);
+    I->st4[1] = nv_st4(I->stage, I->stage_base);
 }
 
 /* CTAs of a phase's tiles: a warp per tile, finish a CTA per tile. */
@@ -924,7 +960,7 @@ int64_t nv_tile_blocks(int ph, int64_t tiles) { return ph == PH_FINISH ? tiles :
 void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
     *units = *tiles = 0;
     if (ph == PH_FINISH) {
-        if (!(I->dirs & MXS_COLWISE)) return;
+        if (!I->finish) return;
         const uint8_t *src = I->stage ? I->stage : I->data[0];
         if (I->rows % MXS_NVFP4_BLOCK == 0 && I->cols % 8 == 0 && nv_aligned_to(src, 4) && nv_aligned_to(I->data[1], 8))
             *tiles = mxs_ceil_div(I->rows / MXS_NVFP4_BLOCK, kFinishGroups) * I->ctiles; /* CTA tiles */
@@ -1234,6 +1270,23 @@ mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4
     if (s != MXS_OK) return s;
     if (b->n_items == 0) return MXS_OK;
     return nv_wb_run(b, plan, nullptr, PH_FINISH, stream);
+}
+
+mxs_status mxs_cuda_nvfp4_stage_to_col(const mxs_nvfp4_tensor *t, const uint8_t *stage, cudaStream_t stream) {
+    mxs_status s = mxs_nvfp4_stage_to_col_check(t, stage);
+    if (s != MXS_OK) return s;
+    if ((s = launch_begin()) != MXS_OK) return s;
+    NvChunk C; /* one finish record as a kernel parameter, as in nv_wb_run */
+    memset(&C, 0, sizeof C);
+    NvItem &I = C.it[0];
+    nv_transpose_record(t->rows, t->cols, stage, t->col_data, &I);
+    nv_item_work(&I, PH_FINISH, &I.units, &I.tiles);
+    C.h.n = 1;
+    C.h.units = I.units;
+    C.h.tiles = I.tiles;
+    C.h.tile_blocks = nv_tile_blocks(PH_FINISH, I.tiles);
+    nv_wb_launch<PH_FINISH>(NV_ANY, grid_for(nv_blocks(C.h)), stream, &C, C.h, nullptr);
+    return launch_end();
 }
 
 size_t mxs_cuda_nvfp4_wb_bucket_size(void) { return sizeof(mxs_cuda_nvfp4_wb_bucket); }

@@ -82,8 +82,9 @@ MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_partial(const mxs_nvfp4_wb_batch *b, 
 /* Step 4, after the MAX reduction: per item the global amax (*amax, its
  * reduced tensor-amax entry), every scale byte of every present plane
  * (padding 0x00) and the cast of the shard into its bytes of the row-wise
- * plane and of the column stage - the bytes of mxs_host_nvfp4_wb_apply. One
- * launch per chunk of items.
+ * plane and of the column stage, or into their fragments (row_fragment,
+ * stage_fragment: FSDP, contract 9.8) - the bytes of mxs_host_nvfp4_wb_apply.
+ * One launch per chunk of items.
  * The host call cannot read the group status byte without a synchronisation,
  * so it never returns MXS_ERR_REMOTE; instead the KERNELS read
  * packed[plan->status_offset] and write nothing when it is not 0 (as the
@@ -93,10 +94,20 @@ MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_apply(const mxs_nvfp4_wb_batch *b, co
 
 /* Step 6, after the gather: every column-wise data plane transposed from its
  * gathered column stage (NULL stage, 16x16 with both planes: from the
- * row-wise plane), as mxs_host_nvfp4_wb_finish. One launch per chunk of
- * items (none when no item has a column-wise plane). */
+ * row-wise plane), as mxs_host_nvfp4_wb_finish - which skips items whose
+ * column values went to a fragment. One launch per chunk of items (none when
+ * no item has a column-wise plane). */
 MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, const mxs_nvfp4_wb_plan *plan,
                                                   cudaStream_t stream);
+
+/* Finish's transpose on its own (FSDP: after gathering fragments into a
+ * full stage): t->col_data from `stage` (a full ceil(rows*cols/2)-byte
+ * column stage; for 16x16 also the gathered row-wise plane), equal to
+ * mxs_host_nvfp4_stage_to_col. Validated on the host by
+ * mxs_nvfp4_stage_to_col_check (same errors, nothing enqueued on error);
+ * then one launch of finish's kernel. Only t->col_data is written. */
+MXS_NODISCARD mxs_status mxs_cuda_nvfp4_stage_to_col(const mxs_nvfp4_tensor *t, const uint8_t *stage,
+                                                     cudaStream_t stream);
 
 /* ---- the prepared bucket ---------------------------------------------------
  *
@@ -110,7 +121,7 @@ MXS_NODISCARD mxs_status mxs_cuda_nvfp4_wb_finish(const mxs_nvfp4_wb_batch *b, c
  *
  *   partial   a memset of the packed buffer, then ONE kernel
  *   apply     ONE kernel (the global amaxes come from the reduced tensor-amax
- *             entries: no amax pass)
+ *             entries: no amax pass; fragments as the unprepared apply)
  *   finish    ONE kernel (none when no item has a column-wise plane)
  *
  * with no validation, allocation or synchronisation: graph-capturable.

@@ -16,6 +16,13 @@
  *   4 partial / apply / finish captured in a CUDA graph and replayed with new
  *     masters give the same bytes;
  *   5 bad input is rejected with nothing written.
+ *
+ * Fragments (FSDP, contract 9.8) ride along in 3: on a third of the ranks'
+ * planes apply writes a fragment (device fragments at random alignments and
+ * shard starts: the 32-bit and the byte stores) == the host's fragment, the
+ * replaced data pointer NULL or kept; the gather reads the fragments, finish
+ * skips those items and mxs_cuda_nvfp4_stage_to_col == the host's transposes
+ * the gathered stage - unprepared, prepared and in graphs.
  */
 #include "common.h"
 
@@ -301,6 +308,9 @@ struct RankW { /* one rank's buffers of one weight: host mirror and device */
     std::vector<uint8_t> hstage, hmaster;
     DevBuf dstage, dmaster;
     mxs_range shard;
+    std::vector<uint8_t> hfrag[2]; /* row, stage fragment (one byte more: never empty, so never NULL) */
+    DevBuf dfrag[2];
+    bool frag[2];
 };
 
 struct Group {
@@ -323,6 +333,13 @@ struct Group {
 };
 
 static int g_combo = 0; /* cycles the weights through every combination */
+static int g_frags = 0; /* fragments made (the FSDP path is exercised) */
+
+/* The contract's rule, written out: the item's column-wise values go to a
+ * fragment (finish skips it; the caller transposes the gathered stage). */
+static bool col_to_fragment(const mxs_nvfp4_wb_item &it) {
+    return it.stage_fragment != nullptr || (it.col_stage == nullptr && it.row_fragment != nullptr);
+}
 
 static int64_t even_between(int64_t lo, int64_t hi) { return lo + 2 * rnd_in(0, (hi - lo) / 2); }
 
@@ -398,7 +415,19 @@ static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 9
             b.dstage = dev_alloc(db, mis ? rnd_in(1, 7) : 0);
             b.hmaster.assign((size_t)mb + 1, POISON);
             b.dmaster = dev_alloc(mb, mis ? mxs_dtype_bytes(s.mdt) * rnd_in(1, 7) : 0);
-            const bool stage = (s.dirs & MXS_COLWISE) && s.stage;
+            bool stage = (s.dirs & MXS_COLWISE) && s.stage;
+            /* fragments on a third of the planes; the replaced pointers NULL or kept (the fragment wins) */
+            const int64_t fb = mxs_nvfp4_fragment_bytes(b.shard.first, b.shard.count);
+            b.frag[0] = (s.dirs & MXS_ROWWISE) && rnd() % 3 == 0;
+            b.frag[1] = (s.dirs & MXS_COLWISE) && rnd() % 3 == 0;
+            for (int p = 0; p < 2; p++) {
+                if (!b.frag[p]) continue;
+                g_frags++;
+                b.hfrag[p].assign((size_t)fb + 1, POISON);
+                b.dfrag[p] = dev_alloc(fb, rnd() % 3 == 0 ? rnd_in(1, 7) : 0);
+            }
+            const bool no_row_data = b.frag[0] && rnd() % 2, no_col_data = rnd() % 2;
+            if (b.frag[1] && rnd() % 2) stage = false;
             for (int side = 0; side < 2; side++) {
                 mxs_nvfp4_wb_item &it = side ? g.dit[q][w] : g.hit[q][w];
                 memset(&it, 0, sizeof it);
@@ -408,6 +437,10 @@ static void group_make(Group &g, int R, int sharding, int nw, int64_t maxdim = 9
                 it.start = b.shard.first;
                 it.len = b.shard.count;
                 it.col_stage = stage ? (side ? b.dstage.p : b.hstage.data()) : nullptr;
+                if (b.frag[0]) it.row_fragment = side ? b.dfrag[0].p : b.hfrag[0].data();
+                if (b.frag[1]) it.stage_fragment = side ? b.dfrag[1].p : b.hfrag[1].data();
+                if (no_row_data) it.primary.row_data = nullptr;
+                if (no_col_data && col_to_fragment(it)) it.primary.col_data = nullptr;
             }
         }
         for (int side = 0; side < 2; side++) {
@@ -433,6 +466,8 @@ static void group_free(Group &g) {
             nv_free(g.rw[q][w].T);
             dev_free(g.rw[q][w].dstage);
             dev_free(g.rw[q][w].dmaster);
+            dev_free(g.rw[q][w].dfrag[0]);
+            dev_free(g.rw[q][w].dfrag[1]);
         }
         dev_free(g.dpacked[q]);
         dev_free(g.ws[q]);
@@ -467,6 +502,13 @@ static void group_compare(const Group &g, const char *phase) {
             dev_compare(b.dstage, b.hstage.data(), what);
             snprintf(what, sizeof what, "%s: master", ctx);
             dev_compare(b.dmaster, b.hmaster.data(), what);
+            for (int p = 0; p < 2; p++) {
+                if (!b.frag[p]) continue;
+                snprintf(what, sizeof what, "%s: %s fragment (shard [%lld, +%lld), device at %lld mod 8)", ctx,
+                         p ? "stage" : "row", (long long)b.shard.first, (long long)b.shard.count,
+                         (long long)((uintptr_t)b.dfrag[p].p % 8u));
+                dev_compare(b.dfrag[p], b.hfrag[p].data(), what);
+            }
         }
         snprintf(ctx, sizeof ctx, "%s: %s: rank %d packed", g.what, phase, q);
         dev_compare(g.dpacked[q], g.hpacked[q].data(), ctx);
@@ -511,25 +553,54 @@ static void group_reduce(Group &g, bool fail) {
     }
 }
 
+/* Where rank p's apply put its bytes [start/2, ceil(end/2)) of weight w's
+ * row-wise plane (plane 0) or stage (1) - a fragment, or the plane / stage
+ * at start/2; the stage of a 16x16 item without one: its row-wise bytes (the
+ * same nibbles) - on the host (side 0) or the device (1). */
+static uint8_t *applied_bytes(Group &g, int p, int w, int plane, int side) {
+    RankW &b = g.rw[p][w];
+    const int64_t b0 = b.shard.first / 2;
+    if (plane == 1 && !b.frag[1] && !g.hit[p][w].col_stage) plane = 0;
+    if (b.frag[plane]) return side ? b.dfrag[plane].p : b.hfrag[plane].data();
+    if (plane == 0) return (side ? b.T.db[0].p : b.T.hb[0].data()) + b0;
+    return (side ? b.dstage.p : b.hstage.data()) + b0;
+}
+
 /* The parameter all-gather, by hand: every rank's bytes [start/2,
- * ceil(end/2)) of the row-wise plane and of the stage to every other rank. */
+ * ceil(end/2)) of the row-wise plane and of the stage (from its fragments
+ * where it has them) into every rank's full row-wise plane and stage. */
 static void group_gather(Group &g) {
     for (int w = 0; w < g.nw; w++)
         for (int q = 0; q < g.R; q++)
             for (int p = 0; p < g.R; p++) {
                 const mxs_range s = g.rw[p][w].shard;
-                if (p == q || s.count == 0) continue;
-                const int64_t b0 = s.first / 2, nb = (s.first + s.count + 1) / 2 - b0;
-                RankW &dst = g.rw[q][w], &src = g.rw[p][w];
-                if (g.w[w].dirs & MXS_ROWWISE) {
-                    memcpy(dst.T.hb[0].data() + b0, src.T.hb[0].data() + b0, (size_t)nb);
-                    CUDA_OK(cudaMemcpy(dst.T.db[0].p + b0, src.T.db[0].p + b0, (size_t)nb, cudaMemcpyDeviceToDevice));
-                }
-                if (g.hit[q][w].col_stage) {
-                    memcpy(dst.hstage.data() + b0, src.hstage.data() + b0, (size_t)nb);
-                    CUDA_OK(cudaMemcpy(dst.dstage.p + b0, src.dstage.p + b0, (size_t)nb, cudaMemcpyDeviceToDevice));
+                if (s.count == 0) continue;
+                const int64_t b0 = s.first / 2, nb = mxs_nvfp4_fragment_bytes(s.first, s.count);
+                RankW &dst = g.rw[q][w];
+                for (int plane = 0; plane < 2; plane++) {
+                    if (!(g.w[w].dirs & (unsigned)(plane + 1))) continue;
+                    uint8_t *hd = (plane == 0 ? dst.T.hb[0].data() : dst.hstage.data()) + b0;
+                    uint8_t *dd = (plane == 0 ? dst.T.db[0].p : dst.dstage.p) + b0;
+                    const uint8_t *hs = applied_bytes(g, p, w, plane, 0), *ds = applied_bytes(g, p, w, plane, 1);
+                    if (hs == hd) continue; /* the rank's own bytes, in place */
+                    memcpy(hd, hs, (size_t)nb);
+                    CUDA_OK(cudaMemcpy(dd, ds, (size_t)nb, cudaMemcpyDeviceToDevice));
                 }
             }
+}
+
+/* After finish (which skips them): the column-wise planes of the items whose
+ * column values went to fragments, by the standalone transpose of the
+ * gathered stage, on the host and the device. */
+static void group_stage_to_col(Group &g) {
+    for (int q = 0; q < g.R; q++)
+        for (int w = 0; w < g.nw; w++) {
+            RankW &b = g.rw[q][w];
+            if (!(g.w[w].dirs & MXS_COLWISE) || !col_to_fragment(g.hit[q][w])) continue;
+            expect(mxs_host_nvfp4_stage_to_col(&b.T.h, b.hstage.data()), MXS_OK, "host stage_to_col");
+            expect(mxs_cuda_nvfp4_stage_to_col(&b.T.d, b.dstage.p, 0), MXS_OK, "gpu stage_to_col");
+        }
+    CUDA_OK(cudaDeviceSynchronize());
 }
 
 /* Graphs of one rank's phases (captured once, replayed every step). */
@@ -602,6 +673,8 @@ static void group_step(Group &g, RankGraphs *graphs, cudaStream_t st) {
         run_phase(g, q, 2, graphs, st);
     }
     group_compare(g, "after finish");
+    group_stage_to_col(g);
+    group_compare(g, "after stage_to_col");
     group_check_reference(g);
 }
 
@@ -618,6 +691,7 @@ static void test_writeback(void) {
         group_free(*g);
         delete g;
     }
+    CHECK(g_frags > 60, "only %d fragments", g_frags);
 }
 
 /* Larger weights: many warp tiles per item, partial groups and lanes at
@@ -881,8 +955,24 @@ static void test_bad_input(void) {
     expect(mxs_cuda_nvfp4_convert_scales(0, 17, MXS_ROWWISE, MXS_SCALES_PADDED, t.row_scale, MXS_SCALES_COMPACT,
                                          t.col_scale, 0),
            MXS_ERR_SHAPE, "convert rows 0");
+    /* the standalone transpose (FSDP): the host's checks, nothing enqueued on error */
+    DevBuf stage = dev_alloc((33 * 17 + 1) / 2);
+    t = T.d;
+    expect(mxs_cuda_nvfp4_stage_to_col(&t, nullptr, 0), MXS_ERR_INVALID_ARGUMENT, "stage_to_col, NULL stage");
+    expect(mxs_cuda_nvfp4_stage_to_col(nullptr, stage.p, 0), MXS_ERR_INVALID_ARGUMENT, "stage_to_col, NULL tensor");
+    expect(mxs_cuda_nvfp4_stage_to_col(&t, t.col_data + 5, 0), MXS_ERR_ALIASING, "stage_to_col over its output");
+    t.dirs = MXS_ROWWISE;
+    expect(mxs_cuda_nvfp4_stage_to_col(&t, stage.p, 0), MXS_ERR_ABSENT_PLANE, "stage_to_col, no column plane");
+    t = T.d;
+    t.col_data = nullptr;
+    expect(mxs_cuda_nvfp4_stage_to_col(&t, stage.p, 0), MXS_ERR_ABSENT_PLANE, "stage_to_col, NULL column data");
+    t = T.d;
+    t.cols = 0;
+    expect(mxs_cuda_nvfp4_stage_to_col(&t, stage.p, 0), MXS_ERR_SHAPE, "stage_to_col, cols 0");
     CUDA_OK(cudaDeviceSynchronize());
-    nv_compare(T, "rejected quantize calls write nothing");
+    nv_compare(T, "rejected quantize and stage_to_col calls write nothing");
+    dev_untouched(stage, "stage_to_col reads its stage only");
+    dev_free(stage);
     dev_free(dsrc);
     nv_free(T);
 }
@@ -894,7 +984,7 @@ int main(void) {
     test_quantize();
     tap_point("quantize / dequantize / convert_scales == host");
     test_writeback();
-    tap_point("sharded writeback on R simulated ranks == host writeback == whole-tensor quantize");
+    tap_point("sharded writeback on R simulated ranks (in place and fragments) == host == whole-tensor quantize");
     test_large();
     tap_point("larger weights (many warp tiles per item) == host");
     test_many_items();
