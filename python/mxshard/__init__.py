@@ -21,7 +21,8 @@ from .ops import quantize, dequantize, convert_scales, scale_bytes
 from .writeback import BucketWriteback, WritebackItem
 from .buffers import BucketBuffers
 from .nvfp4 import (NVFP4Weight, NVFP4BucketWriteback, NVFP4WritebackItem, quantize_nvfp4, dequantize_nvfp4,
-                    convert_nvfp4_scales, nvfp4_scale_shape, nvfp4_data_shape)
+                    convert_nvfp4_scales, nvfp4_scale_shape, nvfp4_data_shape, nvfp4_stage_to_col,
+                    nvfp4_fragment_bytes)
 
 __version__ = "0.2.0"
 
@@ -33,7 +34,7 @@ __all__ = [
     "SizeOverflowError", "AbsentPlaneError", "RangeError", "BufferSizeError", "CudaError", "NcclError",
     "PlanMismatchError", "UnsupportedError", "AliasingError", "ReduceError", "error_class",
     "NVFP4Weight", "NVFP4BucketWriteback", "NVFP4WritebackItem", "quantize_nvfp4", "dequantize_nvfp4",
-    "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape",
+    "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape", "nvfp4_stage_to_col", "nvfp4_fragment_bytes",
 ]
 
 

@@ -484,6 +484,8 @@ class Nvfp4WbItem(ctypes.Structure):
         ("start", ctypes.c_int64),
         ("len", ctypes.c_int64),
         ("col_stage", ctypes.c_void_p),
+        ("row_fragment", ctypes.c_void_p),    # FSDP: the shard's row-wise bytes go here (optional)
+        ("stage_fragment", ctypes.c_void_p),  # FSDP: the shard's stage bytes go here (optional)
     ]
 
 
@@ -576,6 +578,7 @@ class _Nvfp4Host:
         self.wb_partial = _proto(L, "mxs_host_nvfp4_wb_partial", _INT, [B, Pl, _P])
         self.wb_apply = _proto(L, "mxs_host_nvfp4_wb_apply", _INT, [B, Pl, _P])
         self.wb_finish = _proto(L, "mxs_host_nvfp4_wb_finish", _INT, [B, Pl])
+        self.stage_to_col = _proto(L, "mxs_host_nvfp4_stage_to_col", _INT, [T, _P])
 
 
 class _Nvfp4Cuda:
@@ -603,6 +606,7 @@ class _Nvfp4Cuda:
         self.wb_partial = _proto(L, "mxs_cuda_nvfp4_wb_partial", _INT, [B, Pl, _P, _P], required=False)
         self.wb_apply = _proto(L, "mxs_cuda_nvfp4_wb_apply", _INT, [B, Pl, _P, _P], required=False)
         self.wb_finish = _proto(L, "mxs_cuda_nvfp4_wb_finish", _INT, [B, Pl, _P], required=False)
+        self.stage_to_col = _proto(L, "mxs_cuda_nvfp4_stage_to_col", _INT, [T, _P, _P], required=False)
 
 
 _nvfp4_host = None

@@ -35,7 +35,8 @@ from .writeback import (_WithClose, _add_region, _build_then_setup, _dist, _item
                         _run_group_protocol)
 
 __all__ = ["NVFP4Weight", "NVFP4BucketWriteback", "NVFP4WritebackItem", "quantize_nvfp4", "dequantize_nvfp4",
-           "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape"]
+           "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape", "nvfp4_stage_to_col",
+           "nvfp4_fragment_bytes"]
 
 _BLOCKS = {"1x16": L.NVFP4_1X16, "16x16": L.NVFP4_16X16}
 BLOCK_STR = {v: k for k, v in _BLOCKS.items()}
@@ -76,6 +77,13 @@ def _packed_bytes(n):
     return (n + 1) // 2
 
 
+def nvfp4_fragment_bytes(start, length):
+    """Bytes of a fragment of the shard [start, start+length) (FSDP): its
+    byte range [start//2, ceil((start+length)/2)) of a packed plane, 0 for an
+    empty shard (mxs_nvfp4_fragment_bytes)."""
+    return (start + length + 1) // 2 - start // 2 if length > 0 else 0
+
+
 # ---- the weight -----------------------------------------------------------------
 
 def _check_data(a: A.Arr):
@@ -98,7 +106,10 @@ class NVFP4Weight(_PlaneProps):
 
     Buffers are numpy arrays (``device=None``) or torch tensors. Build one
     with :meth:`empty` (exactly the planes asked for) or :meth:`from_buffers`
-    (views into your own storage: any shape of the right byte count)."""
+    (views into your own storage: any shape of the right byte count). A
+    present plane's data may be None (FSDP: the rank keeps only fragments,
+    NVFP4WritebackItem's row_fragment / stage_fragment); such a weight serves
+    the writeback only."""
 
     def __init__(self, rows, cols, *, block="1x16", layout="padded", row_data=None, row_scale=None,
                  col_data=None, col_scale=None, amax=None):
@@ -127,17 +138,18 @@ class NVFP4Weight(_PlaneProps):
                 if data is not None:
                     raise ValueError(f"NVFP4Weight: {pn}_data given without its scales")
                 continue
-            if data is None:
-                raise ValueError(f"NVFP4Weight: {pn}_scale given without {pn}_data")
             s = A.check_bytes(A.arr(scale, f"{pn}_scale"), "E4M3 scale")
             need = nv.scale_bytes(ctypes.byref(st), plane)
             if s.numel != need:
                 raise ValueError(f"{pn}_scale: {s.numel} bytes, the {A.LAYOUT_STR[self.layout]} layout of a "
                                  f"{rows}x{cols} NVFP4 tensor needs {need}")
+            arrs.append(s)
+            if data is None:  # FSDP: the plane's bytes live in fragments (writeback only)
+                continue
             d = _check_data(A.arr(data, f"{pn}_data"))
             if d.numel != dbytes:
                 raise ValueError(f"{pn}_data: {d.numel} bytes, a packed {rows}x{cols} NVFP4 plane needs {dbytes}")
-            arrs += [s, d]
+            arrs.append(d)
         self.device = A.same_device(arrs, "NVFP4Weight")
         self.is_torch = arrs[0].kind == "torch"
         if any(a.kind != arrs[0].kind for a in arrs):
@@ -192,7 +204,7 @@ class NVFP4Weight(_PlaneProps):
         p = A.dirs_code(plane, allow_both=False)
         d = self.row_data if p == L.ROWWISE else self.col_data
         if d is None:
-            raise ValueError(f"the {A.PLANES_STR[p]}-wise plane is absent")
+            raise ValueError(f"the {A.PLANES_STR[p]}-wise plane is absent (or its data is in fragments)")
         t = A.torch_mod()
         if self.is_torch and hasattr(t, "float4_e2m1fn_x2"):
             return d.view(t.float4_e2m1fn_x2)
@@ -255,7 +267,9 @@ def _weight_arrs(w, writable=True):
     out = [A.arr(w.amax, "amax")]
     for pn in ("row", "col"):
         if getattr(w, f"{pn}_scale") is not None:
-            out += [A.arr(getattr(w, f"{pn}_scale"), f"{pn}_scale"), A.arr(getattr(w, f"{pn}_data"), f"{pn}_data")]
+            out.append(A.arr(getattr(w, f"{pn}_scale"), f"{pn}_scale"))
+            if getattr(w, f"{pn}_data") is not None:  # None: in fragments (the C checks refuse it where needed)
+                out.append(A.arr(getattr(w, f"{pn}_data"), f"{pn}_data"))
     return [a.writable() for a in out] if writable else out
 
 
@@ -312,10 +326,39 @@ def convert_nvfp4_scales(rows, cols, plane, src, from_layout, to_layout, out=Non
     return out
 
 
+def nvfp4_stage_to_col(primary: NVFP4Weight, stage):
+    """Finish's transpose on its own (FSDP: after gathering the stage
+    fragments of a writeback into a full stage): primary.col_data from
+    `stage`, ceil(rows*cols/2) bytes holding the column-wise values in
+    row-major nibble order - for a 16x16 weight also its gathered row-wise
+    plane. Writes only primary.col_data (mxs_host_nvfp4_stage_to_col on CPU
+    arrays, mxs_cuda_nvfp4_stage_to_col on torch's current stream for CUDA
+    tensors). Returns `primary`."""
+    if not isinstance(primary, NVFP4Weight):
+        raise TypeError(f"expected an NVFP4Weight, got {type(primary).__name__}")
+    if not primary.has_col or primary.col_data is None:
+        raise ValueError("nvfp4_stage_to_col: the primary has no column-wise data plane")
+    s = A.check_bytes(A.arr(stage, "stage"), "stage")
+    if s.numel != _packed_bytes(primary.numel):
+        raise ValueError(f"stage: {s.numel} bytes, the {primary.rows}x{primary.cols} weight needs "
+                         f"{_packed_bytes(primary.numel)}")
+    d = A.arr(primary.col_data, "col_data").writable()
+    if s.kind != d.kind:
+        raise ValueError("nvfp4_stage_to_col: mix of numpy arrays and torch tensors")
+    dev = A.same_device([s, d], "nvfp4_stage_to_col")
+    t = nvfp4_struct(primary)
+    if dev == "cpu":
+        L.check(L.nvfp4_host().stage_to_col(ctypes.byref(t), s.ptr), "mxs_host_nvfp4_stage_to_col")
+    else:
+        cu = L.nvfp4_cuda("nvfp4_stage_to_col", need=("stage_to_col",))
+        L.check(cu.stage_to_col(ctypes.byref(t), s.ptr, current_stream(dev)), "mxs_cuda_nvfp4_stage_to_col")
+    return primary
+
+
 # ---- the sharded writeback -------------------------------------------------------
 
-NVFP4WritebackItem = namedtuple("NVFP4WritebackItem", "primary master start length col_stage",
-                                defaults=(None, None))
+NVFP4WritebackItem = namedtuple("NVFP4WritebackItem", "primary master start length col_stage row_fragment "
+                                "stage_fragment", defaults=(None, None, None, None))
 
 
 def _as_item(x, i):
@@ -323,15 +366,23 @@ def _as_item(x, i):
         return x
     if isinstance(x, dict):
         return NVFP4WritebackItem(**x)
-    if isinstance(x, (tuple, list)) and 3 <= len(x) <= 5:
+    if isinstance(x, (tuple, list)) and 3 <= len(x) <= 7:
         return NVFP4WritebackItem(*x)
-    raise TypeError(f"item {i}: expected (primary, master, start[, length[, col_stage]]), got {type(x).__name__}")
+    raise TypeError(f"item {i}: expected (primary, master, start[, length[, col_stage[, row_fragment[, "
+                    f"stage_fragment]]]]), got {type(x).__name__}")
 
 
 def _needs_stage(w: NVFP4Weight):
     """A column-wise plane needs a stage unless 16x16 with a row-wise plane
     (then finish transposes the gathered row-wise plane)."""
     return w.has_col and not (w.block == L.NVFP4_16X16 and w.has_row)
+
+
+def _col_to_fragment(w: NVFP4Weight, stage, frags):
+    """Whether the item's column-wise values go to a fragment (contract 9.8):
+    a stage fragment, or (16x16 without a stage) a row fragment. finish()
+    skips it; the caller gathers, then nvfp4_stage_to_col."""
+    return "stage" in frags or (stage is None and not _needs_stage(w) and "row" in frags)
 
 
 def _wire_plan(entry_bytes):
@@ -351,7 +402,7 @@ class NVFP4BucketWriteback(_WithClose):
     NVFP4 primaries, every rank ending with data, scales and amax equal to a
     whole-tensor quantize_nvfp4 of the full master.
 
-    items: (primary, master, start[, length[, col_stage]])
+    items: (primary, master, start[, length[, col_stage[, row_fragment[, stage_fragment]]]])
         primary    NVFP4Weight (numpy arrays, CPU tensors or CUDA tensors)
         master     this rank's shard: `length` f32/bf16/f16 elements, element
                    0 is flat index `start`; boundaries even (a boundary may be
@@ -359,6 +410,14 @@ class NVFP4BucketWriteback(_WithClose):
         length     defaults to master's size; 0 = this rank owns nothing
         col_stage  optional ceil(rows*cols/2)-byte stage for the column-wise
                    plane; allocated (one buffer per bucket) when needed
+        row_fragment, stage_fragment
+                   optional (FSDP): nvfp4_fragment_bytes(start, length)-byte
+                   outputs that receive the shard's bytes [start//2,
+                   ceil(end/2)) of the row-wise plane / of the column stage
+                   instead (contract 9.8); the primary's row_data (col_data)
+                   may then be None. run() gathers neither and finish()
+                   skips the items whose column values are in fragments:
+                   gather them, then nvfp4_stage_to_col
     round_through: 'bf16' (default: TE's master cast, 2-byte entries), None
         or 'f16' (4-byte entries);
     group: optional torch.distributed group: validates across ranks now (a
@@ -397,6 +456,22 @@ class NVFP4BucketWriteback(_WithClose):
             if not isinstance(w, NVFP4Weight):
                 raise TypeError(f"item {i}: primary must be an NVFP4Weight, got {type(w).__name__}")
             m, mdt, start, length = _item_shard(i, it, w, raw16)
+            frags = {}
+            for pn, f, has in (("row", it.row_fragment, w.has_row), ("stage", it.stage_fragment, w.has_col)):
+                if f is None:
+                    continue
+                fa = A.check_bytes(A.arr(f, f"item {i} {pn}_fragment").writable(), "fragment")
+                if not has:
+                    raise ValueError(f"item {i}: {pn}_fragment given but the primary has no "
+                                     f"{'row' if pn == 'row' else 'column'}-wise plane")
+                need = nvfp4_fragment_bytes(start, length)
+                if fa.numel != need:
+                    raise ValueError(f"item {i}: {pn}_fragment has {fa.numel} bytes, the shard [{start}, "
+                                     f"{start + length}) needs {need}")
+                frags[pn] = fa
+                arrs.append(fa)
+            if w.has_row and w.row_data is None and "row" not in frags:
+                raise ValueError(f"item {i}: the row-wise plane has neither data nor a fragment")
             stage = None
             if it.col_stage is not None:
                 if not w.has_col:
@@ -406,12 +481,14 @@ class NVFP4BucketWriteback(_WithClose):
                     raise ValueError(f"item {i}: col_stage has {stage.numel} bytes, the {w.rows}x{w.cols} "
                                      f"weight needs {_packed_bytes(w.numel)}")
                 arrs.append(stage)
-            elif _needs_stage(w):
+            elif _needs_stage(w) and "stage" not in frags:
                 stage_need += _packed_bytes(w.numel)
+            if w.has_col and w.col_data is None and not _col_to_fragment(w, it.col_stage, frags):
+                raise ValueError(f"item {i}: the column-wise plane has no data and its values go to no fragment")
             arrs += _weight_arrs(w)
             if length > 0:
                 arrs.append(m)
-            per.append((w, m, mdt, start, length, stage))
+            per.append((w, m, mdt, start, length, stage, frags))
         kinds = {a.kind for a in arrs}
         if len(kinds) > 1:
             raise ValueError("NVFP4BucketWriteback: mix of numpy arrays and torch tensors")
@@ -423,9 +500,9 @@ class NVFP4BucketWriteback(_WithClose):
         # one stage buffer for every item that needs one: one gather for all of them
         self._stage_buf = _zeros((max(stage_need, 1),), self.device if self.is_torch else None)
         citems = (L.Nvfp4WbItem * max(n, 1))()
-        self._keep, self._stages, at = [], [], 0
-        for i, (w, m, mdt, start, length, stage) in enumerate(per):
-            if stage is None and _needs_stage(w):
+        self._keep, self._stages, self._frags, at = [], [], [], 0
+        for i, (w, m, mdt, start, length, stage, frags) in enumerate(per):
+            if stage is None and _needs_stage(w) and "stage" not in frags:
                 nb = _packed_bytes(w.numel)
                 stage = A.arr(self._stage_buf[at:at + nb], f"item {i} col_stage")
                 at += nb
@@ -435,8 +512,12 @@ class NVFP4BucketWriteback(_WithClose):
             c.master_dtype = mdt
             c.start, c.len = start, length
             c.col_stage = stage.ptr if stage is not None else None
+            c.row_fragment = self._fragment_ptr(frags.get("row"))
+            c.stage_fragment = self._fragment_ptr(frags.get("stage"))
             self._stages.append(stage)
-            self._keep.append((w, m.obj, stage.obj if stage is not None else None))
+            self._frags.append(frags)
+            self._keep.append((w, m.obj, stage.obj if stage is not None else None,
+                               tuple(f.obj for f in frags.values())))
         b = L.Nvfp4WbBatch()
         b.items = ctypes.cast(citems, ctypes.POINTER(L.Nvfp4WbItem))
         b.n_items = n
@@ -495,11 +576,26 @@ class NVFP4BucketWriteback(_WithClose):
                                int(ws.value), self._stream()), "mxs_cuda_nvfp4_wb_prepare")
         self._cuda_bucket = ctypes.c_void_p(bptr)
 
+    def _fragment_ptr(self, fa):
+        """A fragment's address for the C item. An empty fragment (an empty
+        shard) may have none (a torch data_ptr of 0), but NULL means "no
+        fragment": it gets the address of a private byte instead (len = 0:
+        nothing is ever written there)."""
+        if fa is None:
+            return None
+        if fa.ptr:
+            return fa.ptr
+        if not hasattr(self, "_empty_frag"):
+            t = A.torch_mod()
+            self._empty_frag = (t.zeros(1, dtype=t.uint8, device=fa.obj.device) if fa.kind == "torch"
+                                else np.zeros(1, dtype=np.uint8))
+        return A.arr(self._empty_frag, "empty fragment").ptr
+
     @staticmethod
     def _raise_plan_error(nv, st, citems, per):
         """The plan's error, named after the first item that fails on its own
         (with the even rule spelt out), else the batch's (overlaps)."""
-        for i, (w, _m, _dt, start, length, _s) in enumerate(per):
+        for i, (w, _m, _dt, start, length, _s, _f) in enumerate(per):
             si = nv.wb_item_check(ctypes.byref(citems[i]))
             if si == 0:
                 continue
@@ -583,7 +679,9 @@ class NVFP4BucketWriteback(_WithClose):
 
     def finish(self):
         """Step 6, after the gather: the column-wise data planes from the
-        gathered stages (or, 16x16 with both planes, the row-wise planes)."""
+        gathered stages (or, 16x16 with both planes, the row-wise planes).
+        Items whose column values went to fragments are skipped (gather the
+        fragments, then nvfp4_stage_to_col)."""
         self._check_open()
         if self._cuda_bucket is not None:
             L.check(self._cu.bucket_finish(self._cuda_bucket, self._stream()), "mxs_cuda_nvfp4_wb_bucket_finish")
@@ -642,14 +740,15 @@ class NVFP4BucketWriteback(_WithClose):
 
     def _plane_regions(self):
         """Per (buffer, storage): this rank's written byte intervals, merged:
-        [start/2, ceil((start+len)/2)) of each row-wise plane and stage."""
+        [start/2, ceil((start+len)/2)) of each row-wise plane and stage
+        written in place (fragments are the caller's to gather)."""
         regions, order = {}, []
         for i in range(self.n_items if not self._closed else 0):
             w, c = self._primaries[i], self._citems[i]
             bufs = []
-            if w.has_row:
+            if w.has_row and "row" not in self._frags[i]:
                 bufs.append(("row", A.arr(w.row_data, f"item {i} row_data")))
-            if self._stages[i] is not None:
+            if self._stages[i] is not None and "stage" not in self._frags[i]:
                 bufs.append(("stage", self._stages[i]))
             for kind, a in bufs:
                 _add_region(regions, order, kind, a, i, c.len > 0,

@@ -455,13 +455,20 @@ def test_bad_weights_rejected():
         (ValueError, dict(ok, row_data=np.zeros(161, np.uint8)), "needs 160"),
         (ValueError, dict(ok, row_scale=np.zeros((8, 3), np.uint8)), "needs 512"),
         (ValueError, dict(ok, row_scale=np.zeros((128, 4), np.float32)), "1-byte"),
-        (ValueError, dict(ok, row_data=None), "without row_data"),
         (ValueError, dict(ok, col_data=np.zeros(160, np.uint8)), "without its scales"),
         (ValueError, dict(row_data=ok["row_data"], amax=ok["amax"]), "at least one plane"),
     ]
     for exc, kw, msg in cases:
         with pytest.raises(exc, match=msg):
             mxshard.NVFP4Weight.from_buffers(8, 40, **kw)
+    # no row data (FSDP: the rank keeps fragments): a writeback-only weight
+    fsdp = mxshard.NVFP4Weight.from_buffers(8, 40, **dict(ok, row_data=None))
+    with pytest.raises(mxshard.AbsentPlaneError):
+        mxshard.quantize_nvfp4(fsdp, np.zeros((8, 40), np.float32))
+    with pytest.raises(mxshard.AbsentPlaneError):
+        mxshard.dequantize_nvfp4(fsdp)
+    with pytest.raises(ValueError, match="fragments"):
+        fsdp.fp4_view()
     with pytest.raises(ValueError, match="block"):
         mxshard.NVFP4Weight.empty(8, 40, block="2x16")
     with pytest.raises(ValueError, match="layout"):
@@ -644,6 +651,247 @@ def test_cuda_prepared_bucket_many_items(rng):
             mxshard.quantize_nvfp4(ref, m.reshape(r, c), round_through="bf16")
             weights_equal(w, ref)
         wb.close()
+
+
+# ---- fragments (FSDP) ----------------------------------------------------------------------
+
+_POISON = 0xA5
+
+
+def _poisoned(n, kind):
+    if kind == "numpy":
+        return np.full(n, _POISON, np.uint8)
+    import torch
+    return torch.full((n,), _POISON, dtype=torch.uint8)
+
+
+def _fsdp_item(rng, spec, x, lo, hi, kind):
+    """One rank's FSDP item: a primary whose data planes are None (or kept,
+    poisoned: the fragment wins) and fragments for every present plane.
+    Returns (item, primary, kept data planes)."""
+    rows, cols, planes, block, layout = spec
+    dev = None if kind == "numpy" else "cpu"
+    w = mxshard.NVFP4Weight.empty(rows, cols, planes=planes, block=block, layout=layout, device=dev)
+    keep = {}
+    for pn in ("row", "col"):
+        d = getattr(w, f"{pn}_data")
+        if d is not None and rng.integers(3) == 0:
+            d[...] = _POISON
+            keep[pn] = d
+    w = mxshard.NVFP4Weight.from_buffers(rows, cols, block=block, layout=layout, row_data=keep.get("row"),
+                                         row_scale=w.row_scale, col_data=keep.get("col"), col_scale=w.col_scale,
+                                         amax=w.amax)
+    nb = mxshard.nvfp4_fragment_bytes(lo, hi - lo)
+    shard = x.reshape(-1)[lo:hi].copy()
+    if kind != "numpy":
+        import torch
+        shard = torch.from_numpy(shard)
+    stage = _poisoned((rows * cols + 1) // 2, kind) if w.has_col and rng.integers(3) == 0 else None
+    item = mxshard.NVFP4WritebackItem(w, shard, lo, hi - lo, col_stage=stage,
+                                      row_fragment=_poisoned(nb, kind) if w.has_row else None,
+                                      stage_fragment=_poisoned(nb, kind) if w.has_col else None)
+    return item, keep
+
+
+def _check_fragment_gather(spec, x, rt, per_rank):
+    """per_rank: (item, start, stop) of each rank: the gathered row fragments
+    are the whole-tensor quantize's row-wise plane, nvfp4_stage_to_col of the
+    gathered stage fragments its column-wise plane; every rank's scales and
+    amax are the whole tensor's."""
+    rows, cols, planes, block, layout = spec
+    whole = _whole(x, rows, cols, planes, block, layout, rt)
+    nbytes = (rows * cols + 1) // 2
+    for pn, frag in (("row", "row_fragment"), ("col", "stage_fragment")):
+        if getattr(whole, f"{pn}_data") is None:
+            continue
+        full = np.full(nbytes, _POISON, np.uint8)
+        for it, lo, hi in per_rank:
+            f = _np(getattr(it, frag))
+            assert f.size == mxshard.nvfp4_fragment_bytes(lo, hi - lo)
+            full[lo // 2:lo // 2 + f.size] = f
+        if pn == "row":
+            assert np.array_equal(full, _np(whole.row_data).reshape(-1)), "gathered row fragments"
+        else:
+            col = mxshard.NVFP4Weight.empty(rows, cols, planes="col", block=block, layout=layout)
+            assert mxshard.nvfp4_stage_to_col(col, full) is col
+            assert np.array_equal(_np(col.col_data).reshape(-1), _np(whole.col_data).reshape(-1)), "stage -> col"
+    for it, _, _ in per_rank:
+        w = it.primary
+        for pn in ("row", "col"):
+            if getattr(w, f"{pn}_scale") is not None:
+                assert np.array_equal(_np(getattr(w, f"{pn}_scale")).reshape(-1),
+                                      _np(getattr(whole, f"{pn}_scale")).reshape(-1)), f"{pn} scales"
+        assert _bits(_np(w.amax))[0] == _bits(_np(whole.amax))[0], "amax"
+
+
+def test_writeback_fragments_simulated_ranks(rng):
+    """FSDP through NVFP4BucketWriteback on 1..4 simulated ranks (random even
+    cuts, empty shards included), numpy arrays and CPU tensors: the fragments
+    receive the shard's bytes, kept data planes and stages stay untouched (the
+    fragment wins), the bucket gathers none of them, finish skips them; the
+    gathered fragments == the whole-tensor quantize_nvfp4."""
+    specs = [(17, 33, "both", "1x16", "padded"), (16, 48, "both", "16x16", "swizzled"),
+             (5, 9, "col", "16x16", "compact"), (40, 7, "row", "1x16", "compact"), (1, 1, "both", "1x16", "padded"),
+             (3, 7, "both", "16x16", "compact"), (9, 30, "col", "1x16", "swizzled")]
+    for trial in range(8):
+        kind = "torch" if trial % 2 else "numpy"
+        if kind == "torch":
+            pytest.importorskip("torch")
+        rt = ("bf16", None, "f16")[trial % 3]
+        world = 1 + trial % 4
+        xs = [make_src(rng, spec[:2]) for spec in specs]
+        cuts = []
+        for r, c, *_ in specs:
+            n = r * c
+            cuts.append([0] + sorted(min(n, 2 * int(v)) for v in rng.integers(0, n // 2 + 1, world - 1)) + [n])
+        ranks = []
+        for k in range(world):
+            made = [_fsdp_item(rng, spec, x, cut[k], cut[k + 1], kind) for spec, x, cut in zip(specs, xs, cuts)]
+            wb = mxshard.NVFP4BucketWriteback([it for it, _ in made], round_through=rt)
+            assert wb._plane_regions() == [], "fragments: nothing for the bucket to gather"
+            ranks.append((wb, made))
+        for wb, _ in ranks:
+            wb.partial()
+        red = np.maximum.reduce([wb.entries() for wb, _ in ranks])
+        for wb, _ in ranks:
+            wb.entries()[...] = red
+            wb.apply()
+            wb.finish()
+        for i, (spec, x) in enumerate(zip(specs, xs)):
+            per_rank = [(made[i][0], cuts[i][k], cuts[i][k + 1]) for k, (_, made) in enumerate(ranks)]
+            _check_fragment_gather(spec, x, rt, per_rank)
+            for _, made in ranks:  # the fragment wins: kept planes and given stages untouched
+                it, keep = made[i]
+                for d in list(keep.values()) + ([it.col_stage] if it.col_stage is not None else []):
+                    assert (_np(d) == _POISON).all(), "a replaced plane was written"
+        for wb, _ in ranks:
+            wb.close()
+
+
+def test_writeback_fragment_rejections():
+    w = mxshard.NVFP4Weight.empty(3, 7, planes="both")
+    row = mxshard.NVFP4Weight.empty(3, 7, planes="row")
+    fsdp = mxshard.NVFP4Weight.from_buffers(3, 7, row_scale=w.row_scale, col_scale=w.col_scale, amax=w.amax)
+    m = np.ones(11, np.float32)
+    f6 = np.zeros(6, np.uint8)
+    with pytest.raises(ValueError, match="no column-wise plane"):
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(row, m, 10, stage_fragment=f6)])
+    with pytest.raises(ValueError, match="needs 6"):
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(w, m, 10, row_fragment=np.zeros(5, np.uint8))])
+    with pytest.raises(ValueError, match="neither data nor a fragment"):
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(fsdp, m, 10, stage_fragment=f6)])
+    with pytest.raises(ValueError, match="no data"):
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(fsdp, m, 10, row_fragment=f6)])
+    with pytest.raises(mxshard.RangeError, match="odd boundary"):
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(w, m[:10], 11, row_fragment=f6)])
+    with pytest.raises(mxshard.AliasingError):  # the fragment over the master
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(w, m, 10, row_fragment=m.view(np.uint8)[:6])])
+    with pytest.raises(mxshard.AliasingError):  # two fragments share bytes
+        mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(fsdp, m, 10, row_fragment=f6, stage_fragment=f6)])
+    # an empty shard: 0-byte fragments, nothing written; the scales complete
+    e = mxshard.NVFP4BucketWriteback([mxshard.NVFP4WritebackItem(fsdp, m[:0], 5, row_fragment=f6[:0],
+                                                                 stage_fragment=np.zeros(0, np.uint8))])
+    e.run()
+    assert e._plane_regions() == []
+
+
+def test_stage_to_col(rng):
+    """nvfp4_stage_to_col == the column-wise plane of quantize_nvfp4, from the
+    column values in row-major order (1x16: the stage; 16x16: the row-wise
+    plane too), numpy and CPU tensors; bad input rejected before writing."""
+    for rows, cols in ((17, 33), (16, 48), (1, 1), (3, 7), (32, 8)):
+        x = make_src(rng, (rows, cols))
+        for block in ("1x16", "16x16"):
+            w = _whole(x, rows, cols, "both", block, "padded", "bf16")
+            n = rows * cols
+            colq = ref_unpack(_np(w.col_data).reshape(-1), n).reshape(cols, rows)
+            stage = ref_pack(colq.T.reshape(-1))  # the column values, row-major
+            if block == "16x16":
+                assert np.array_equal(stage, _np(w.row_data).reshape(-1))
+            g = mxshard.NVFP4Weight.empty(rows, cols, planes="col", block=block)
+            mxshard.nvfp4_stage_to_col(g, stage)
+            assert np.array_equal(_np(g.col_data).reshape(-1), _np(w.col_data).reshape(-1))
+            torch = pytest.importorskip("torch")
+            gt = mxshard.NVFP4Weight.empty(rows, cols, planes="both", block=block, device="cpu")
+            mxshard.nvfp4_stage_to_col(gt, torch.from_numpy(stage))
+            assert np.array_equal(_np(gt.col_data).reshape(-1), _np(w.col_data).reshape(-1))
+            assert not _np(gt.row_data).any(), "only col_data is written"
+    g = mxshard.NVFP4Weight.empty(3, 7, planes="both")
+    with pytest.raises(ValueError, match="needs 11"):
+        mxshard.nvfp4_stage_to_col(g, np.zeros(10, np.uint8))
+    with pytest.raises(ValueError, match="no column-wise"):
+        mxshard.nvfp4_stage_to_col(mxshard.NVFP4Weight.empty(3, 7, planes="row"), np.zeros(11, np.uint8))
+    with pytest.raises(mxshard.AliasingError):
+        mxshard.nvfp4_stage_to_col(g, g.col_data)
+    with pytest.raises(TypeError):
+        mxshard.nvfp4_stage_to_col(mxshard.MXFP8Weight.empty(3, 7, planes="both"), np.zeros(11, np.uint8))
+    assert not g.col_data.any()
+
+
+def test_cuda_fragments_and_stage_to_col(rng):
+    """CUDA tensors: fragments through the (prepared) bucket and
+    nvfp4_stage_to_col on the GPU == the host's bytes."""
+    from conftest import cuda_or_skip
+    torch = cuda_or_skip()
+    from mxshard import _lib as L
+    cu = L.cuda_lib().lib
+    if getattr(cu, "mxs_cuda_nvfp4_stage_to_col", None) is None:
+        pytest.skip("libmxshard_cuda without mxs_cuda_nvfp4_stage_to_col")
+    specs = [(33, 40, "both", "1x16", "swizzled"), (32, 64, "both", "16x16", "padded"),
+             (7, 9, "col", "1x16", "compact")]
+    world = 3
+    for _ in range(2):
+        xs = [make_src(rng, spec[:2]) for spec in specs]
+        cuts = [[0, 2 * (r * c // 6), 2 * (r * c // 3), r * c] for r, c, *_ in specs]
+        host, gpu = [], []
+        for k in range(world):
+            hm = [_fsdp_item(np.random.default_rng(k), s, x, cut[k], cut[k + 1], "numpy") for s, x, cut in
+                  zip(specs, xs, cuts)]
+            host.append([it for it, _ in hm])
+            dev = []
+            for it in host[-1]:
+                w = it.primary
+                cuda = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a)).cuda()  # noqa: E731
+                gw = mxshard.NVFP4Weight.from_buffers(w.rows, w.cols, block=w.block, layout=w.layout,
+                                                      row_data=cuda(w.row_data), row_scale=cuda(w.row_scale),
+                                                      col_data=cuda(w.col_data), col_scale=cuda(w.col_scale),
+                                                      amax=cuda(w.amax))
+                dev.append(mxshard.NVFP4WritebackItem(gw, cuda(it.master), it.start, it.length, cuda(it.col_stage),
+                                                      cuda(it.row_fragment), cuda(it.stage_fragment)))
+            gpu.append(dev)
+        for side in (host, gpu):
+            wbs = [mxshard.NVFP4BucketWriteback(items, round_through="bf16") for items in side]
+            for wb in wbs:
+                wb.partial()
+            red = np.maximum.reduce([_np(wb.entries()) for wb in wbs])
+            for wb in wbs:
+                wb.entries()[...] = torch.from_numpy(red).cuda() if wb.is_cuda else red
+                wb.apply()
+                wb.finish()
+            torch.cuda.synchronize()
+            for wb in wbs:
+                wb.close()
+        for hk, gk in zip(host, gpu):
+            for h, g in zip(hk, gk):
+                for name in ("row_fragment", "stage_fragment", "col_stage"):
+                    if getattr(h, name) is not None:
+                        assert np.array_equal(_np(getattr(g, name)), _np(getattr(h, name))), name
+                weights_equal(g.primary, h.primary)
+        for i, (spec, x) in enumerate(zip(specs, xs)):
+            _check_fragment_gather(spec, x, "bf16", [(host[k][i], cuts[i][k], cuts[i][k + 1]) for k in range(world)])
+            r, c = spec[:2]
+            stage = np.zeros((r * c + 1) // 2, np.uint8)
+            for k in range(world):
+                f = _np(host[k][i].stage_fragment) if host[k][i].stage_fragment is not None else None
+                if f is not None:
+                    stage[cuts[i][k] // 2:cuts[i][k] // 2 + f.size] = f
+            if spec[2] != "row":
+                gc = mxshard.NVFP4Weight.empty(r, c, planes="col", block=spec[3], device="cuda")
+                mxshard.nvfp4_stage_to_col(gc, torch.from_numpy(stage).cuda())
+                hc = mxshard.NVFP4Weight.empty(r, c, planes="col", block=spec[3])
+                mxshard.nvfp4_stage_to_col(hc, stage)
+                torch.cuda.synchronize()
+                assert np.array_equal(_np(gc.col_data).reshape(-1), _np(hc.col_data).reshape(-1))
 
 
 # ---- the writeback over gloo: 2 and 3 processes -------------------------------------------
@@ -849,7 +1097,41 @@ def case_mismatch(rank, world):
     raise AssertionError("no error")
 
 
-CASES = {"random": case_random, "odd": case_odd, "failure": case_failure, "mismatch": case_mismatch}
+def case_fragments(rank, world):
+    """FSDP over gloo: every rank keeps fragments only (CPU tensors): run()
+    makes ONE all_reduce and no gather (the fragments are the caller's); the
+    fragments all-gathered by hand == the whole-tensor quantize_nvfp4, the
+    column-wise plane through nvfp4_stage_to_col; two updates."""
+    import torch.distributed as dist
+    specs = [(17, 33, "both", "1x16", "padded"), (16, 40, "both", "16x16", "swizzled"),
+             (5, 9, "col", "1x16", "compact"), (21, 3, "row", "16x16", "compact")]
+    rng = np.random.default_rng(7)  # the same masters and choices on every rank
+    ranks_rng = np.random.default_rng(100 + rank)
+    for step in range(2):
+        xs = [make_src(rng, spec[:2]) for spec in specs]
+        cuts = [[2 * (r * c * k // (2 * world)) for k in range(world)] + [r * c] for r, c, *_ in specs]
+        made = [_fsdp_item(ranks_rng, spec, x, cut[rank], cut[rank + 1], "torch") for spec, x, cut in
+                zip(specs, xs, cuts)]
+        items = [it for it, _ in made]
+        wb = mxshard.NVFP4BucketWriteback(items, round_through="bf16", group=dist.group.WORLD)
+        with _Count() as c:
+            wb.run(dist.group.WORLD)
+        assert c.calls["all_reduce"] == 1 and c.calls["all_gather"] == 0 and c.calls["all_gather_into_tensor"] == 0, \
+            c.calls
+        got = [None] * world
+        dist.all_gather_object(got, [(it.row_fragment, it.stage_fragment) for it in items])
+        for i, (spec, x) in enumerate(zip(specs, xs)):
+            per_rank = []
+            for k in range(world):
+                it = items[i]._replace(row_fragment=got[k][i][0], stage_fragment=got[k][i][1])
+                per_rank.append((it if k != rank else items[i], cuts[i][k], cuts[i][k + 1]))
+            _check_fragment_gather(spec, x.astype(np.float32), "bf16", per_rank)
+        wb.close()
+    return "fragments"
+
+
+CASES = {"random": case_random, "odd": case_odd, "failure": case_failure, "mismatch": case_mismatch,
+         "fragments": case_fragments}
 
 
 def _worker(rank, world, port, cases, q):
@@ -874,9 +1156,10 @@ def _spawn(world, cases, timeout=90):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_gloo_writeback(world):
-    res = _spawn(world, ["random", "odd", "failure", "mismatch"])
+    res = _spawn(world, ["random", "odd", "failure", "mismatch", "fragments"])
     for r in range(world):
         assert [e for _, e, _ in res[(r, "random")]] == [2, 4, 4, 2]
         assert res[(r, "odd")] == ("local" if r == world - 1 else "remote")
         assert res[(r, "failure")] == [("local" if r == world - 1 else "remote"), ("local" if r == 0 else "remote")]
         assert res[(r, "mismatch")] == "mismatch"
+        assert res[(r, "fragments")] == "fragments"
