@@ -145,3 +145,23 @@ def test_convert_strict_rejects_patterns_that_match_nothing():
     assert type(m.blocks[0]["mlp"]) is nn.Linear
     mxt.convert(m, {"blocks.*.mlp": "row"}, fsdp=True)
     assert all(mxt.is_param_linear(b["mlp"]) for b in m.blocks)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_buffer_linears_weight_is_a_read_only_dequantized_view(fmt):
+    """MXFP8Linear / NVFP4Linear (convert without fsdp): .weight reads the dequantized row plane;
+    writes through it (HF-style .data.normal_(), nn.init, a new Parameter) raise and say what to use."""
+    torch, mxshard, mxt = _mods()
+    m = mxt.MXFP8Linear(40, 16) if fmt == "mxfp8" else mxt.NVFP4Linear(40, 16)
+    w = m.weight
+    assert tuple(w.shape) == (16, 40) and w.dtype == torch.float32
+    assert torch.equal(w * 1, m._dequant("row", "f32"))
+    x = torch.randn(3, 40)
+    assert torch.allclose(torch.nn.functional.linear(x, w), x @ m._dequant("row", "f32").t())
+    for write in (lambda: m.weight.data.normal_(), lambda: torch.nn.init.zeros_(m.weight),
+                  lambda: m.weight.t().mul_(2)):
+        with pytest.raises(RuntimeError, match="read-only dequantized view.*set_master_"):
+            write()
+    with pytest.raises(AttributeError, match="read-only.*set_master_"):
+        m.weight = torch.nn.Parameter(torch.zeros(16, 40))
+    assert torch.equal(m.weight * 1, w * 1), "a refused write changed the weight"

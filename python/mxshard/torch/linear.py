@@ -37,7 +37,7 @@ from ..ops import dequantize as _mx_dequantize
 from ..ops import quantize as _mx_quantize
 from ..weight import MXFP8Weight
 
-__all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized"]
+__all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight"]
 
 _PLANES = ("row", "both")
 _LAYOUTS = ("compact", "padded", "swizzled")
@@ -258,6 +258,22 @@ class _QuantLinear(nn.Module):
             return self._master_init
         return self._dequant("row", "f32")
 
+    @property
+    def weight(self):
+        """A READ-ONLY fp32 [out, in] view of the weight the forward uses (the row plane,
+        dequantized; a new tensor each time, not a Parameter). Writing into it raises: the weight
+        is held only as the quantized primary; set values with set_master_(w) (or, under
+        ShardedOptimizer, masters_from_model / its checkpoints). For a weight that is an
+        nn.Parameter (FSDP2, torch.optim, HF-style init), convert with fsdp=True."""
+        return ReadOnlyWeight(self._dequant("row", "f32"), self._who)
+
+    def __setattr__(self, name, value):
+        if name == "weight":
+            raise AttributeError(f"{self._who}.weight is a read-only dequantized view: the weight lives as "
+                                 f"quantized planes. Use set_master_(w) to set its values; a tied or replaced weight "
+                                 f"needs the linear dense (convert's policy or skip), or convert(..., fsdp=True)")
+        super().__setattr__(name, value)
+
     def release_master_init(self):
         """Drops the kept fp32 copy (the optimizer owns the master from now on)."""
         self._master_init = None
@@ -345,6 +361,41 @@ class _QuantLinear(nn.Module):
             t = getattr(self, name)
             if t is not None and t.device != dev:
                 setattr(self, name, t.to(dev))
+        return out
+
+
+class ReadOnlyWeight(torch.Tensor):
+    """The dequantized weight of a quantized linear (`module.weight`): reads work like on any
+    tensor (the results are plain tensors, views stay read-only, .data included); any write
+    raises, naming what to use instead."""
+
+    @staticmethod
+    def __new__(cls, data, who):
+        return torch.Tensor._make_wrapper_subclass(cls, data.size(), strides=data.stride(), dtype=data.dtype,
+                                                   device=data.device)
+
+    def __init__(self, data, who):
+        self._data, self._who = data, who
+
+    def __repr__(self, *, tensor_contents=None):
+        return f"ReadOnlyWeight({self._who}, {self._data!r})"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, a in enumerate(func._schema.arguments):
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if a.alias_info is not None and a.alias_info.is_write and isinstance(v, ReadOnlyWeight):
+                raise RuntimeError(f"{v._who}.weight is a read-only dequantized view ({func} would write into "
+                                   f"it): set the weight with set_master_(w); for a Parameter weight (HF-style "
+                                   f"init, torch.optim, FSDP2) convert with fsdp=True")
+        from torch.utils._pytree import tree_map_only
+        a2, k2 = tree_map_only(ReadOnlyWeight, lambda t: t._data, (args, kwargs))
+        out = func(*a2, **k2)
+        rets = func._schema.returns
+        if rets and rets[0].alias_info is not None:  # a view (.data, .t(), slices): read-only as well
+            who = next(a._who for a in args if isinstance(a, ReadOnlyWeight))
+            return tree_map_only(torch.Tensor, lambda t: ReadOnlyWeight(t, who), out)
         return out
 
 
