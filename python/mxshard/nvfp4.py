@@ -646,6 +646,20 @@ class NVFP4BucketWriteback(_WithClose):
                 self._mark_failed()
             raise
 
+    def slots(self):
+        """Where each item's entries sit in `packed` (mxs_nvfp4_wb_slot): per item a dict of ENTRY
+        indices row_entry, col_entry, tile_entry, amax_entry (-1: region absent). Within a
+        region, the COMPACT order of contract 9.8: 1x16 row blocks (m, k) at m*ceil(cols/16) + k,
+        column blocks (column c, block b) at c*ceil(rows/16) + b, 16x16 tiles (R, C) at
+        R*ceil(cols/16) + C."""
+        if self._closed:
+            raise ValueError("NVFP4BucketWriteback: closed")
+        slots = (L.Nvfp4WbSlot * max(self.n_items, 1))()
+        plan = L.Nvfp4WbPlan()
+        L.check(self._nv.wb_make_plan(self._bp, ctypes.byref(plan), slots), "mxs_nvfp4_wb_make_plan")
+        names = ("row_entry", "col_entry", "tile_entry", "amax_entry")
+        return [{n: int(getattr(slots[i], n)) for n in names} for i in range(self.n_items)]
+
     def status(self):
         """The group status byte (after the reduction: nonzero when any rank
         failed). CUDA: one 1-byte copy + stream sync."""

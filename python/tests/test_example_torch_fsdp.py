@@ -20,8 +20,8 @@ def test_torch_fsdp_example_two_gloo_ranks(tmp_path):
     env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     ck = tmp_path / "ck"
-    cmd = [sys.executable, EXAMPLE, "--device", "cpu", "--nproc", "2", "--steps", "16", "--layout", "swizzled",
-           "--save", str(ck)]
+    cmd = [sys.executable, EXAMPLE, "--device", "cpu", "--nproc", "2", "--steps", "16", "--lr", "1e-2",
+           "--layout", "swizzled", "--save", str(ck)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]

@@ -93,6 +93,54 @@ def test_gathered_planes_equal_the_whole_tensor_quantize(seed):
             assert torch.equal(getattr(one, f"{plane}_scale").reshape(-1), getattr(want, f"{plane}_scale").reshape(-1))
 
 
+@pytest.mark.parametrize("seed", range(24))
+def test_nvfp4_gathered_planes_equal_the_whole_tensor_quantize(seed):
+    torch = _lib_or_skip()
+    import mxshard
+    from mxshard.torch import fsdp_geometry as G
+    from mxshard.torch.fsdp_linear import make_spec
+    from mxshard.torch.fsdp_units import scratch_bytes
+    rnd = random.Random(1000 + seed)
+    while True:  # NVFP4 shards start at even elements: ceil(R/world) * C even
+        R = rnd.choice([1, 2, 3, 15, 16, 17, 31, 33, 40, 64, 65, 96])
+        C = rnd.choice([1, 2, 5, 16, 17, 32, 33, 40, 70])
+        world = rnd.choice([1, 2, 3, 4, 5, 8])
+        if G.chunk_rows(R, world) >= R or (G.chunk_rows(R, world) * C) % 2 == 0:
+            break
+    planes = rnd.choice(["row", "both"])
+    block = rnd.choice(["1x16", "16x16"])
+    layout = rnd.choice(["compact", "padded", "swizzled"])
+    rt = rnd.choice(["bf16", "none"])
+    spec = make_spec("nvfp4", planes, layout, None, block, torch.bfloat16, rt)
+    g = torch.Generator().manual_seed(seed)
+    master = torch.randn(R, C, generator=g) * torch.exp2(torch.randint(-6, 6, (R, 1), generator=g).float())
+    units = _simulate(torch, spec, master, world)
+    want = mxshard.NVFP4Weight.empty(R, C, planes=planes, block=block, layout=layout, device="cpu")
+    mxshard.quantize_nvfp4(want, master, round_through="bf16" if rt == "bf16" else None)
+    for plane in (("row", "col") if planes == "both" else ("row",)):
+        outs = _gather(torch, units, plane)
+        scratch = torch.full((scratch_bytes(spec, R, C) + 16,), 0xA5, dtype=torch.uint8)
+        got = units[rnd.randrange(world)].assemble(plane, outs, scratch[:-16])
+        ctx = (R, C, world, planes, block, layout, plane)
+        for k in ("data", "scale"):
+            assert torch.equal(getattr(got, f"{plane}_{k}").reshape(-1), getattr(want, f"{plane}_{k}").reshape(-1)), \
+                (k,) + ctx
+        assert torch.equal(got.amax, want.amax), ctx
+        assert torch.all(scratch[-16:] == 0xA5), "assemble wrote past its scratch"
+
+
+def test_nvfp4_odd_shard_starts_are_refused_alike_on_every_rank():
+    torch = _lib_or_skip()
+    from mxshard.torch.fsdp_linear import make_spec
+    from mxshard.torch.fsdp_units import check_supported
+    spec = make_spec("nvfp4", "row", "padded", None, "1x16", torch.bfloat16, "bf16")
+    check_supported(spec, 36, 17, 2, "w")           # 18 x 17 elements per rank: even starts
+    with pytest.raises(NotImplementedError, match="odd number of elements.*even in_features"):
+        check_supported(spec, 34, 17, 2, "w")       # 17 x 17: rank 1 would start mid-byte
+    check_supported(spec, 33, 17, 1, "w")           # a world of one has no cut
+    check_supported(spec, 1, 17, 4, "w")            # rank 0 holds the one row
+
+
 def test_evenly_sharded_row_only_weights_share_nothing():
     torch = _lib_or_skip()
     from mxshard.torch.fsdp_linear import make_spec

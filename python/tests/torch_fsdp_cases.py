@@ -36,6 +36,9 @@ MODULES = [
     ("c", "mxfp8", "row", "swizzled", "floor", (70, 33)),
     ("d", "mxfp8", "both", "swizzled", "floor", (17, 3)),
     ("e", "mxfp8", "both", "compact", "ceil", (5, 1)),
+    ("g", "nvfp4", "row", "padded", "1x16", (48, 40)),
+    ("h", "nvfp4", "both", "swizzled", "16x16", (32, 33)),
+    ("i", "nvfp4", "both", "compact", "1x16", (20, 50)),
 ]
 
 
@@ -358,28 +361,33 @@ def case_unsupported(rank, world):
 
 def case_bytes(rank, world):
     """Bytes every rank puts on the all-gather per forward: a row-only MXFP8 weight R x C evenly
-    sharded sends S*C + S*ceil(C/32) (S = R/world) and needs no reduction; FSDP2 bf16 sends 2*S*C."""
+    sharded sends S*C + S*ceil(C/32) (S = R/world) and needs no reduction; row-only NVFP4 1x16
+    sends S*C/2 + S*ceil(C/16) (its tensor amax: one small all-reduce); FSDP2 bf16 sends 2*S*C."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     R, C = 64 * world, 96
     torch.manual_seed(0)
     out = {}
-    for kind in ("mxfp8", "bf16"):
+    for kind in ("mxfp8", "nvfp4", "bf16"):
         m = Net()
         m.a = nn.Linear(C, R, bias=False)
         m = m.to(dev())
-        if kind == "mxfp8":
-            mxt.convert(m, "row", fsdp=True)
+        if kind != "bf16":
+            mxt.convert(m, "row", format=kind, fsdp=True)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
         fully_shard(m.a, mp_policy=mp)
         fully_shard(m, mp_policy=mp)
-        with count_collectives() as calls:
-            with torch.no_grad():
-                m({"a": torch.ones(3, C, dtype=torch.bfloat16, device=dev())})
+        x = {"a": torch.ones(3, C, dtype=torch.bfloat16, device=dev())}
+        with torch.no_grad():
+            m(x)                     # the first refresh checks the ranks agree (a setup all_gather, once)
+            mxt.masters_changed(m)   # as after an optimizer step: the next gather refreshes
+            with count_collectives() as calls:
+                m(x)
         out[kind] = {"bytes": calls["bytes_all_gather_into_tensor"], "all_reduce": calls.get("all_reduce", 0)}
     S = R // world
     assert out["mxfp8"]["bytes"] == S * C + S * (-(-C // 32)), out
+    assert out["nvfp4"]["bytes"] == S * C // 2 + S * (-(-C // 16)), out
     assert out["bf16"]["bytes"] == 2 * S * C, out
-    assert out["mxfp8"]["all_reduce"] == 0, out
+    assert out["mxfp8"]["all_reduce"] == 0 and out["nvfp4"]["all_reduce"] == (1 if world > 1 else 0), out
     return out
 
 
@@ -436,7 +444,7 @@ def case_vs_sharded(rank, world, steps=3):
     """The same model, initial values and gradients under ShardedOptimizer (MXFP8Linear, the
     optimizer's writeback) and under FSDP2 (MXFP8ParamLinear, torch.optim.AdamW): every plane
     FSDP2 gathers equals the primary ShardedOptimizer holds, byte for byte, every step."""
-    mods = [x for x in MODULES if x[4] == "ceil"]  # ShardedOptimizer takes one rounding per bucket
+    mods = [x for x in MODULES if x[4] == "ceil"]  # MXFP8; ShardedOptimizer takes one rounding per bucket
 
     def sharded_model():
         torch.manual_seed(0)

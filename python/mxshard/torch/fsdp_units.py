@@ -148,8 +148,10 @@ def scratch_bytes(spec, rows, cols):
 
 def check_supported(spec, rows, cols, world, name):
     """What the library's writeback cannot do on FSDP2's shards: NVFP4 needs every shard to start
-    at an even element (ceil(rows/world) * cols even). Raises the same error on every rank."""
-    if spec.format == "nvfp4" and world > 1 and (G.chunk_rows(rows, world) * cols) % 2:
+    at an even element: ceil(rows/world) * cols even, unless rank 0 holds every row. Raises the
+    same error on every rank."""
+    S = G.chunk_rows(rows, world)
+    if spec.format == "nvfp4" and S < rows and (S * cols) % 2:
         raise NotImplementedError(
             f"mxshard: {name} ({rows}x{cols}, NVFP4) over {world} ranks: each rank's {G.chunk_rows(rows, world)} "
             f"rows x {cols} columns is an odd number of elements, so a shard would start mid-byte of the packed "

@@ -312,17 +312,24 @@ class _QuantLinear(nn.Module):
 
     # -- gradient
 
+    MAIN_GRAD_DTYPES = (torch.float32, torch.bfloat16)
+
     def _accumulate_main_grad(self, gy2, x2):
-        """main_grad += gy2^T @ x2 (fp32 [out, in]; created on first use)."""
+        """main_grad += gy2^T @ x2: float32 (created on first use), accumulated in fp32 inside the
+        GEMM; or bfloat16 (ShardedOptimizer(grad_dtype=torch.bfloat16)): the product in fp32, then
+        one rounding to bf16 per accumulation."""
         g = self.main_grad
         if g is None:
             g = torch.zeros(self.out_features, self.in_features, dtype=torch.float32, device=x2.device)
             self.main_grad = g
-        elif (g.dtype != torch.float32 or tuple(g.shape) != (self.out_features, self.in_features)
+        elif (g.dtype not in self.MAIN_GRAD_DTYPES or tuple(g.shape) != (self.out_features, self.in_features)
               or g.device != x2.device):
-            raise ValueError(f"{self._who}.main_grad must be a float32 [{self.out_features}, {self.in_features}] "
-                             f"tensor on {x2.device}, got {g.dtype} {tuple(g.shape)} on {g.device}")
-        _gemm.linear_wgrad(gy2, x2, acc=g)
+            raise ValueError(f"{self._who}.main_grad must be a float32 or bfloat16 [{self.out_features}, "
+                             f"{self.in_features}] tensor on {x2.device}, got {g.dtype} {tuple(g.shape)} on {g.device}")
+        if g.dtype == torch.float32:
+            _gemm.linear_wgrad(gy2, x2, acc=g)
+        else:
+            g.add_(_gemm.linear_wgrad(gy2, x2, dtype=torch.float32))
 
     # -- nn.Module
 
