@@ -28,8 +28,10 @@ counts what ran, with the reason):
               (no Triton, an NVFP4 plane with an odd row length, no tokens,
               compute capability < 8.0).
 
-The measured rule (bench/torch_layer.py --sweep on the H200, bench/RESULTS.md
-run 14): FUSED_MAX_TOKENS and CHUNK_BYTES below.
+The measured rule (bench/torch_layer.py --parts sweep on the H200,
+bench/RESULTS.md run 14): FUSED_MAX_TOKENS and CHUNK_BYTES below.
+Compute capability >= 10.0 `torch._scaled_mm` with MX block scales is not
+used (no such device to test the operand preparation on).
 
 linear_wgrad accumulates in fp32 inside the GEMM: acc += gy^T x with the
 exact products of the bf16/f16 inputs summed in fp32 (CUDA: cuBLAS with an fp32
@@ -53,10 +55,15 @@ __all__ = ["dequant", "linear_fwd", "linear_dgrad", "linear_wgrad", "plane_opera
 
 _CODES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
-# The measured rule (bench/RESULTS.md run 14): the fused kernel up to this many tokens (rows of
-# x for the forward, of gy for dgrad); above it dequantized chunks of at most CHUNK_BYTES + cuBLAS.
-FUSED_MAX_TOKENS = {"fwd": 256, "dgrad": 256}
-CHUNK_BYTES = 16 << 20
+# The measured rule (bench/torch_layer.py sweep on the H200, bench/RESULTS.md run 14): the fused
+# kernel up to this many tokens (rows of x for the forward, of gy for dgrad): at 16 and 64 tokens
+# it beat the chunked path for every format and plane (4096x4096: 144-207 µs against 166-378 µs),
+# at 256 it lost for the NVFP4 forward and the MXFP8 column-plane dgrad. Above it, dequantized
+# chunks of at most CHUNK_BYTES + cuBLAS: 32 MiB had the least time over the table's six shapes
+# (sum of fwd+dgrad time / bf16: 8 MiB 10.8, 16 MiB 8.9, 32 MiB 7.7). The library's whole-plane
+# dequantize is not a candidate: it holds a full-size copy of the weight.
+FUSED_MAX_TOKENS = {"fwd": 64, "dgrad": 64}
+CHUNK_BYTES = 32 << 20
 _CHUNK_ALIGN = 128  # chunk edges: a multiple of every block (32, 16) and of the dequantize tile
 
 # (op, path, reason) -> calls; the tests read it to see which path ran and why
@@ -179,7 +186,7 @@ def _chunk(extent, other, dt):
     """Rows of a chunk of `extent` rows of `other` elements: at most CHUNK_BYTES, a
     multiple of _CHUNK_ALIGN, and fewer than all of them whenever there are more than
     _CHUNK_ALIGN (no full-size copy of the weight)."""
-    per_row = other * torch.empty((), dtype=dt).element_size()
+    per_row = other * dt.itemsize
     n = max(_CHUNK_ALIGN, CHUNK_BYTES // per_row // _CHUNK_ALIGN * _CHUNK_ALIGN)
     if extent > _CHUNK_ALIGN:
         n = min(n, _round_up(-(-extent // 2), _CHUNK_ALIGN))

@@ -272,8 +272,10 @@ def plane_dequant(op: PlaneOperand, r0, r1, c0, c1, dtype, out=None):
     return out
 
 
-# Tile configurations (BM, BN, BK, warps, stages) by the number of rows of A. The table is
-# what bench/torch_layer.py --sweep measured on the H200 (bench/RESULTS.md run 14).
+# Tile configurations (BM, BN, BK, warps, stages) by the number of rows of A: first choices,
+# not tuned (bench/RESULTS.md run 14: at 16-64 rows, 64 CTAs of 4 warps stream a 4096x4096
+# plane in ~145 µs, far from its ~5 µs of bytes; at 2048 rows the 128x128x64 tiles run 5.5x
+# cuBLAS's bf16 time). _gemm's measured rule uses this kernel only up to 64 rows.
 _CONFIGS = (
     (16, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4)),
     (32, dict(BM=32, BN=64, BK=128, num_warps=4, num_stages=4)),
@@ -283,6 +285,8 @@ _CONFIGS = (
 
 
 def gemm_config(M):
+    if INTERPRET:  # one program at a time, in Python: few, large tiles
+        return dict(BM=min(64, max(16, triton.next_power_of_2(M))), BN=128, BK=256, num_warps=4, num_stages=1)
     for upto, cfg in _CONFIGS:
         if upto is None or M <= upto:
             return dict(cfg)
