@@ -275,6 +275,19 @@ def run_step(args):
         if dist.get_rank() == 0:
             print(f"| {variant} | {world} | {n / 1e9:.2f} B | {args.batch * args.seq} | {statistics.median(times):.1f} | "
                   f"{min(times):.1f} | {peak:.2f} |", flush=True)
+        if args.profile and dist.get_rank() == 0:
+            from torch.profiler import ProfilerActivity, profile
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(2):
+                    F.cross_entropy(m(tok).float().reshape(-1, args.vocab), tok.reshape(-1)).backward()
+                    opt.step()
+                    opt.zero_grad()
+                torch.cuda.synchronize()
+            ka = prof.key_averages()
+            print(f"profile {variant} (2 steps): by device time", file=sys.stderr)
+            print(ka.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60), file=sys.stderr)
+            print(f"profile {variant} (2 steps): by host time", file=sys.stderr)
+            print(ka.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60), file=sys.stderr)
         del m, opt
     dist.destroy_process_group()
 
@@ -293,6 +306,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true", help="step: torch.profiler tables of 2 steps per variant")
     args = ap.parse_args()
     args.worlds = [int(w) for w in args.worlds.split(",")]
     args.variants = [v for v in args.variants.split(",") if v]

@@ -37,9 +37,9 @@ python3 -c 'import mxshard; print(mxshard.library_info(cuda=True))' 2>&1 | tee -
 
 if want cuda && [ -x "${MXS_PREBUILT:-/nonexistent}/test_cuda_nvfp4" ]; then
   say "NVFP4 CUDA suite (fragments) + memcheck"
-  (cd "$MXS_PREBUILT" && ./test_cuda_nvfp4) > "$out/cuda-nvfp4.log" 2>&1 || { status=1; say "FAIL: test_cuda_nvfp4"; }
+  (cd "$MXS_PREBUILT" && LD_LIBRARY_PATH=$PWD ./test_cuda_nvfp4) > "$out/cuda-nvfp4.log" 2>&1 || { status=1; say "FAIL: test_cuda_nvfp4"; }
   tail -3 "$out/cuda-nvfp4.log" | tee -a "$out/fsdp.log"
-  (cd "$MXS_PREBUILT" && compute-sanitizer --tool memcheck --error-exitcode 9 ./test_cuda_nvfp4) \
+  (cd "$MXS_PREBUILT" && LD_LIBRARY_PATH=$PWD compute-sanitizer --tool memcheck --error-exitcode 9 ./test_cuda_nvfp4) \
     > "$out/memcheck-nvfp4.log" 2>&1 || { status=1; say "FAIL: memcheck test_cuda_nvfp4"; }
   grep -E "ERROR SUMMARY" "$out/memcheck-nvfp4.log" | tee -a "$out/fsdp.log"
 fi
@@ -56,7 +56,7 @@ if want example; then
   say "examples/torch_fsdp.py over NCCL, $n process(es)"
   for fmt in mxfp8 nvfp4; do
     timeout 240 torchrun --standalone --nproc_per_node="$n" examples/torch_fsdp.py --device cuda --steps 40 \
-      --format "$fmt" --d 256 --hidden 1024 > "$out/example-$fmt.log" 2>&1 || { status=1; say "FAIL: example $fmt"; }
+      --format "$fmt" --hidden 1024 > "$out/example-$fmt.log" 2>&1 || { status=1; say "FAIL: example $fmt"; }
     grep "torch_fsdp: loss" "$out/example-$fmt.log" | tee -a "$out/fsdp.log"
   done
 fi

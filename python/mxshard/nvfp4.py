@@ -677,12 +677,15 @@ class NVFP4BucketWriteback(_WithClose):
             return self.packed.view(t.uint16 if self.entry_bytes == 2 else t.uint32)
         return self._packed_np.view(np.uint16 if self.entry_bytes == 2 else np.uint32)
 
-    def apply(self):
+    def apply(self, check_status=True):
         """Step 4, after the MAX reduction: RemoteError when the status byte
         is set; else global amaxes, every scale, and the cast of this rank's
-        shards into the row-wise planes and the column stages."""
+        shards into the row-wise planes and the column stages.
+        check_status=False: the caller already knows the group's verdict (it
+        reduced the status entry itself): no status read (on CUDA, no copy to
+        the host and no stream synchronisation)."""
         self._check_open()
-        if self.status() != 0:
+        if check_status and self.status() != 0:
             raise L.remote_error("NVFP4BucketWriteback.apply")
         if self._cuda_bucket is not None:
             L.check(self._cu.bucket_apply(self._cuda_bucket, self._stream()), "mxs_cuda_nvfp4_wb_bucket_apply")

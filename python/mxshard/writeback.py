@@ -409,13 +409,15 @@ class BucketWriteback(_WithClose):
             return int(self._status_host_np[0])
         return int(self._packed_status_np[self.status_offset])
 
-    def apply(self, stream=None):
+    def apply(self, stream=None, check_status=True):
         """Step 4 (after the MAX reduction of `packed`): RemoteError when the
         status byte is set; else the reduced exponents -> every primary's
-        scales, and the cast of this rank's shards."""
+        scales, and the cast of this rank's shards. check_status=False: the
+        caller already knows the group's verdict (it reduced the status byte
+        itself): no status read (on CUDA, no copy to the host, no sync)."""
         if self._closed:
             raise ValueError("BucketWriteback: closed")
-        if self.status() != 0:
+        if check_status and self.status() != 0:
             raise L.remote_error("BucketWriteback.apply")
         self._apply(stream)
 

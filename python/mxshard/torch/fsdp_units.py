@@ -286,8 +286,10 @@ class WeightUnit:
 
     def apply(self, version):
         """The cast of the shard into the fragments, complete scales; then this rank's scale
-        windows into the send buffers. `version`: the master's version these bytes come from."""
-        self.wb.apply()
+        windows into the send buffers. `version`: the master's version these bytes come from. The
+        group's status was read from the reduction (FSDPGroup.refresh): no status read here (on
+        CUDA: no synchronisation per weight)."""
+        self.wb.apply(check_status=False)
         for p, buf in self.send_scale.items():
             b0, b1, _ = _scale_window(self.spec, p, self.rows, self.world, self.rank)
             sc = self.scales[p]
