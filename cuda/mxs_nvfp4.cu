@@ -227,8 +227,7 @@ struct alignas(16) NvItem {
     int64_t rows, cols, n, kr, kc;
     int64_t start, len;
     const void *master;
-    uint8_t *data[2], *scale[2], *stage; /* data[0], stage: apply's outputs (planes or fragments) */
-    int64_t row_base, stage_base;        /* plane nibble of output byte 0: start for a fragment, else 0 */
+    uint8_t *data[2], *scale[2], *stage; /* data[0], stage: apply's outputs (planes or fragments: kOut*) */
     float *amax;
     mxs_scale_geom geom[2];
     int64_t sbytes[2];                                    /* scale bytes of the present planes (0: absent) */
@@ -240,9 +239,15 @@ struct alignas(16) NvItem {
     int64_t grp0, ctiles; /* tiles: first row group, column tiles per group (tile t: group grp0 + t / ctiles) */
     int dirs, two_d, dtype;
     int mis;    /* master loads element-aligned only (ld16_elems) */
-    int st4[2]; /* row output, stage output: plane byte 0 4-byte aligned (32-bit stores) */
+    int out;    /* apply's outputs data[0] and stage: kOut* bits */
     int finish; /* finish transposes this item (mxs__nvfp4_wb_finishes) */
 };
+
+/* NvItem.out: whether an apply output is a fragment (its byte 0 is plane
+ * byte start/2) and whether its plane byte 0 is 4-byte aligned (32-bit
+ * stores). One word, so that the bucket's records cost the apply kernel no
+ * registers over in-place outputs (start is loaded anyway). */
+enum { kOutRowFrag = 1, kOutStageFrag = 2, kOutRowSt4 = 4, kOutStageSt4 = 8 };
 
 /* What a launch needs besides its items. */
 struct NvHead {
@@ -443,14 +448,14 @@ __device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
     return q;
 }
 
-/* Bytes q of plane nibbles f .. f+7 (f % 8 == 0) into output d, whose byte
- * 0 is plane nibble `base` (0: the plane; start: a fragment; even, so plane
- * byte b is output byte b - base/2, an integer offset formed only inside the
- * shard): one 32-bit store when all 8 are inside the shard (and st4: the
- * output's plane byte 0 is 4-byte aligned, hence this address), else the
- * bytes inside it (shard boundaries are even: a byte is wholly inside or out). */
-__device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, int64_t base, int st4, int64_t f, uint32_t q) {
-    const int64_t end = I.start + I.len, o = (f - base) / 2;
+/* Bytes q of plane nibbles f .. f+7 (f % 8 == 0) into output d - the plane,
+ * or a fragment (frag: plane byte b is fragment byte b - start/2, an integer
+ * offset, used only inside the shard; start is even): one 32-bit store when
+ * all 8 are inside the shard (and st4: the output's plane byte 0 is 4-byte
+ * aligned, hence this address), else the bytes inside it (shard boundaries
+ * are even: a byte is wholly inside or out). */
+__device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, bool frag, bool st4, int64_t f, uint32_t q) {
+    const int64_t end = I.start + I.len, o = (f - (frag ? I.start : 0)) / 2;
     if (st4 && f >= I.start && f + 8 <= end) {
         *reinterpret_cast<uint32_t *>(d + o) = q;
         return;
@@ -500,12 +505,12 @@ template <int DT, int RT> __device__ void nv_apply_tile(const NvHead &C, const N
             if (do_row) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
-                nv_store8(I, I.data[0], I.row_base, I.st4[0], f, nv_cast8(x, e));
+                nv_store8(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
             }
             if (do_stage) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
-                nv_store8(I, I.stage, I.stage_base, I.st4[1], f, nv_cast8(x, e));
+                nv_store8(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
             }
         }
     }
@@ -571,12 +576,14 @@ __device__ void nv_apply_unit(const NvHead &C, const NvItem *it, int64_t u) {
         if (I.data[0] || I.two_d) er[h] = nv_mult(C, nv_row_entry(I, r, c), s_enc);
         if (I.stage) ec[h] = I.two_d ? er[h] : nv_mult(C, nv_col_entry(I, r, c), s_enc);
     }
-    if (I.data[0]) /* plane byte b: output byte b - base/2 */
-        I.data[0][b - I.row_base / 2] = both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
-                                             : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
+    if (I.data[0]) /* plane byte b: fragment byte b - start/2 */
+        I.data[0][b - (I.out & kOutRowFrag ? I.start / 2 : 0)] =
+            both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
+                 : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
     if (I.stage)
-        I.stage[b - I.stage_base / 2] = both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
-                                             : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
+        I.stage[b - (I.out & kOutStageFrag ? I.start / 2 : 0)] =
+            both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
+                 : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
 }
 
 /* Finish, one CTA tile (rows % 16 == 0, cols % 8 == 0): kFinishGroups
@@ -931,12 +938,10 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
         I->sunits[p] = (G.layout == MXS_SCALES_COMPACT ? G.M : G.Mp) *
                        mxs_ceil_div(G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, 4);
     }
-    if ((t->dirs & MXS_ROWWISE) && in->row_fragment) { /* fragments win over the planes */
-        I->data[0] = in->row_fragment;
-        I->row_base = in->start;
-    }
-    I->stage = (t->dirs & MXS_COLWISE) ? (in->stage_fragment ? in->stage_fragment : in->col_stage) : nullptr;
-    I->stage_base = (t->dirs & MXS_COLWISE) && in->stage_fragment ? in->start : 0;
+    const bool row_frag = (t->dirs & MXS_ROWWISE) && in->row_fragment;
+    const bool stage_frag = (t->dirs & MXS_COLWISE) && in->stage_fragment;
+    if (row_frag) I->data[0] = in->row_fragment; /* fragments win over the planes */
+    I->stage = (t->dirs & MXS_COLWISE) ? (stage_frag ? in->stage_fragment : in->col_stage) : nullptr;
     I->finish = mxs__nvfp4_wb_finishes(in);
     I->row_entry = sl->row_entry;
     I->col_entry = sl->col_entry;
@@ -949,8 +954,9 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
     const int64_t es = mxs_dtype_bytes(in->master_dtype);
     I->mis = in->len > 0 &&
              (reinterpret_cast<uintptr_t>(in->master) - (uintptr_t)(in->start * es)) % 16u != 0; /* vec rule */
-    I->st4[0] = nv_st4(I->data[0], I->row_base);
-    I->st4[1] = nv_st4(I->stage, I->stage_base);
+    I->out = (row_frag ? kOutRowFrag : 0) | (stage_frag ? kOutStageFrag : 0) |
+             (nv_st4(I->data[0], row_frag ? in->start : 0) ? kOutRowSt4 : 0) |
+             (nv_st4(I->stage, stage_frag ? in->start : 0) ? kOutStageSt4 : 0);
 }
 
 /* CTAs of a phase's tiles: a warp per tile, finish a CTA per tile. */
