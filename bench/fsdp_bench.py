@@ -257,11 +257,13 @@ def run_step(args):
         if variant == "sharded-row":
             continue
         torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
         m, opt = build(variant, args, dev)
         n = sum(p.numel() for p in m.parameters()) * world if variant != "sharded-row" else 0
         times = []
         for i in range(args.warmup + args.steps):
+            if i == 1:  # the training peak: after the first step allocated the optimizer state
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             F.cross_entropy(m(tok).float().reshape(-1, args.vocab), tok.reshape(-1)).backward()

@@ -93,8 +93,8 @@ class _ParamLinear(nn.Linear):
 
     @classmethod
     def from_linear(cls, lin, spec, name, group):
-        """Takes over nn.Linear `lin`: its weight's values become the master (same dtype, a new
-        Parameter), its bias Parameter is kept (the same object)."""
+        """Takes over nn.Linear `lin`: its weight's storage becomes the master (same dtype, a new
+        Parameter over it), its bias Parameter is kept (the same object)."""
         m = cls.__new__(cls)
         nn.Module.__init__(m)
         m.in_features, m.out_features = lin.in_features, lin.out_features
@@ -102,7 +102,9 @@ class _ParamLinear(nn.Linear):
         if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"convert: {name}.weight is {w.dtype}; masters are float32, bfloat16 or float16")
         meta = WeightMeta(spec, name, lin.out_features, lin.in_features, group)
-        data = w.clone(memory_format=torch.contiguous_format)
+        # the master takes over the linear's storage (no copy: a large model converts without a
+        # second set of weights; the old Parameter object is dropped with the old module)
+        data = w if w.is_contiguous() and w.storage_offset() == 0 else w.clone(memory_format=torch.contiguous_format)
         m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
         m.bias = lin.bias
         m.meta, m.spec, m._group = meta, spec, group
