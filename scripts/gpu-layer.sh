@@ -8,6 +8,7 @@
 #   scripts/gpu-layer.sh [PARTS] [TEST_K]     PARTS for bench/torch_layer.py (default table)
 #   MXS_PREBUILT=dir scripts/gpu-layer.sh ...  libmxshard_host.so + libmxshard_cuda.so built elsewhere
 #   MXS_LAYER_TESTS=0                          skip phase A (tests + warm-up)
+#   MXS_LAYER_ARGS="--apply-rule ..."          more arguments for bench/torch_layer.py
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
@@ -39,7 +40,7 @@ python3 -c 'import mxshard; print(mxshard.library_info(cuda=True))' 2>&1 | tee -
 if [ "${MXS_LAYER_TESTS:-1}" = 1 ]; then
   say "phase A: tests in parallel groups + bench warm-up"
   groups=("upconversion" "kernel_dequantize or chunks" "gemm_paths and bfloat16" "gemm_paths and float16 and not bfloat16"
-          "gemm_paths and float32" "reads_exactly or fallbacks or triton or rule or wgrad or interpreter")
+          "gemm_paths and float32" "reads_exactly or fallbacks or triton or rule or wgrad or interpreter or plans or launch")
   pids=()
   for i in "${!groups[@]}"; do
     timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/test_torch_gemm.py -q -rs -p no:cacheprovider \

@@ -18,20 +18,31 @@ counts what ran, with the reason):
     fused     Triton GEMM that loads the plane's E4M3 / packed E2M1 bytes and
               block scales and up-converts them in registers before bf16/f16
               tensor-core MMAs (mxshard.torch._mxgemm_triton): no weight copy.
-              CUDA, bf16/f16, up to FUSED_MAX_TOKENS rows of x / gy.
-    chunked   the plane dequantized by the same Triton up-conversion in chunks
-              of at most CHUNK_BYTES (and never the whole weight at once), each
-              chunk one cuBLAS GEMM writing its slice of the output. CUDA, more
-              tokens than that, or float32.
+              CUDA, bf16/f16.
+    chunked   the plane dequantized by the same Triton up-conversion, in one
+              chunk when its compute-dtype copy fits in CHUNK_BYTES, else in
+              equal chunks of at most CHUNK_BYTES, each chunk one cuBLAS GEMM
+              writing its slice of the output. CUDA.
     dequant   the library's dequantize of the whole plane + torch matmul: the
-              reference. CPU tensors, and wherever a Triton path does not apply
-              (no Triton, an NVFP4 plane with an odd row length, no tokens,
-              compute capability < 8.0).
+              reference, and a candidate of the measured rule on CUDA. CPU
+              tensors, and wherever a Triton path does not apply (no Triton, an
+              NVFP4 plane with an odd row length, no tokens, compute capability
+              < 8.0).
 
-The measured rule (bench/torch_layer.py --parts sweep on the H200,
-bench/RESULTS.md run 14): FUSED_MAX_TOKENS and CHUNK_BYTES below.
-Compute capability >= 10.0 `torch._scaled_mm` with MX block scales is not
-used (no such device to test the operand preparation on).
+The measured rule (RULE below): per format and GEMM (fwd, dgrad of the row
+plane, dgrad of the column plane), on a grid of weight sizes x token counts,
+the path with the least max(host µs, GPU µs) per call, measured by
+bench/torch_layer.py --parts sweep on the H200 (bench/RESULTS.md run 14b); a
+GEMM takes the grid point nearest to it in log2(out*in) and log2(tokens).
+Compute capability >= 10.0 `torch._scaled_mm` with MX block scales is not used
+(no such device to test the operand preparation on).
+
+Host time: everything a path needs that depends only on the weight (the
+PlaneOperand, the chunk bounds, each chunk's prepared Triton launch and its
+specialisation key) is built once per (primary, plane, dtype) and kept while
+the primary's tensors are the same objects at the same addresses; Triton
+kernels are launched through their compiled handle (_mxgemm_triton's
+FAST_LAUNCH).
 
 linear_wgrad accumulates in fp32 inside the GEMM: acc += gy^T x with the
 exact products of the bf16/f16 inputs summed in fp32 (CUDA: cuBLAS with an fp32
@@ -42,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -51,20 +63,94 @@ from ..nvfp4 import NVFP4Weight, dequantize_nvfp4
 from ..ops import dequantize as _mx_dequantize
 
 __all__ = ["dequant", "linear_fwd", "linear_dgrad", "linear_wgrad", "plane_operand", "choose_path", "forced_path",
-           "path_counts", "FUSED_MAX_TOKENS", "CHUNK_BYTES"]
+           "path_counts", "RULE", "RULE_ELEMS", "RULE_TOKENS", "CHUNK_BYTES"]
 
 _CODES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
-# The measured rule (bench/torch_layer.py sweep on the H200, bench/RESULTS.md run 14): the fused
-# kernel up to this many tokens (rows of x for the forward, of gy for dgrad): at 16 and 64 tokens
-# it beat the chunked path for every format and plane (4096x4096: 144-207 µs against 166-378 µs),
-# at 256 it lost for the NVFP4 forward and the MXFP8 column-plane dgrad. Above it, dequantized
-# chunks of at most CHUNK_BYTES + cuBLAS: 32 MiB had the least time over the table's six shapes
-# (sum of fwd+dgrad time / bf16: 8 MiB 10.8, 16 MiB 8.9, 32 MiB 7.7). The library's whole-plane
-# dequantize is not a candidate: it holds a full-size copy of the weight.
-FUSED_MAX_TOKENS = {"fwd": 64, "dgrad": 64}
+# ---- the measured rule ------------------------------------------------------------------------
+#
+# RULE[(format, gemm)][i][j]: the path ('F' fused, 'C' chunked, 'D' dequant) of GEMM `gemm`
+# ('fwd', 'dgrad row', 'dgrad col') for a weight of about 2^RULE_ELEMS[i] elements (out * in)
+# and about 2^RULE_TOKENS[j] tokens (rows of x / gy): the least max(host µs, GPU µs) per call of
+# the three paths there (host: 10 calls issued back to back while the GPU sleeps; GPU: the same
+# calls' kernels back to back), chunked then fused preferred within 10 % (host noise is ~5 µs
+# and neither holds a full-size copy); square weights, bf16, padded scales, NVFP4 1x16.
+#
+# Measured by bench/torch_layer.py --parts sweep on the H200, 2026-12-01 (bench/RESULTS.md run
+# 14b, bench/results/2026-12-01-run14b-layer.md: all 150 points). What it rests on, host / GPU µs
+# per call (bf16 cuBLAS for scale: 15-50 host):
+#   * chunked, one chunk (one Triton dequantize + one cuBLAS GEMM): 50-125 host, the least GPU
+#     time of the three nearly everywhere (4096^2 at 2048 tokens: 115 GPU against bf16's 89, the
+#     library path's 171, the fused kernel's 497-784); 4 chunks (8192^2): 200-350 host;
+#   * dequant (the library's dequantize): 100-220 host (its Python checks + ctypes) and 1.0-4.7x
+#     chunked's GPU time (its kernel moves ~0.6 TB/s, the Triton one ~1.6): picked nowhere;
+#   * fused: 60-115 host, one launch; it wins where the chunked path's host time is the larger -
+#     8192^2 at 16 tokens (4 chunks: 230-320 host against fused's 160-230 GPU) - and in a few
+#     host-bound small cells where the two are within noise; from 256 tokens on its GPU time is
+#     2.5-7x chunked's (no pipelining, the up-conversion redone for every M tile);
+#   * 2^25.8-element weights (14336x4096) take the 2^26 row.
+RULE_ELEMS = (18, 20, 22, 24, 26)        # 512^2 .. 8192^2
+RULE_TOKENS = (4, 8, 11, 13, 14)         # 16, 256, 2048, 8192, 16384
+RULE = {
+    ('mxfp8', 'fwd'): ('CCFCC', 'CCCCC', 'CCCCC', 'CCCCC', 'FCCCC'),
+    ('mxfp8', 'dgrad row'): ('CCCCC', 'FCCCC', 'CCCCC', 'CCCCC', 'FCCCC'),
+    ('mxfp8', 'dgrad col'): ('CCCCC', 'CCCCC', 'CCCCC', 'CCCCC', 'CCCCC'),
+    ('nvfp4', 'fwd'): ('CCCCC', 'CFCCC', 'CCCCC', 'CCCCC', 'FCCCC'),
+    ('nvfp4', 'dgrad row'): ('CCFCC', 'CCCCC', 'CCCCC', 'CCCCC', 'FCCCC'),
+    ('nvfp4', 'dgrad col'): ('CCCCC', 'FCCCC', 'CCCCC', 'CCCCC', 'FCCCC'),
+}
+_PATHS = {"F": "fused", "C": "chunked", "D": "dequant"}
+
+# The dequantized weight in flight at once: at most this many bytes (one chunk when the whole
+# plane's compute-dtype copy fits, else equal chunks no larger). Run 14's sweep: 32 MiB had the
+# least time of 8 / 16 / 32 MiB; the whole plane at once was 3-6 % faster on 8192^2 and
+# 14336x4096 but is the full-size copy issue 25 removes.
 CHUNK_BYTES = 32 << 20
 _CHUNK_ALIGN = 128  # chunk edges: a multiple of every block (32, 16) and of the dequantize tile
+
+
+def _mid(grid):
+    """Boundaries between neighbouring grid points, halfway in log2."""
+    return tuple(2.0 ** ((a + b) / 2) for a, b in zip(grid, grid[1:]))
+
+
+_ELEMS_MID, _TOKENS_MID = _mid(RULE_ELEMS), _mid(RULE_TOKENS)
+
+
+def _nearest(v, mids):
+    i = 0
+    for m in mids:
+        if v < m:
+            break
+        i += 1
+    return i
+
+
+_rule_reasons = {}
+
+
+def _rule_path(fmt, gemm, elems, tokens):
+    """(path, reason) of the measured rule for a GEMM of `tokens` rows on a weight of `elems`."""
+    i, j = _nearest(elems, _ELEMS_MID), _nearest(tokens, _TOKENS_MID)
+    key = (fmt, gemm, i, j)
+    r = _rule_reasons.get(key)
+    if r is None:
+        r = (_PATHS[RULE[(fmt, gemm)][i][j]],
+             f"measured rule: {fmt} {gemm}, ~2^{RULE_ELEMS[i]} weight elements, ~2^{RULE_TOKENS[j]} tokens")
+        _rule_reasons[key] = r
+    return r
+
+
+def set_rule(rule=None, chunk_bytes=None):
+    """Replace the rule table (and CHUNK_BYTES): the benchmark applies what its sweep measured."""
+    global CHUNK_BYTES
+    if rule is not None:
+        RULE.update(rule)
+    if chunk_bytes is not None:
+        CHUNK_BYTES = chunk_bytes
+    _rule_reasons.clear()
+    _plans.clear()
+
 
 # (op, path, reason) -> calls; the tests read it to see which path ran and why
 path_counts = collections.Counter()
@@ -151,46 +237,151 @@ def _plane_row_len(primary, plane):
     return primary.rows if isinstance(primary, NVFP4Weight) and plane == "col" else primary.cols
 
 
+def _chunk(extent, other, dt):
+    """Rows per chunk of `extent` rows of `other` elements: all of them when they fit in
+    CHUNK_BYTES, else equal chunks of a multiple of _CHUNK_ALIGN rows, at most CHUNK_BYTES
+    each (or _CHUNK_ALIGN rows, where one such row block is larger)."""
+    per_row = other * dt.itemsize
+    if extent * per_row <= CHUNK_BYTES:
+        return extent
+    cap = max(_CHUNK_ALIGN, CHUNK_BYTES // per_row // _CHUNK_ALIGN * _CHUNK_ALIGN)
+    n = -(-extent // cap)
+    return min(cap, _round_up(-(-extent // n), _CHUNK_ALIGN))
+
+
+class _Plan:
+    """What the GEMMs of one plane in one compute dtype need that depends on the weight only,
+    built once per primary (kept while its tensors are the same objects at the same addresses):
+    the PlaneOperand, per chunk axis the chunks [(start, stop, DequantLaunch)], and the paths
+    chosen so far per (op, tokens)."""
+
+    __slots__ = ("names", "ts", "ptrs", "dt", "op", "_chunks", "routes")
+
+    def __init__(self, primary, plane, dt, names, ts):
+        self.names, self.ts = names, ts
+        self.ptrs = tuple(t.data_ptr() for t in ts)
+        self.dt = dt
+        self.op = plane_operand(primary, plane)
+        self._chunks = [None, None]
+        self.routes = {}
+
+    def fresh(self, primary):
+        """The primary still holds the same tensors at the same addresses."""
+        for n, t, p in zip(self.names, self.ts, self.ptrs):
+            if getattr(primary, n) is not t or t.data_ptr() != p:
+                return False
+        return True
+
+    def route(self, op, primary, plane, tokens, device):
+        """choose_path's (path, reason, path_counts key) for (op, tokens), remembered."""
+        r = self.routes.get((op, tokens))
+        if r is None:
+            if len(self.routes) >= 256:
+                self.routes.clear()
+            path, why = choose_path(op, primary, plane, tokens, self.dt, device)
+            r = self.routes[(op, tokens)] = (path, why, (op, path, why))
+        return r
+
+    def chunks(self, axis):
+        """axis 0: chunks of P's rows (P[r0:r1, :]); 1: of its columns (P[:, c0:c1])."""
+        c = self._chunks[axis]
+        if c is None:
+            op, dt = self.op, self.dt
+            d = _kernels().DequantLaunch
+            if axis == 0:
+                step = _chunk(op.R, op.C, dt)
+                c = [(a, min(op.R, a + step), d(op, a, min(op.R, a + step), 0, op.C, dt)) for a in range(0, op.R, step)]
+            else:
+                step = _chunk(op.C, op.R, dt)
+                c = [(a, min(op.C, a + step), d(op, 0, op.R, a, min(op.C, a + step), dt)) for a in range(0, op.C, step)]
+            self._chunks[axis] = c
+        return c
+
+
+_plans = weakref.WeakKeyDictionary()   # primary -> {(plane, dtype): _Plan}
+_PLAN_CACHE = True                     # False: a new plan every call (the benchmark's "run 14" emulation)
+_NAMES = {(p, fp4): (f"{p}_data", f"{p}_scale") + (("amax",) if fp4 else ()) for p in ("row", "col")
+          for fp4 in (False, True)}
+
+
+def _plan(primary, plane, dt):
+    if _PLAN_CACHE:
+        try:
+            d = _plans.get(primary)
+            if d is None:
+                d = _plans[primary] = {}
+        except TypeError:   # not hashable / weakly referenceable: no cache
+            d = None
+        if d is not None:
+            p = d.get((plane, dt))
+            if p is not None and p.fresh(primary):
+                return p
+    names = _NAMES[(plane, isinstance(primary, NVFP4Weight))]
+    p = _Plan(primary, plane, dt, names, tuple(getattr(primary, n) for n in names))
+    if _PLAN_CACHE and d is not None:
+        d[(plane, dt)] = p
+    return p
+
+
+def _decide(op, primary, plane, tokens, dt, device):
+    """(path, reason, path_counts key, plan or None): the remembered choice of the primary's plan
+    on the usual CUDA path, else choose_path's."""
+    if _forced is None and tokens and _kernels_mod is not None and device.type == "cuda":
+        plan = _plan(primary, plane, dt)
+        return plan.route(op, primary, plane, tokens, device) + (plan,)
+    path, why = choose_path(op, primary, plane, tokens, dt, device)
+    return path, why, (op, path, why), None
+
+
+_capability = {}
+
+
+def _cc_major(device):
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    c = _capability.get(i)
+    if c is None:
+        c = _capability[i] = torch.cuda.get_device_capability(i)[0]
+    return c
+
+
+_CPU_REASON = "CPU tensors: the library's dequantize + torch matmul (the reference)"
+_GEMM_NAME = {("fwd", "row"): "fwd", ("dgrad", "row"): "dgrad row", ("dgrad", "col"): "dgrad col"}
+
+
 def choose_path(op, primary, plane, tokens, dt, device):
     """('fused' | 'chunked' | 'dequant', reason) for GEMM `op` ('fwd' | 'dgrad') reading
     `plane` of `primary` with `tokens` rows of x / gy in compute dtype `dt` on `device`."""
     forced = _forced
-    if device.type != "cuda" and forced in (None, "dequant"):
-        return "dequant", "CPU tensors: the library's dequantize + torch matmul (the reference)"
+    cuda = device.type == "cuda"
+    if not cuda and forced in (None, "dequant"):
+        return "dequant", _CPU_REASON
     if forced == "dequant":
         return "dequant", "forced"
-    if _kernels() is None:
+    k = _kernels()
+    if k is None:
         return "dequant", f"Triton is not available ({_kernels_err})"
-    if device.type != "cuda" and not _kernels().INTERPRET:
+    if not cuda and not k.INTERPRET:
         return "dequant", "CPU tensors and TRITON_INTERPRET unset (the Triton kernels run on CUDA)"
     if tokens == 0:
         return "dequant", "no tokens"
-    if isinstance(primary, NVFP4Weight) and _plane_row_len(primary, plane) % 2:
+    fp4 = isinstance(primary, NVFP4Weight)
+    if fp4 and _plane_row_len(primary, plane) % 2:
         return "dequant", "NVFP4 plane with an odd row length (rows start inside a byte)"
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+    if cuda and _cc_major(device) < 8:
         return "dequant", "compute capability < 8.0 (Triton's bf16 tensor-core dot)"
-    if dt == torch.float32:
-        return "chunked", "float32 compute dtype (the fused kernel multiplies bf16/f16)"
     if forced is not None:
+        if forced == "fused" and dt == torch.float32:
+            return "chunked", "float32 compute dtype (the fused kernel multiplies bf16/f16)"
         return forced, "forced"
-    if tokens <= FUSED_MAX_TOKENS[op]:
-        return "fused", f"tokens <= {FUSED_MAX_TOKENS[op]} (measured rule)"
-    return "chunked", f"tokens > {FUSED_MAX_TOKENS[op]} (measured rule)"
+    path, why = _rule_path("nvfp4" if fp4 else "mxfp8", _GEMM_NAME[(op, plane)], primary.rows * primary.cols,
+                           tokens)
+    if path == "fused" and dt == torch.float32:
+        return "chunked", "float32 compute dtype (the fused kernel multiplies bf16/f16)"
+    return path, why
 
 
 def _count(op, path, reason):
     path_counts[(op, path, reason)] += 1
-
-
-def _chunk(extent, other, dt):
-    """Rows of a chunk of `extent` rows of `other` elements: at most CHUNK_BYTES, a
-    multiple of _CHUNK_ALIGN, and fewer than all of them whenever there are more than
-    _CHUNK_ALIGN (no full-size copy of the weight)."""
-    per_row = other * dt.itemsize
-    n = max(_CHUNK_ALIGN, CHUNK_BYTES // per_row // _CHUNK_ALIGN * _CHUNK_ALIGN)
-    if extent > _CHUNK_ALIGN:
-        n = min(n, _round_up(-(-extent // 2), _CHUNK_ALIGN))
-    return n
 
 
 # ---- the GEMMs ----------------------------------------------------------------------------
@@ -198,57 +389,56 @@ def _chunk(extent, other, dt):
 def linear_fwd(x, primary, b, dt):
     """x @ deq(row)^T + b; x and b already in dt."""
     K, N = primary.cols, primary.rows
-    x2 = x.reshape(-1, K)
-    path, why = choose_path("fwd", primary, "row", x2.shape[0], dt, x.device)
-    _count("fwd", path, why)
+    path, _, key, plan = _decide("fwd", primary, "row", x.numel() // K, dt, x.device)
+    path_counts[key] += 1
     if path == "dequant":
-        w = dequant(primary, "row", dt)
-        return F.linear(x, w, b)
-    kern = _kernels()
-    op = plane_operand(primary, "row")
+        return F.linear(x, dequant(primary, "row", dt), b)
+    if plan is None:
+        plan = _plan(primary, "row", dt)
     if path == "fused":
-        y2 = kern.qgemm(x2, op, True, dt, bias=b)
-    else:
-        y2 = torch.empty(x2.shape[0], N, dtype=dt, device=x.device)
-        step = _chunk(N, K, dt)
-        for n0 in range(0, N, step):
-            n1 = min(N, n0 + step)
-            w = kern.plane_dequant(op, n0, n1, 0, K, dt)
-            if b is None:
-                torch.mm(x2, w.t(), out=y2[:, n0:n1])
-            else:
-                torch.addmm(b[n0:n1], x2, w.t(), out=y2[:, n0:n1])
-            del w
+        return _kernels().qgemm(x.reshape(-1, K), plan.op, True, dt, bias=b).reshape(*x.shape[:-1], N)
+    chunks = plan.chunks(0)                       # P = W: chunks of its rows, slices of y's columns
+    if len(chunks) == 1:
+        return F.linear(x, chunks[0][2].run(), b)
+    x2 = x.reshape(-1, K)
+    y2 = torch.empty(x2.shape[0], N, dtype=dt, device=x.device)
+    for n0, n1, launch in chunks:
+        w = launch.run()
+        if b is None:
+            torch.mm(x2, w.t(), out=y2[:, n0:n1])
+        else:
+            torch.addmm(b[n0:n1], x2, w.t(), out=y2[:, n0:n1])
+        del w
     return y2.reshape(*x.shape[:-1], N)
 
 
 def linear_dgrad(gy, primary, plane, dt):
     """gy @ deq(plane); gy already in dt."""
     K, N = primary.cols, primary.rows
-    gy2 = gy.reshape(-1, N)
-    path, why = choose_path("dgrad", primary, plane, gy2.shape[0], dt, gy.device)
-    _count("dgrad", path, why)
+    path, _, key, plan = _decide("dgrad", primary, plane, gy.numel() // N, dt, gy.device)
+    path_counts[key] += 1
     if path == "dequant":
-        w = dequant(primary, plane, dt)
-        return torch.matmul(gy, w)
-    kern = _kernels()
-    op = plane_operand(primary, plane)
-    trans = isinstance(primary, NVFP4Weight) and plane == "col"  # the NVFP4 column plane is P = W^T
+        return torch.matmul(gy, dequant(primary, plane, dt))
+    if plan is None:
+        plan = _plan(primary, plane, dt)
+    trans = plane == "col" and isinstance(primary, NVFP4Weight)  # the NVFP4 column plane is P = W^T
     if path == "fused":
-        gx2 = kern.qgemm(gy2, op, trans, dt)
-    else:
-        gx2 = torch.empty(gy2.shape[0], K, dtype=dt, device=gy.device)
-        step = _chunk(K, N, dt)
-        for c0 in range(0, K, step):
-            c1 = min(K, c0 + step)
-            if trans:   # P[c0:c1, :] = W[:, c0:c1]^T
-                w = kern.plane_dequant(op, c0, c1, 0, N, dt)
-                torch.mm(gy2, w.t(), out=gx2[:, c0:c1])
-            else:       # P[:, c0:c1] = W[:, c0:c1]
-                w = kern.plane_dequant(op, 0, N, c0, c1, dt)
-                torch.mm(gy2, w, out=gx2[:, c0:c1])
-            del w
+        return _kernels().qgemm(gy.reshape(-1, N), plan.op, trans, dt).reshape(*gy.shape[:-1], K)
+    # P = W^T: chunks of P's rows; P = W: of its columns; either way slices of gx's columns
+    chunks = plan.chunks(0 if trans else 1)
+    if len(chunks) == 1:
+        w = chunks[0][2].run()
+        return torch.matmul(gy, w.t() if trans else w)
+    gy2 = gy.reshape(-1, N)
+    gx2 = torch.empty(gy2.shape[0], K, dtype=dt, device=gy.device)
+    for c0, c1, launch in chunks:
+        w = launch.run()
+        torch.mm(gy2, w.t() if trans else w, out=gx2[:, c0:c1])
+        del w
     return gx2.reshape(*gy.shape[:-1], K)
+
+
+_WGRAD_ADDMM = ("wgrad", "addmm fp32", "CUDA, bf16/f16 inputs")
 
 
 def linear_wgrad(gy2, x2, acc=None, dtype=None):
@@ -264,7 +454,7 @@ def linear_wgrad(gy2, x2, acc=None, dtype=None):
         if acc.is_cuda and exact:
             try:
                 torch.addmm(acc, gy2.t(), x2, out_dtype=torch.float32, out=acc)
-                _count("wgrad", "addmm fp32", "CUDA, bf16/f16 inputs")
+                path_counts[_WGRAD_ADDMM] += 1
                 return acc
             except RuntimeError as e:  # a torch without addmm(out_dtype=) for these inputs
                 _count("wgrad", "upcast addmm_", f"addmm(out_dtype=float32): {str(e)[:120]}")

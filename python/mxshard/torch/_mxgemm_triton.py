@@ -2,7 +2,16 @@
 """Triton kernels that read a quantized weight plane directly (mxshard.torch._gemm's fast paths).
 
     plane_dequant(op, r0, r1, c0, c1, dtype)   P[r0:r1, c0:c1] dequantized (a chunk for cuBLAS)
+    dequant_launch(op, r0, r1, c0, c1, dtype)  the same, prepared once: .run() allocates + launches
     qgemm(a, op, trans, dtype, bias=None)      a @ B, B[k, n] = P[n, k] (trans) or P[k, n]
+
+Launches (FAST_LAUNCH): `kernel[grid](...)` runs Triton's Python dispatch on every call
+(binding, specialisation key, cache lookup, launch metadata: ~10-20 µs of host time). The
+first call of each specialisation goes through it; its CompiledKernel is kept under a key
+that determines Triton's specialisation of the same arguments (per runtime int: == 1, % 16,
+32/64 bit; per tensor: dtype, 16-byte alignment; the constexprs, warps, stages, device), and
+later calls with that key launch it directly (`CompiledKernel.run`, the C launcher).
+Launch hooks (a profiler's launch_enter_hook) and TRITON_INTERPRET take Triton's path.
 
 `op` is a PlaneOperand: one stored plane seen as a matrix P[R][C] with its data
 bytes, scale bytes and scale geometry. MXFP8 planes and NVFP4 row planes are
@@ -33,14 +42,16 @@ an MXFP8 column plane.
 """
 from __future__ import annotations
 
+import collections
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRET", "PlaneOperand", "plane_dequant", "qgemm", "gemm_config"]
+__all__ = ["INTERPRET", "FAST_LAUNCH", "PlaneOperand", "plane_dequant", "dequant_launch", "qgemm", "gemm_config",
+           "launch_counts"]
 
 # TRITON_INTERPRET=1 (read by triton.jit when this module is imported): the kernels run in
 # Triton's interpreter on CPU tensors (the CPU tests); otherwise compiled, on CUDA tensors.
@@ -48,6 +59,12 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 _INTERP = tl.constexpr(INTERPRET)
 _OUT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+
+# Launch compiled kernels directly once Triton has compiled them (see the module doc);
+# MXS_TRITON_FAST_LAUNCH=0 (or setting this False) keeps Triton's dispatch for every call.
+FAST_LAUNCH = not INTERPRET and os.environ.get("MXS_TRITON_FAST_LAUNCH", "1") not in ("", "0")
+# (kernel, "fast" | "triton") -> launches: the tests and the benchmark read it
+launch_counts = collections.Counter()
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,78 @@ class PlaneOperand:
     s_m: int
     s_k: int
     s_kp: int
+    spec: tuple = field(default=(), compare=False)   # _spec of (data, scale, amax, C, s_m, s_k, s_kp)
+
+    def __post_init__(self):
+        if not self.spec:
+            object.__setattr__(self, "spec", _spec_of((self.data, self.scale, self.amax, self.C, self.s_m, self.s_k,
+                                                       self.s_kp)))
+
+
+# ---- launching ---------------------------------------------------------------------------
+
+_I32 = (-(1 << 31), 1 << 31)
+
+
+def _spec(v):
+    """What Triton's specialisation of one runtime argument depends on (triton 3.6,
+    native_specialize_impl): a tensor's dtype and 16-byte alignment; an int's == 1
+    (a constant), % 16 == 0 and 32/64-bit type."""
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    if v == 1:
+        return 1
+    return (v % 16 == 0) + (0 if _I32[0] <= v < _I32[1] else 2) + 4
+
+
+def _spec_of(args):
+    return tuple(_spec(v) for v in args)
+
+
+_knobs = None
+
+
+def _hooked():
+    """A launch hook is installed (a profiler): Triton's own launch path then. (Triton 3.6's
+    hooks are HookChains, empty unless something added a hook; older ones None or a function.)"""
+    global _knobs
+    if _knobs is None:
+        _knobs = getattr(triton, "knobs", False)
+    if not _knobs:
+        return False
+    r = _knobs.runtime
+    for h in (r.launch_enter_hook, r.launch_exit_hook):
+        if h is not None and getattr(h, "calls", True):
+            return True
+    return False
+
+
+class _Fast:
+    """One @triton.jit kernel launched through the CompiledKernel of each specialisation."""
+
+    def __init__(self, fn, name):
+        self.fn = fn
+        self.name = name
+        self.compiled = {}   # key -> (launcher, function, packed_metadata)
+
+    def __call__(self, grid, key, args, num_warps, num_stages):
+        """kernel[grid](*args) (args: every parameter in order, constexprs included, as
+        Triton's JIT passes them to the launcher); `key`: the specialisation key of the
+        runtime arguments (the caller's _spec's) + the constexprs."""
+        fast = FAST_LAUNCH
+        if fast:
+            dev = torch._C._cuda_getDevice()
+            k = self.compiled.get((dev, key))
+            if k is not None and not _hooked():
+                k[0](grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(dev), k[1], k[2], None, None, None,
+                     *args)
+                launch_counts[(self.name, "fast")] += 1
+                return
+        ck = self.fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        launch_counts[(self.name, "triton")] += 1
+        if fast and ck is not None and not hasattr(ck, "result"):
+            run = ck.run   # loads the binary (the JIT launch above already did)
+            self.compiled[(dev, key)] = (run, ck.function, ck.packed_metadata)
 
 
 # ---- the dequantize rule, in registers ---------------------------------------------------
@@ -252,30 +341,67 @@ def _qgemm_kernel(a_ptr, q_ptr, s_ptr, amax_ptr, bias_ptr, c_ptr, M, N, K, sam, 
 
 # ---- launchers ---------------------------------------------------------------------------
 
-def _common(op):
-    return dict(FP4=op.fp4, BLOCK=op.block, SCALE_C=op.scale_c, SWIZZLED=op.swizzled)
+_fast_dequant = _Fast(_dequant_kernel, "dequant")
+_fast_qgemm = _Fast(_qgemm_kernel, "qgemm")
+
+# The dequantize tile (rows, columns, warps) on a GPU: the fastest of bench/torch_layer.py's
+# candidates on the H200 (bench/RESULTS.md run 14b; 8192x8192 planes, µs for MXFP8 row / col,
+# NVFP4 row / col: 32x128 4 warps 104.5 / 101.4 / 87.4 / 87.1, 64x128 4w 101.2 / 100.1 / 84.6 /
+# 84.3, 32x256 4w 94.6 / 92.3 / 81.8 / 81.5, 64x256 8w 103.1 / 108.6 / 93.4 / 93.2).
+DEQUANT_TILE = (32, 256, 4)
+
+
+def _dequant_tile(rows, cols):
+    if INTERPRET:  # the interpreter runs one program at a time, in Python: few, large tiles
+        TC = min(256, max(32, triton.next_power_of_2(cols)))
+        return min((1 << 16) // TC, max(32, triton.next_power_of_2(rows))), TC, 4
+    return DEQUANT_TILE
+
+
+class DequantLaunch:
+    """P[r0:r1, c0:c1] of `op` in `dtype`, prepared once (grid, arguments, specialisation key):
+    run() allocates the [r1-r0, c1-c0] output (or takes `out`, rows `out_stride` apart),
+    launches, returns it."""
+
+    __slots__ = ("rows", "cols", "dtype", "device", "grid", "pre", "post", "key", "warps")
+
+    def __init__(self, op, r0, r1, c0, c1, dtype, out_stride=None):
+        rows, cols = r1 - r0, c1 - c0
+        TR, TC, warps = _dequant_tile(rows, cols)
+        self.rows, self.cols, self.dtype, self.device = rows, cols, dtype, op.data.device
+        self.grid = (triton.cdiv(rows, TR), triton.cdiv(cols, TC), 1)
+        self.pre = (op.data, op.scale, op.amax)
+        self.post = (r0, c0, r1, c1, op.C, op.s_m, op.s_k, op.s_kp, cols if out_stride is None else out_stride,
+                     TR, TC, op.fp4, op.block, op.scale_c, op.swizzled, _OUT_CODE[dtype])
+        self.warps = warps
+        # a fresh output (torch's allocations are aligned) has the same specialisation every time
+        self.key = op.spec[:3] + ((dtype, True),) + _spec_of(self.post[:9]) + self.post[9:] + (warps,)
+
+    def run(self, out=None):
+        if out is None:
+            out = torch.empty(self.rows, self.cols, dtype=self.dtype, device=self.device)
+            key = self.key
+        else:
+            key = self.key[:3] + (_spec(out),) + self.key[4:]
+        _fast_dequant(self.grid, key, self.pre + (out,) + self.post, self.warps, 1)
+        return out
+
+
+def dequant_launch(op: PlaneOperand, r0, r1, c0, c1, dtype):
+    """A DequantLaunch of P[r0:r1, c0:c1] (r0, c0: multiples of 32, c0 even; r1 - r0, c1 - c0 >= 1)."""
+    return DequantLaunch(op, r0, r1, c0, c1, dtype)
 
 
 def plane_dequant(op: PlaneOperand, r0, r1, c0, c1, dtype, out=None):
-    """P[r0:r1, c0:c1] in `dtype` as a new (or the given) row-major [r1-r0, c1-c0] tensor.
-    r0, c0: multiples of 32 (and c0 even, r1 - r0, c1 - c0 >= 1)."""
-    rows, cols = r1 - r0, c1 - c0
-    if out is None:
-        out = torch.empty(rows, cols, dtype=dtype, device=op.data.device)
-    TR, TC = 32, 128
-    if INTERPRET:  # the interpreter runs one program at a time, in Python: few, large tiles
-        TC = min(256, max(32, triton.next_power_of_2(cols)))
-        TR = min((1 << 16) // TC, max(32, triton.next_power_of_2(rows)))
-    grid = (triton.cdiv(rows, TR), triton.cdiv(cols, TC))
-    _dequant_kernel[grid](op.data, op.scale, op.amax, out, r0, c0, r1, c1, op.C, op.s_m, op.s_k, op.s_kp,
-                          out.stride(0), TR=TR, TC=TC, OUT=_OUT_CODE[dtype], num_warps=4, **_common(op))
-    return out
+    """P[r0:r1, c0:c1] in `dtype` as a new (or the given: rows x cols of unit column stride)
+    [r1-r0, c1-c0] tensor. r0, c0: multiples of 32 (and c0 even, r1 - r0, c1 - c0 >= 1)."""
+    return DequantLaunch(op, r0, r1, c0, c1, dtype, None if out is None else out.stride(0)).run(out)
 
 
 # Tile configurations (BM, BN, BK, warps, stages) by the number of rows of A: first choices,
 # not tuned (bench/RESULTS.md run 14: at 16-64 rows, 64 CTAs of 4 warps stream a 4096x4096
 # plane in ~145 µs, far from its ~5 µs of bytes; at 2048 rows the 128x128x64 tiles run 5.5x
-# cuBLAS's bf16 time). _gemm's measured rule uses this kernel only up to 64 rows.
+# cuBLAS's bf16 time). _gemm's measured rule decides where this kernel runs.
 _CONFIGS = (
     (16, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4)),
     (32, dict(BM=32, BN=64, BK=128, num_warps=4, num_stages=4)),
@@ -299,11 +425,15 @@ def qgemm(a, op: PlaneOperand, trans, dtype, bias=None, out=None, config=None):
     N = op.R if trans else op.C
     if out is None:
         out = torch.empty(M, N, dtype=dtype, device=a.device)
-    cfg = dict(config or gemm_config(M))
-    BM, BN = cfg["BM"], cfg["BN"]
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
-    _qgemm_kernel[grid](a, op.data, op.scale, op.amax, bias if bias is not None else out, out, M, N, K,
-                        a.stride(0), a.stride(1), out.stride(0), out.stride(1), op.C, op.s_m, op.s_k, op.s_kp,
-                        TRANS=trans, OUT=_OUT_CODE[dtype], HAS_BIAS=bias is not None, INTERP=INTERPRET, GROUP_M=8, **cfg,
-                        **_common(op))
+    cfg = config or gemm_config(M)
+    BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), 1, 1)
+    rt = (M, N, K, a.stride(0), a.stride(1), out.stride(0), out.stride(1))
+    b = bias if bias is not None else out
+    const = (trans, op.fp4, op.block, op.scale_c, op.swizzled, _OUT_CODE[dtype], bias is not None, INTERPRET, BM, BN,
+             BK, 8)
+    key = (_spec(a), op.spec[:3], _spec(b), _spec(out), _spec_of(rt), op.spec[3:], const, cfg["num_warps"],
+           cfg["num_stages"])
+    _fast_qgemm(grid, key, (a, op.data, op.scale, op.amax, b, out) + rt + (op.C, op.s_m, op.s_k, op.s_kp) + const,
+                cfg["num_warps"], cfg["num_stages"])
     return out
