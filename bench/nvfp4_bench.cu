@@ -57,8 +57,8 @@
  * with the repetition counts cut per case so a case takes about 0.3 s
  * (slow kernels get fewer repetitions, never fewer than 3 windows), and a
  * wall-clock budget (--budget, default 75 s): cases past it are skipped
- * and listed. The kernels come from the library's own object file
- * (mxs_nvfp4.cu, bench/meson.build), so building this bench does not
+ * and listed. The kernels come from the library's own NVFP4 object files
+ * (mxs_cuda_nvfp4_srcs, bench/meson.build), so building this bench does not
  * compile the MXFP8 writeback kernels.
  */
 #include <chrono>

@@ -21,6 +21,11 @@
 
 #include <mxshard/mxshard.h>
 
+/* A function shared between translation units of the library but not part
+ * of its ABI (the C functions of <mxshard/cuda.h> are): hidden from the
+ * shared object's dynamic symbols. */
+#define MXS__CU_INTERNAL __attribute__((visibility("hidden")))
+
 namespace mxs__cu {
 
 /* CTAs per launch. Every kernel loops over its work units with a grid

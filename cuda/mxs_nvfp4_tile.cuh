@@ -1,0 +1,70 @@
+/* SPDX-License-Identifier: MIT */
+/* cuda/mxs_nvfp4_tile.cuh - NVFP4 tile helpers shared by the quantize
+ * (mxs_nvfp4_quantize.cu) and writeback (mxs_nvfp4_wb_*.cu) kernels: the
+ * launch shape, source loads with round-through, the grid-stride unit loop
+ * and the 8-element cast of a warp-tile lane.
+ *
+ * A warp tile is one 16-row group x 256 columns (docs/cuda.md "NVFP4"):
+ *
+ *   lanes     0    1  |  2    3  | ...                31
+ *   columns  [8e][8e] | [8e][8e] |                     (32 x 8 = 256)
+ *            1x16 row block = a lane pair: its amax by one __shfl_xor
+ *   rows     r0 .. r0+15 (16x1 column blocks and 16x16 tiles: per lane,
+ *            running maxima over the rows; 16x16: then the pair)
+ *
+ * and each row's 8 nibbles are one 32-bit store (nv_cast8). Every rule is
+ * an MXS_HOST_DEVICE function of nvfp4.h / formats.h: these helpers only
+ * move elements, so the bytes equal the host path's.
+ */
+#ifndef MXSHARD_CUDA_NVFP4_TILE_CUH
+#define MXSHARD_CUDA_NVFP4_TILE_CUH
+
+#include <cuda_runtime.h>
+
+#include <mxshard/cuda_nvfp4.h>
+
+#include "mxs_launch.cuh"
+#include "mxs_tile.cuh"
+
+namespace mxs__cu {
+
+constexpr int kNvThreads = 256;
+constexpr int kNvWarps = kNvThreads / 32; /* warp tiles per CTA */
+constexpr int kNvTileCols = 256;          /* columns of a warp tile: 32 lanes x 8 */
+constexpr unsigned kFull = 0xFFFFFFFFu;   /* every lane of the warp (__shfl_xor_sync) */
+
+/* Effective round-through of a dtype: rt, or MXS_F32 (none) when rt is the
+ * dtype itself (bf16 -> bf16 and f16 -> f16 are the identity, as the host's
+ * mxs__host_load treats them). */
+__host__ __device__ __forceinline__ int nv_eff_rt(int dtype, int rt) {
+    return rt != MXS_F32 && rt != dtype ? rt : MXS_F32;
+}
+
+/* Source element i, widened and rounded through rt exactly as the host's
+ * mxs__host_load. */
+__device__ __forceinline__ float nv_load(const void *src, int dtype, int64_t i, int rt) {
+    float v = mxs_load_f32(src, (mxs_dtype)dtype, i);
+    if (nv_eff_rt(dtype, rt) != MXS_F32) v = mxs_round_through(v, (mxs_dtype)rt);
+    return v;
+}
+
+/* Grid-stride loop bounds of thread units. */
+__device__ __forceinline__ int64_t unit_first() { return (int64_t)blockIdx.x * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ int64_t unit_stride() { return (int64_t)gridDim.x * blockDim.x; }
+
+/* Host: whether p is NULL or a-byte aligned (an absent plane passes). */
+inline bool nv_aligned_to(const void *p, uintptr_t a) { return p == nullptr || aligned(p, a); }
+
+/* 8 nibbles E2M1(x[j] * e[j]) as 4 bytes, the even index low. */
+__device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
+    uint32_t q = 0;
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+        q |= (uint32_t)mxs_e2m1x2_from_f32(__fmul_rn(x[2 * p], e[2 * p]), __fmul_rn(x[2 * p + 1], e[2 * p + 1]))
+             << (8 * p);
+    return q;
+}
+
+} /* namespace mxs__cu */
+
+#endif /* MXSHARD_CUDA_NVFP4_TILE_CUH */

@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: MIT */
+/* cuda/mxs_nvfp4_wb_apply.cu - the NVFP4 writeback's apply phase on the
+ * GPU: from the reduced packed buffer, every scale byte of every present
+ * plane, the global amax, and the shard's nibbles of the row-wise plane and
+ * of the column stage (or of their fragments).
+ *
+ *   warp tile   the multipliers come from the reduced entries once per
+ *               block (a 1x16 row block's lane pair computes alternate rows
+ *               and swaps them by __shfl_xor), then each row is loaded,
+ *               multiplied and converted once per plane: 8 nibbles, one
+ *               32-bit store
+ *   thread unit scale entries (m, 4q .. 4q+3) of a plane - 4 consecutive
+ *               bytes in COMPACT, PADDED and SWIZZLED, one 32-bit store - or,
+ *               on items off the tile path, one data byte
+ *
+ * S_enc comes from the item's reduced tensor-amax entry (contract section
+ * 9.8), so apply needs no amax pass. The kernel reads the group status byte
+ * first and writes nothing when it is set. Launched by
+ * mxs_nvfp4_writeback.cu (nv_wb_launch_apply).
+ */
+#include "mxs_nvfp4_wb.cuh"
+
+namespace mxs__cu {
+/* Element multiplier of the block whose reduced entry is i. */
+static __device__ __forceinline__ float nv_mult(const NvHead &C, int64_t i, float s_enc) {
+    return mxs__nvfp4_wb_mult(C.packed, C.w, i, s_enc);
+}
+
+/* Bytes q of plane nibbles f .. f+7 (f % 8 == 0) into output d - the plane,
+ * or a fragment (frag: plane byte b is fragment byte b - start/2, an integer
+ * offset, used only inside the shard; start is even): one 32-bit store when
+ * all 8 are inside the shard (and st4: the output's plane byte 0 is 4-byte
+ * aligned, hence this address), else the bytes inside it (shard boundaries
+ * are even: a byte is wholly inside or out). */
+static __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, bool frag, bool st4, int64_t f,
+                                                 uint32_t q) {
+    const int64_t end = I.start + I.len, o = (f - (frag ? I.start : 0)) / 2;
+    if (st4 && f >= I.start && f + 8 <= end) {
+        *reinterpret_cast<uint32_t *>(d + o) = q;
+        return;
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+        if (f + 2 * p >= I.start && f + 2 * p < end) d[o + p] = (uint8_t)(q >> (8 * p));
+}
+
+/* Apply, one warp tile: the shard's nibbles of group g, columns c0 .. in the
+ * row-wise plane and the stage. Rows go in pairs: the lane pair of a 1x16
+ * row block computes one multiplier each (lane 2p row i, lane 2p+1 row i+1)
+ * and swaps them by __shfl_xor. */
+template <>
+template <int DT, int RT>
+__device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
+    const NvWarpTile w = nv_warp_tile(I, t);
+    const int64_t g = w.g, c0 = w.c0, r0 = w.r0, r1 = w.r1;
+    const int lane = (int)(threadIdx.x & 31u);
+    const int64_t end = I.start + I.len, k = c0 / MXS_NVFP4_BLOCK;
+    /* the pair's block exists even when only the even lane has columns (cols % 16 == 8) */
+    const bool active = c0 < I.cols, block = k * MXS_NVFP4_BLOCK < I.cols;
+    const bool do_row = I.data[0] != nullptr, do_stage = I.stage != nullptr;
+    const float s_enc = nv_s_enc(C, I);
+    float ec[8], et = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ec[j] = 0.0f;
+    if (I.two_d) {
+        if (active) et = nv_mult(C, I.tile_entry + g * I.kr + k, s_enc);
+    } else if (do_stage && active) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
+    }
+#pragma unroll 1
+    for (int64_t ri = r0; ri < r1; ri += 2) {
+        float mine = et;
+        if (!I.two_d && do_row && block) {
+            const int64_t r = ri + (lane & 1);
+            mine = r < r1 ? nv_mult(C, I.row_entry + r * I.kr + k, s_enc) : 0.0f;
+        }
+        const float other = __shfl_xor_sync(kFull, mine, 1);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t r = ri + h, f = r * I.cols + c0;
+            if (r >= r1 || !active || f + 8 <= I.start || f >= end) continue;
+            const float er = I.two_d ? et : ((lane & 1) == h ? mine : other);
+            float x[8], e[8];
+            nv_load8<DT, RT>(C, I, f, x);
+            if (do_row) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = er;
+                nv_store8(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
+            }
+            if (do_stage) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
+                nv_store8(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
+            }
+        }
+    }
+}
+
+/* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
+static __device__ __forceinline__ int64_t nv_row_entry(const NvItem &I, int64_t r, int64_t c) {
+    return I.two_d ? I.tile_entry + (r / MXS_NVFP4_BLOCK) * I.kr + c / MXS_NVFP4_BLOCK
+                   : I.row_entry + r * I.kr + c / MXS_NVFP4_BLOCK;
+}
+static __device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int64_t c) {
+    return I.two_d ? I.tile_entry + (r / MXS_NVFP4_BLOCK) * I.kr + c / MXS_NVFP4_BLOCK
+                   : I.col_entry + c * I.kc + r / MXS_NVFP4_BLOCK;
+}
+
+/* Scale entry (m, k) of plane p: its block's packed entry index. */
+static __device__ __forceinline__ int64_t nv_scale_entry(const NvItem &I, int p, int64_t m, int64_t k) {
+    if (I.two_d) {
+        int64_t R, Cc;
+        mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
+        return I.tile_entry + R * I.kr + Cc;
+    }
+    return p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
+}
+
+/* Apply, one thread unit: scale entries (m, 4q .. 4q+3) of a plane - in
+ * every NVFP4 layout 4 consecutive bytes (COMPACT m*K + k, PADDED m*Kp + k,
+ * SWIZZLED k % 4 innermost), so one 32-bit store when whole and aligned;
+ * padding entries 0x00. The units run over the stored grid (COMPACT M x K,
+ * else Mp x Kp), so every byte of the plane is written once. Or (items off
+ * the tile path) a data byte of the shard (row-wise plane and stage). Unit 0
+ * of an item also stores its global amax. */
+template <> __device__ void NvPhase<PH_APPLY>::unit(const NvHead &C, const NvItem *it, int64_t u) {
+    const NvItem &I = it[nv_item_of(C, it, u, false)];
+    const float s_enc = nv_s_enc(C, I);
+    int64_t e = u - I.unit0;
+    if (e == 0) *I.amax = mxs__nvfp4_entry_value(C.packed, C.w, I.amax_entry);
+    if (e < I.sunits[0] + I.sunits[1]) {
+        const int p = e < I.sunits[0] ? 0 : 1;
+        const mxs_scale_geom &G = I.geom[p];
+        const int64_t q = p == 0 ? e : e - I.sunits[0];
+        const int64_t kdim = G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, kq = mxs_ceil_div(kdim, 4);
+        const int64_t m = q / kq, k0 = 4 * (q % kq), nb = kdim - k0 < 4 ? kdim - k0 : 4;
+        uint8_t *d = I.scale[p] + mxs_scale_geom_offset(&G, m, k0);
+        uint32_t v = 0;
+        for (int b = 0; b < nb; b++)
+            if (mxs_scale_geom_is_logical(&G, m, k0 + b))
+                v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, nv_scale_entry(I, p, m, k0 + b), s_enc) << (8 * b);
+        if (nb == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
+            *reinterpret_cast<uint32_t *>(d) = v;
+        } else {
+            for (int b = 0; b < nb; b++) d[b] = (uint8_t)(v >> (8 * b));
+        }
+        return;
+    }
+    e -= I.sunits[0] + I.sunits[1]; /* a data byte: nibbles 2b, 2b+1 */
+    const int64_t b = I.start / 2 + e, j = 2 * b;
+    float x[2] = {0.0f, 0.0f}, er[2] = {0.0f, 0.0f}, ec[2] = {0.0f, 0.0f};
+    const int both = j + 1 < I.n; /* else the spare nibble (0) */
+    for (int h = 0; h <= both; h++) {
+        const int64_t f = j + h, r = f / I.cols, c = f % I.cols;
+        x[h] = nv_master(C, I, f);
+        if (I.data[0] || I.two_d) er[h] = nv_mult(C, nv_row_entry(I, r, c), s_enc);
+        if (I.stage) ec[h] = I.two_d ? er[h] : nv_mult(C, nv_col_entry(I, r, c), s_enc);
+    }
+    if (I.data[0]) /* plane byte b: fragment byte b - start/2 */
+        I.data[0][b - (I.out & kOutRowFrag ? I.start / 2 : 0)] =
+            both ? mxs_e2m1x2_from_f32(x[0] * er[0], x[1] * er[1])
+                 : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], er[0]) & 0xFu);
+    if (I.stage)
+        I.stage[b - (I.out & kOutStageFrag ? I.start / 2 : 0)] =
+            both ? mxs_e2m1x2_from_f32(x[0] * ec[0], x[1] * ec[1])
+                 : (uint8_t)(mxs_nvfp4_quantize_elem(x[0], ec[0]) & 0xFu);
+}
+
+void nv_wb_launch_apply(int spec, unsigned grid, cudaStream_t stream, const NvChunk *C, const NvHead &h,
+                        const NvItem *it) {
+    nv_wb_launch_spec<NvPhase<PH_APPLY>>(spec, grid, stream, C, h, it);
+}
+
+} /* namespace mxs__cu */

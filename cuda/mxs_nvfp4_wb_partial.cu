@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: MIT */
+/* cuda/mxs_nvfp4_wb_partial.cu - the NVFP4 writeback's partial phase on
+ * the GPU: every block entry and tensor-amax entry of this rank's shard into
+ * the packed buffer (the memset before the launch zeroed every entry).
+ *
+ *   warp tile   per row, each lane's amax of its 8 elements, the pair's 1x16
+ *               block amax by one __shfl_xor; per lane running maxima of
+ *               its 8 columns over the 16 rows (16x1 blocks; 16x16: then the
+ *               pair); the item's tensor-amax entry raised by one atomic MAX
+ *               per warp
+ *   thread unit one block entry of an item off the tile path (cols % 8 != 0)
+ *
+ * A partial entry is the maxNum of |x| over the shard's elements of its
+ * block (0 when there are none), which is what the host's raise-by-segments
+ * leaves. Launched by mxs_nvfp4_writeback.cu (nv_wb_launch_partial).
+ */
+#include "mxs_nvfp4_wb.cuh"
+
+namespace mxs__cu {
+
+static __device__ __forceinline__ void nv_put(const NvHead &C, int64_t i, float a) {
+    const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
+    if (C.w == 2)
+        static_cast<uint16_t *>(C.packed)[i] = (uint16_t)v;
+    else
+        static_cast<uint32_t *>(C.packed)[i] = v;
+}
+
+/* entry i = max(entry i, entry of a), atomically (the tensor-amax entries,
+ * raised by many warps; zeroed by the memset before the launch): atomicMax
+ * on 4-byte entries, a 16-bit CAS loop on 2-byte ones (compute capability
+ * 7.0+), so no byte outside the entry is touched. Reads first: once the max
+ * is there, a warp leaves after one load. */
+static __device__ void nv_raise_atomic(const NvHead &C, int64_t i, float a) {
+    const uint32_t v = mxs_nvfp4_amax_entry(a, C.w);
+    if (C.w == 4) {
+        unsigned *p = static_cast<unsigned *>(C.packed) + i;
+        if (__ldcg(p) < v) atomicMax(p, v);
+        return;
+    }
+    unsigned short *p = static_cast<unsigned short *>(C.packed) + i;
+    unsigned short old = __ldcg(p);
+    while (old < v) {
+        const unsigned short seen = atomicCAS(p, old, (unsigned short)v);
+        if (seen == old) break;
+        old = seen;
+    }
+}
+
+/* Partial, one warp tile: the block entries of group g, columns c0 .. */
+template <>
+template <int DT, int RT>
+__device__ void NvPhase<PH_PARTIAL>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const NvWarpTile w = nv_warp_tile(I, t);
+    const int64_t g = w.g, c0 = w.c0, r0 = w.r0, r1 = w.r1;
+    const int64_t end = I.start + I.len;
+    const bool active = c0 < I.cols, rowb = I.row_entry >= 0, colb = I.col_entry >= 0;
+    float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, tm = 0.0f;
+#pragma unroll 4
+    for (int64_t r = r0; r < r1; r++) {
+        if ((r + 1) * I.cols <= I.start || r * I.cols >= end) continue; /* warp-uniform */
+        float x[8], a = 0.0f;
+        if (active)
+            nv_load8<DT, RT>(C, I, r * I.cols + c0, x);
+        else
+#pragma unroll
+            for (int j = 0; j < 8; j++) x[j] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            a = mxs_amax_step(a, x[j]);
+            cm[j] = mxs_amax_step(cm[j], x[j]);
+        }
+        tm = fmaxf(tm, a);
+        if (rowb) {
+            const float b = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
+            if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.row_entry + r * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+        }
+    }
+    if (I.two_d) {
+        const float b = fmaxf(tm, __shfl_xor_sync(kFull, tm, 1));
+        if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.tile_entry + g * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+    } else if (colb && active) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (cm[j] > 0.0f) nv_put(C, I.col_entry + (c0 + j) * I.kc + g, cm[j]);
+    }
+    for (int o = 16; o > 0; o >>= 1) tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, o));
+    if (lane == 0 && tm > 0.0f) nv_raise_atomic(C, I.amax_entry, tm);
+}
+
+/* Amax of the shard's elements in row r, columns [c0, c1). */
+static __device__ float nv_shard_row_amax(const NvHead &C, const NvItem &I, int64_t r, int64_t c0, int64_t c1) {
+    int64_t f0 = r * I.cols + c0, f1 = r * I.cols + c1;
+    const int64_t end = I.start + I.len;
+    float a = 0.0f;
+    f0 = f0 > I.start ? f0 : I.start;
+    f1 = f1 < end ? f1 : end;
+    for (int64_t f = f0; f < f1; f++) a = mxs_amax_step(a, nv_master(C, I, f));
+    return a;
+}
+
+/* Partial, one thread unit: one block entry of an item off the tile path. */
+template <> __device__ void NvPhase<PH_PARTIAL>::unit(const NvHead &C, const NvItem *it, int64_t u) {
+    const NvItem &I = it[nv_item_of(C, it, u, false)];
+    const int64_t e = u - I.unit0;
+    float a = 0.0f;
+    if (I.two_d) { /* tile (R, Cc) */
+        const int64_t R = e / I.kr, Cc = e % I.kr, r0 = R * MXS_NVFP4_BLOCK, c0 = Cc * MXS_NVFP4_BLOCK;
+        const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+        const int64_t c1 = c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols;
+        for (int64_t r = r0; r < r1; r++) a = fmaxf(a, nv_shard_row_amax(C, I, r, c0, c1));
+    } else if (I.row_entry >= 0 && e < I.rows * I.kr) { /* row block (r, k) */
+        const int64_t r = e / I.kr, c0 = (e % I.kr) * MXS_NVFP4_BLOCK;
+        a = nv_shard_row_amax(C, I, r, c0, c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols);
+    } else { /* column block (c, g): rows 16g.. of column c */
+        const int64_t q = I.row_entry >= 0 ? e - I.rows * I.kr : e, c = q / I.kc, r0 = (q % I.kc) * MXS_NVFP4_BLOCK;
+        const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t f = r * I.cols + c;
+            if (f >= I.start && f < I.start + I.len) a = mxs_amax_step(a, nv_master(C, I, f));
+        }
+    }
+    if (a > 0.0f) {
+        nv_put(C, I.first_entry + e, a);
+        nv_raise_atomic(C, I.amax_entry, a);
+    }
+}
+
+void nv_wb_launch_partial(int spec, unsigned grid, cudaStream_t stream, const NvChunk *C, const NvHead &h,
+                          const NvItem *it) {
+    nv_wb_launch_spec<NvPhase<PH_PARTIAL>>(spec, grid, stream, C, h, it);
+}
+
+} /* namespace mxs__cu */
