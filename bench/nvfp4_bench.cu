@@ -4,6 +4,7 @@
  *
  *   nvfp4_bench [--out FILE.md] [--csv FILE.csv] [--shapes 8192x8192,4096x14336]
  *               [--reps N] [--k K] [--budget SECONDS] [--no-graph]
+ *   nvfp4_bench --profile [--shapes RxC]   (the unit of a profiler run)
  *
  * --out writes the tables as markdown and, unless --csv names another file,
  * the rows as CSV next to it (FILE.csv). Exit status: 0, 1 on an error or a
@@ -40,7 +41,17 @@
  *   finish     cudaMemcpyAsync of ceil(n/2) bytes (read + write)
  * The packed entry buffer (an intermediate) is in no ceiling. % of ceiling =
  * ceiling time / op time, in the same timing mode (graph: against the b2b
- * ceiling). These kernels have had no speed work yet (docs/cuda.md "NVFP4"):
+ * ceiling).
+ *
+ * Instruction (ALU) ceiling, measured in the same run (nv_alu_ceiling): the
+ * kernels' per-element work without memory - fl32(x * e), the E2M1 rule and
+ * the packing of 8 nibbles into a word (mxs_e2m1x8_from_f32, what nv_cast8
+ * runs) - at full occupancy on values made in registers, as elements per
+ * second; an operation's ALU ceiling is its conversions (quantize, DP=1:
+ * n per plane; DP=8 rank: n/8 per plane; finish converts nothing) at that
+ * rate. The same kernel with the run-13 rule (the seven-compare-free
+ * addition with an integer code, 4 pairs a word; kept here only to measure)
+ * gives the previous ceiling. These kernels have had no speed work yet (docs/cuda.md "NVFP4"):
  * the numbers are a baseline, not a target.
  *
  * Reduced bytes per step (beside every writeback row): ours = plan.packed_bytes,
@@ -52,6 +63,12 @@
  * sharded NVFP4 master cast (16x16 only): 4 bytes per 16x16 tile (fp32 amax)
  * plus 4 bytes per tensor (the global amax), in TWO all-reduces (as issue 18
  * reads TE's quantize_master_weights); no sharded 1x16 path ("n/a").
+ *
+ * --profile runs each kernel of interest once on the first shape - both
+ * instruction-ceiling kernels; quantize, writeback partial + apply (DP=1,
+ * the bench's master) of 1x16 row-only COMPACT; the same with both planes
+ * and finish - and exits: `ncu ... nvfp4_bench --profile` profiles exactly
+ * those launches (scripts: .gpu-prebuilt run script, RESULTS run 16).
  *
  * Timing: bench_measure (bench_util.h) - single (L2 flushed), b2b, graph -
  * with the repetition counts cut per case so a case takes about 0.3 s
@@ -69,6 +86,7 @@
 #include <mxshard/mxshard.h>
 
 #include "bench_util.h"
+#include "nvfp4_alu.cuh"
 
 static const char *const k_layout_name[] = {"COMPACT", "PADDED", "SWIZZLED"};
 static const mxs_scale_layout k_layouts[] = {MXS_SCALES_COMPACT, MXS_SCALES_PADDED, MXS_SCALES_SWIZZLED};
@@ -80,6 +98,7 @@ static const int k_dp = 8;
 struct nv_row {
     std::string shape, block, layout, planes, op, shard;
     bench_times t, ceil;
+    double alu_us = -1;         /* instruction ceiling (conversions at the measured rate); -1: none */
     double bytes = 0;           /* the ceiling's bytes (input + outputs) */
     int64_t ours = -1, te = -1; /* reduced bytes per step; -1: not a writeback row / n.a. */
     std::string check, note;
@@ -90,6 +109,7 @@ struct nv_row {
 struct nv_summary {
     std::string shape, block, layout, planes;
     double q = -1, w1 = -1, w8 = -1, fin = -1;
+    double q_alu = -1, w1_alu = -1, w8_alu = -1; /* % of the instruction ceiling */
     int64_t ours = -1, te = -1;
     std::string check;
 };
@@ -99,6 +119,7 @@ struct nv_report {
     std::vector<nv_summary> summary;
     std::vector<std::string> ceilings, errors, skipped;
     double copy_gbs = 0;
+    double alu_gps = 0, alu_prev_gps = 0; /* conversions per second / 1e9: this rule, run 13's */
     int failed_checks = 0;
 };
 
@@ -106,9 +127,9 @@ static std::string fmt_bytes(int64_t v) { return v < 0 ? std::string("n/a") : st
 
 static const char *k_row_header =
     "| shape | block | layout | planes | op | shard | single µs | b2b µs | graph µs | ceiling b2b µs | % ceil single "
-    "| % ceil b2b | % ceil graph | GB/s b2b | reduced B/step, ours (1 all-reduce) | TE B/step (2 all-reduces) | "
-    "check | note |\n"
-    "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+    "| % ceil b2b | % ceil graph | ALU ceiling µs | % ALU ceil b2b | GB/s b2b | reduced B/step, ours (1 all-reduce) "
+    "| TE B/step (2 all-reduces) | check | note |\n"
+    "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
 
 static std::string row_md(const nv_row &r) {
     double gbs = r.t.b2b > 0 ? r.bytes / r.t.b2b / 1e3 : -1;
@@ -118,7 +139,8 @@ static std::string row_md(const nv_row &r) {
            bench_fmt("%.1f", r.t.graph) + " | " + bench_fmt("%.1f", r.ceil.b2b) + " | " +
            bench_fmt("%.1f %%", bench_pct(r.ceil.single, r.t.single)) + " | " +
            bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.b2b)) + " | " +
-           bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.graph)) + " | " + bench_fmt("%.0f", gbs) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.graph)) + " | " + bench_fmt("%.1f", r.alu_us) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.alu_us, r.t.b2b)) + " | " + bench_fmt("%.0f", gbs) + " | " +
            (wb ? fmt_bytes(r.ours) : std::string("")) + " | " + (wb ? fmt_bytes(r.te) : std::string("")) + " | " +
            r.check + " | " + r.note + " |\n";
 }
@@ -128,10 +150,15 @@ static const char *k_summary_header =
     "ours (1 x uint16 MAX) | TE (2 x fp32 MAX) | checks |\n"
     "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|\n";
 
+/* "memory % / ALU %" of one summary cell. */
+static std::string two_pct(double mem, double alu) {
+    return bench_fmt("%.0f %%", mem) + (alu >= 0 ? " / " + bench_fmt("%.0f %%", alu) : std::string(""));
+}
+
 static std::string summary_md(const nv_summary &s) {
-    return "| " + s.shape + " | " + s.block + " | " + s.layout + " | " + s.planes + " | " + bench_fmt("%.0f %%", s.q) +
-           " | " + bench_fmt("%.0f %%", s.w1) + " | " + bench_fmt("%.0f %%", s.w8) + " | " +
-           bench_fmt("%.0f %%", s.fin) + " | " + fmt_bytes(s.ours) + " | " + fmt_bytes(s.te) + " | " + s.check + " |\n";
+    return "| " + s.shape + " | " + s.block + " | " + s.layout + " | " + s.planes + " | " + two_pct(s.q, s.q_alu) +
+           " | " + two_pct(s.w1, s.w1_alu) + " | " + two_pct(s.w8, s.w8_alu) + " | " + bench_fmt("%.0f %%", s.fin) +
+           " | " + fmt_bytes(s.ours) + " | " + fmt_bytes(s.te) + " | " + s.check + " |\n";
 }
 
 /* ---- NVFP4 tensors in device memory ------------------------------------------ */
@@ -276,6 +303,9 @@ struct nv_shape_run {
     }
 
     bool over_budget() const { return bench_us_since(t_start) / 1e6 > budget_s; }
+
+    /* The instruction ceiling of `conversions` E2M1 conversions, µs. */
+    double alu_us(double conversions) const { return R.alu_gps > 0 ? conversions / R.alu_gps / 1e3 : -1; }
 
     /* Repetition counts for a case whose call takes about t_us: about
      * 0.1 s of single calls, of b2b windows and of graph windows each. */
@@ -427,9 +457,11 @@ struct nv_shape_run {
             r.t = measure({[t, in](cudaStream_t s) { return mxs_cuda_nvfp4_quantize(&t, in, MXS_BF16, MXS_F32, s); }},
                           "mxs_cuda_nvfp4_quantize", true);
             r.ceil = ceil_q[planes];
+            r.alu_us = alu_us((double)planes * n);
             r.bytes = 2.0 * n + planes * (double)half + (double)sbytes;
             r.note = "bf16 in; amax + scale + cast passes";
             sum.q = bench_pct(r.ceil.b2b, r.t.b2b);
+            sum.q_alu = bench_pct(r.alu_us, r.t.b2b);
             add(r);
         });
 
@@ -448,6 +480,7 @@ struct nv_shape_run {
             nv_row r = labelled("writeback", bi, li, dirs, "DP=1");
             r.t = measure({[p](cudaStream_t s) { return p->step(s); }}, "nvfp4 writeback DP=1", true);
             r.ceil = ceil_w[planes];
+            r.alu_us = alu_us((double)planes * n);
             r.bytes = 4.0 * n + planes * (double)half + (double)sbytes;
             r.ours = p->plan.packed_bytes;
             r.te = sum.te;
@@ -460,6 +493,7 @@ struct nv_shape_run {
                 checks.push_back("DP=1 " + r.check);
             }
             sum.w1 = bench_pct(r.ceil.b2b, r.t.b2b);
+            sum.w1_alu = bench_pct(r.alu_us, r.t.b2b);
             add(r);
         });
 
@@ -476,6 +510,7 @@ struct nv_shape_run {
             nv_row r = labelled("writeback", bi, li, dirs, "DP=8 rank");
             r.t = measure(calls, "nvfp4 writeback DP=8", true);
             r.ceil = ceil_d[planes];
+            r.alu_us = alu_us((double)planes * n / k_dp);
             r.bytes = 4.0 * (double)n / k_dp + planes * (double)half / k_dp + (double)sbytes;
             r.ours = ranks[0]->plan.packed_bytes;
             r.te = sum.te;
@@ -494,6 +529,7 @@ struct nv_shape_run {
                 checks.push_back("DP=8 " + r.check);
             }
             sum.w8 = bench_pct(r.ceil.b2b, r.t.b2b);
+            sum.w8_alu = bench_pct(r.alu_us, r.t.b2b);
             add(r);
         });
 
@@ -528,6 +564,39 @@ struct nv_shape_run {
     }
 };
 
+/* ---- --profile ------------------------------------------------------------------- */
+
+/* Each kernel of interest once (see the top comment); byte checks are the
+ * timed run's business. */
+static void nv_profile(bench_ctx &B, int64_t rows, int64_t cols) {
+    const int64_t n = rows * cols;
+    uint32_t *sink = nullptr;
+    uint16_t *src = nullptr;
+    float *master = nullptr;
+    uint8_t *stage = nullptr;
+    CK(cudaMalloc(&sink, (size_t)B.sms * 8 * 256 * 4));
+    CK(cudaMalloc(&src, (size_t)n * 2 + 256));
+    CK(cudaMalloc(&master, (size_t)n * 4 + 256));
+    CK(cudaMalloc(&stage, (size_t)mxs_nvfp4_data_plane_bytes(rows, cols) + 256));
+    bench_fill<<<1024, 256, 0, B.s>>>((uint32_t *)src, n / 2, 7, 0);
+    bench_fill<<<1024, 256, 0, B.s>>>((uint32_t *)master, n + 64, 11, 1);
+    nv_alu_ceiling<0><<<B.sms * 8, 256, 0, B.s>>>(sink, 256, 0.75f);
+    nv_alu_ceiling<1><<<B.sms * 8, 256, 0, B.s>>>(sink, 256, 0.75f);
+    CK(cudaGetLastError());
+    for (unsigned dirs : {(unsigned)MXS_ROWWISE, (unsigned)MXS_BOTH}) {
+        nv_arena a(nv_shape(rows, cols, dirs, MXS_SCALES_COMPACT, MXS_NVFP4_1X16));
+        MK(mxs_cuda_nvfp4_quantize(&a.t, src, MXS_BF16, MXS_F32, B.s));
+        nv_wb w(a.t, master, 0, n, dirs == MXS_BOTH ? stage : nullptr);
+        MK(w.step(B.s));
+        if (dirs == MXS_BOTH) MK(mxs_cuda_nvfp4_wb_finish(&w.b, &w.plan, B.s));
+        CK(cudaStreamSynchronize(B.s));
+    }
+    CK(cudaFree(sink));
+    CK(cudaFree(src));
+    CK(cudaFree(master));
+    CK(cudaFree(stage));
+}
+
 /* ---- main ------------------------------------------------------------------------ */
 
 static bool parse_shape(const std::string &s, int64_t *r, int64_t *c) {
@@ -543,6 +612,7 @@ static int bench_main(int argc, char **argv) {
     bench_args args;
     args.shapes = "8192x8192,4096x14336";
     double budget = 75;
+    bool profile = false;
     bench_ctx B;
     B.single_reps = 20;
     B.b2b_k = 10;
@@ -551,10 +621,12 @@ static int bench_main(int argc, char **argv) {
         if (bench_parse_flag(argc, argv, &i, 3, 2, B, &args)) continue;
         if (std::string(argv[i]) == "--budget" && i + 1 < argc)
             budget = atof(argv[++i]);
+        else if (std::string(argv[i]) == "--profile")
+            profile = true;
         else {
             fprintf(stderr,
                     "usage: %s [--out FILE.md] [--csv FILE.csv] [--shapes RxC,...] [--reps N] [--k K] "
-                    "[--budget SECONDS] [--no-graph]\n",
+                    "[--budget SECONDS] [--no-graph] | --profile [--shapes RxC]\n",
                     argv[0]);
             return 2;
         }
@@ -579,6 +651,15 @@ static int bench_main(int argc, char **argv) {
     bench_device dev;
     if (!bench_open_device("nvfp4_bench", B, &dev, &t_start)) return 77;
     const cudaDeviceProp &prop = dev.prop;
+    if (profile) {
+        try {
+            nv_profile(B, shapes[0].first, shapes[0].second);
+        } catch (const bench_error &e) {
+            fprintf(stderr, "nvfp4_bench --profile: %s\n", e.what());
+            return 1;
+        }
+        return 0;
+    }
     nv_report R;
 
     { /* copy ceiling: 1 GiB device to device, bytes read + written */
@@ -587,11 +668,15 @@ static int bench_main(int argc, char **argv) {
         c.b2b_reps = 5;
         c.b2b_k = 5;
         R.copy_gbs = bench_copy_gbs(c);
+        R.alu_gps = nv_alu_gps<0>(c);
+        R.alu_prev_gps = nv_alu_gps<1>(c);
     }
-    char head[1400];
+    char head[1700];
     snprintf(head, sizeof head,
              "device: %s, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d; library %d; NVFP4 E2M1 conversion: %s\n"
              "copy ceiling (cudaMemcpyAsync D2D, 1 GiB, read + write, b2b): %.0f GB/s\n"
+             "instruction ceiling (fl32(x * e) + E2M1 + packing only, full occupancy, no memory): %.1f G elements/s "
+             "(mxs_e2m1x8_from_f32, the kernels' path); run 13's rule: %.1f G elements/s\n"
              "timing: single = 1 call, L2 flushed before it, median of <= %d; b2b = K <= %d calls in a row / K "
              "(K rounded up to a multiple of 8 for the DP=8 ranks), median of <= %d windows; graph = each call "
              "captured once, K replays / K; repetitions cut per case to ~0.3 s (at least 3 single calls, 3 "
@@ -602,7 +687,7 @@ static int bench_main(int argc, char **argv) {
              "(16x16 only)\n\n",
              prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20, dev.rt, dev.drv, mxs_cuda_version(),
              prop.major >= 10 ? "hardware cvt where built for sm_100a/f, else software" : "software (exact rule)",
-             R.copy_gbs, B.single_reps, B.b2b_k, B.b2b_reps, budget);
+             R.copy_gbs, R.alu_gps, R.alu_prev_gps, B.single_reps, B.b2b_k, B.b2b_reps, budget);
     fputs(head, stdout);
 
     try {

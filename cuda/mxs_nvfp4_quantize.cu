@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kNvThreads)
         float x[8];
         ld_vec8<MIS>(src, dtype, 8 * i, raw);
         unpack8(x, raw, dtype);
-        if (nv_eff_rt(dtype, rt) != MXS_F32) round_through8(x, rt);
+        if (nv_eff_rt(dtype, rt) != MXS_F32) nv_round_through8(x, rt);
 #pragma unroll
         for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
     }
@@ -184,7 +184,7 @@ template <int DT, int RT> __device__ __forceinline__ void nv_src8(const NvQuant 
     else
         ld_vec8<false>(Q.T.src, DT, f, raw);
     unpack8(x, raw, DT);
-    if (RT != MXS_F32) round_through8(x, RT);
+    if (RT != MXS_F32) nv_round_through8(x, RT);
 }
 
 template <int DT, int RT> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc) {

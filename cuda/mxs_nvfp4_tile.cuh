@@ -55,14 +55,20 @@ __device__ __forceinline__ int64_t unit_stride() { return (int64_t)gridDim.x * b
 /* Host: whether p is NULL or a-byte aligned (an absent plane passes). */
 inline bool nv_aligned_to(const void *p, uintptr_t a) { return p == nullptr || aligned(p, a); }
 
-/* 8 nibbles E2M1(x[j] * e[j]) as 4 bytes, the even index low. */
-__device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
-    uint32_t q = 0;
+/* round_through8 (mxs_tile.cuh) for the NVFP4 tiles: the same rule, a pair
+ * at a time (mxs_round_through2: one bf16x2 conversion per pair). */
+__device__ __forceinline__ void nv_round_through8(float *x, int rt) {
 #pragma unroll
-    for (int p = 0; p < 4; p++)
-        q |= (uint32_t)mxs_e2m1x2_from_f32(__fmul_rn(x[2 * p], e[2 * p]), __fmul_rn(x[2 * p + 1], e[2 * p + 1]))
-             << (8 * p);
-    return q;
+    for (int k = 0; k < 8; k += 2) mxs_round_through2(&x[k], &x[k + 1], (mxs_dtype)rt);
+}
+
+/* 8 nibbles E2M1(fl32(x[j] * e[j])) as 4 bytes, the even index low
+ * (mxs_e2m1x8_from_f32: the packed form of the rule). */
+__device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
+    float y[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++) y[j] = __fmul_rn(x[j], e[j]); /* one rounding, never fused */
+    return mxs_e2m1x8_from_f32(y);
 }
 
 } /* namespace mxs__cu */

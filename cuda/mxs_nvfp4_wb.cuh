@@ -151,6 +151,20 @@ __device__ __forceinline__ float nv_master(const NvHead &C, const NvItem &I, int
  * The bytes are the same either way: only the code differs. */
 constexpr int kNvAnyDtype = -1;
 
+/* The 8 elements f .. f+7 of a tile row, all inside the shard: one vector
+ * load (two for f32). */
+template <int DT, int RT>
+__device__ __forceinline__ void nv_vec8(const NvHead &C, const NvItem &I, int64_t f, float *x) {
+    const int dt = DT >= 0 ? DT : I.dtype, rt = DT >= 0 ? RT : nv_eff_rt(I.dtype, C.rt);
+    uint4 raw[2];
+    if (I.mis)
+        ld_vec8<true>(I.master, dt, f - I.start, raw);
+    else
+        ld_vec8<false>(I.master, dt, f - I.start, raw);
+    unpack8(x, raw, dt);
+    if (rt != MXS_F32) nv_round_through8(x, rt);
+}
+
 /* The 8 elements f .. f+7 of a tile row (0 outside the shard): one vector
  * load when all 8 are inside, else element by element. */
 template <int DT, int RT>
@@ -158,13 +172,7 @@ __device__ __forceinline__ void nv_load8(const NvHead &C, const NvItem &I, int64
     const int dt = DT >= 0 ? DT : I.dtype, rt = DT >= 0 ? RT : nv_eff_rt(I.dtype, C.rt);
     const int64_t end = I.start + I.len;
     if (f >= I.start && f + 8 <= end) {
-        uint4 raw[2];
-        if (I.mis)
-            ld_vec8<true>(I.master, dt, f - I.start, raw);
-        else
-            ld_vec8<false>(I.master, dt, f - I.start, raw);
-        unpack8(x, raw, dt);
-        if (rt != MXS_F32) round_through8(x, rt);
+        nv_vec8<DT, RT>(C, I, f, x);
         return;
     }
 #pragma unroll

@@ -32,42 +32,33 @@ static __device__ __forceinline__ float nv_mult(const NvHead &C, int64_t i, floa
  * all 8 are inside the shard (and st4: the output's plane byte 0 is 4-byte
  * aligned, hence this address), else the bytes inside it (shard boundaries
  * are even: a byte is wholly inside or out). */
+template <bool INSIDE>
 static __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, bool frag, bool st4, int64_t f,
                                                  uint32_t q) {
     const int64_t end = I.start + I.len, o = (f - (frag ? I.start : 0)) / 2;
-    if (st4 && f >= I.start && f + 8 <= end) {
+    if (st4 && (INSIDE || (f >= I.start && f + 8 <= end))) {
         *reinterpret_cast<uint32_t *>(d + o) = q;
         return;
     }
 #pragma unroll
     for (int p = 0; p < 4; p++)
-        if (f + 2 * p >= I.start && f + 2 * p < end) d[o + p] = (uint8_t)(q >> (8 * p));
+        if (INSIDE || (f + 2 * p >= I.start && f + 2 * p < end)) d[o + p] = (uint8_t)(q >> (8 * p));
 }
 
-/* Apply, one warp tile: the shard's nibbles of group g, columns c0 .. in the
- * row-wise plane and the stage. Rows go in pairs: the lane pair of a 1x16
- * row block computes one multiplier each (lane 2p row i, lane 2p+1 row i+1)
- * and swaps them by __shfl_xor. */
-template <>
-template <int DT, int RT>
-__device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
-    const NvWarpTile w = nv_warp_tile(I, t);
-    const int64_t g = w.g, c0 = w.c0, r0 = w.r0, r1 = w.r1;
+/* The rows of apply's warp tile (NvPhase<PH_APPLY>::tile). Rows go in pairs: the lane
+ * pair of a 1x16 row block computes one multiplier each (lane 2p row i,
+ * lane 2p+1 row i+1) and swaps them by __shfl_xor. WHOLE: the group lies
+ * wholly inside the shard (all but at most two groups of a shard), so no
+ * row needs the shard-edge tests or element-wise loads and every 8 nibbles
+ * are whole bytes inside it. */
+template <int DT, int RT, bool WHOLE>
+static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvItem &I, int64_t g, int64_t c0,
+                                                     int64_t r0, int64_t r1, float s_enc, const float *ec, float et) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t end = I.start + I.len, k = c0 / MXS_NVFP4_BLOCK;
     /* the pair's block exists even when only the even lane has columns (cols % 16 == 8) */
     const bool active = c0 < I.cols, block = k * MXS_NVFP4_BLOCK < I.cols;
     const bool do_row = I.data[0] != nullptr, do_stage = I.stage != nullptr;
-    const float s_enc = nv_s_enc(C, I);
-    float ec[8], et = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) ec[j] = 0.0f;
-    if (I.two_d) {
-        if (active) et = nv_mult(C, I.tile_entry + g * I.kr + k, s_enc);
-    } else if (do_stage && active) {
-#pragma unroll
-        for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
-    }
 #pragma unroll 1
     for (int64_t ri = r0; ri < r1; ri += 2) {
         float mine = et;
@@ -79,22 +70,51 @@ __device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t r = ri + h, f = r * I.cols + c0;
-            if (r >= r1 || !active || f + 8 <= I.start || f >= end) continue;
+            if (r >= r1 || !active || (!WHOLE && (f + 8 <= I.start || f >= end))) continue;
             const float er = I.two_d ? et : ((lane & 1) == h ? mine : other);
             float x[8], e[8];
-            nv_load8<DT, RT>(C, I, f, x);
+            if (WHOLE)
+                nv_vec8<DT, RT>(C, I, f, x);
+            else
+                nv_load8<DT, RT>(C, I, f, x);
             if (do_row) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
-                nv_store8(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
+                nv_store8<WHOLE>(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
             }
             if (do_stage) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
-                nv_store8(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
+                nv_store8<WHOLE>(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
             }
         }
     }
+}
+
+/* Apply, one warp tile: the shard's nibbles of group g, columns c0 .. in the
+ * row-wise plane and the stage; the column (16x1) or tile multipliers once,
+ * then the rows (nv_apply_rows). */
+template <>
+template <int DT, int RT>
+__device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
+    const NvWarpTile w = nv_warp_tile(I, t);
+    const int64_t g = w.g, c0 = w.c0, r0 = w.r0, r1 = w.r1;
+    const int64_t k = c0 / MXS_NVFP4_BLOCK;
+    const bool active = c0 < I.cols;
+    const float s_enc = nv_s_enc(C, I);
+    float ec[8], et = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) ec[j] = 0.0f;
+    if (I.two_d) {
+        if (active) et = nv_mult(C, I.tile_entry + g * I.kr + k, s_enc);
+    } else if (I.stage != nullptr && active) {
+#pragma unroll
+        for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
+    }
+    if (I.start <= r0 * I.cols && r1 * I.cols <= I.start + I.len) /* warp-uniform */
+        nv_apply_rows<DT, RT, true>(C, I, g, c0, r0, r1, s_enc, ec, et);
+    else
+        nv_apply_rows<DT, RT, false>(C, I, g, c0, r0, r1, s_enc, ec, et);
 }
 
 /* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */

@@ -47,7 +47,30 @@ static __device__ void nv_raise_atomic(const NvHead &C, int64_t i, float a) {
     }
 }
 
-/* Partial, one warp tile: the block entries of group g, columns c0 .. */
+/* Partial, one row of a warp tile: its 8 elements x into the running
+ * column maxima cm and the tile maximum tm, and (rowb) the pair's 1x16 row
+ * entry. Every lane of the warp calls it (__shfl_xor). */
+static __device__ __forceinline__ void nv_partial_row(const NvHead &C, const NvItem &I, int64_t r, int64_t c0, int lane,
+                                                      bool active, bool rowb, const float *x, float *cm, float &tm) {
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        a = mxs_amax_step(a, x[j]);
+        cm[j] = mxs_amax_step(cm[j], x[j]);
+    }
+    tm = fmaxf(tm, a);
+    if (rowb) {
+        const float b = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
+        if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.row_entry + r * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+    }
+}
+
+/* Partial, one warp tile: the block entries of group g, columns c0 .. A
+ * group wholly inside the shard (all but at most two per shard) loads two
+ * rows per step, unrolled twice: four rows' vector loads in flight per lane
+ * before the first is used (one row per step left the loads' latency
+ * exposed: long-scoreboard stalls, run 13); a group a shard edge cuts goes
+ * row by row with element masks. */
 template <>
 template <int DT, int RT>
 __device__ void NvPhase<PH_PARTIAL>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
@@ -57,24 +80,31 @@ __device__ void NvPhase<PH_PARTIAL>::tile(const NvHead &C, const NvItem &I, int6
     const int64_t end = I.start + I.len;
     const bool active = c0 < I.cols, rowb = I.row_entry >= 0, colb = I.col_entry >= 0;
     float cm[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, tm = 0.0f;
-#pragma unroll 4
-    for (int64_t r = r0; r < r1; r++) {
-        if ((r + 1) * I.cols <= I.start || r * I.cols >= end) continue; /* warp-uniform */
-        float x[8], a = 0.0f;
-        if (active)
-            nv_load8<DT, RT>(C, I, r * I.cols + c0, x);
-        else
+    if (I.start <= r0 * I.cols && r1 * I.cols <= end) { /* warp-uniform */
+#pragma unroll 2
+        for (int64_t r = r0; r < r1; r += 2) {
+            const bool two = r + 1 < r1; /* warp-uniform; false only for an odd last group */
+            float x0[8], x1[8];
 #pragma unroll
-            for (int j = 0; j < 8; j++) x[j] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            a = mxs_amax_step(a, x[j]);
-            cm[j] = mxs_amax_step(cm[j], x[j]);
+            for (int j = 0; j < 8; j++) x0[j] = x1[j] = 0.0f;
+            if (active) {
+                nv_vec8<DT, RT>(C, I, r * I.cols + c0, x0);
+                if (two) nv_vec8<DT, RT>(C, I, (r + 1) * I.cols + c0, x1);
+            }
+            nv_partial_row(C, I, r, c0, lane, active, rowb, x0, cm, tm);
+            if (two) nv_partial_row(C, I, r + 1, c0, lane, active, rowb, x1, cm, tm);
         }
-        tm = fmaxf(tm, a);
-        if (rowb) {
-            const float b = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
-            if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.row_entry + r * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+    } else {
+#pragma unroll 4
+        for (int64_t r = r0; r < r1; r++) {
+            if ((r + 1) * I.cols <= I.start || r * I.cols >= end) continue; /* warp-uniform */
+            float x[8];
+            if (active)
+                nv_load8<DT, RT>(C, I, r * I.cols + c0, x);
+            else
+#pragma unroll
+                for (int j = 0; j < 8; j++) x[j] = 0.0f;
+            nv_partial_row(C, I, r, c0, lane, active, rowb, x, cm, tm);
         }
     }
     if (I.two_d) {

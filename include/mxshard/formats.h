@@ -285,6 +285,23 @@ MXS_HD float mxs_round_through(float x, mxs_dtype to) {
     return x;
 }
 
+/* mxs_round_through of two values, *a and *b, in place: the same rule; on
+ * sm_89 and newer a bf16 pair is one cvt.rn.bf16x2.f32 (the kernels' loads
+ * round 8 elements at a time: 4 conversions instead of 8). */
+MXS_HD void mxs_round_through2(float *a, float *b, mxs_dtype to) {
+#if defined(MXS_DEVICE_CVT)
+    if (to == MXS_BF16) {
+        uint32_t w; /* b's bf16 in the high half, a's in the low: each cvt.rn.bf16.f32's value */
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(*b), "f"(*a));
+        *a = mxs_f32_from_bits(w << 16); /* one shift or mask each (__low2float takes two) */
+        *b = mxs_f32_from_bits(w & 0xFFFF0000u);
+        return;
+    }
+#endif
+    *a = mxs_round_through(*a, to);
+    *b = mxs_round_through(*b, to);
+}
+
 MXS_HD int mxs_dtype_valid(int dtype) { return dtype == MXS_F32 || dtype == MXS_BF16 || dtype == MXS_F16; }
 MXS_HD int64_t mxs_dtype_bytes(mxs_dtype dtype) { return dtype == MXS_F32 ? 4 : 2; }
 

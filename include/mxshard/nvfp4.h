@@ -77,28 +77,56 @@ typedef enum { MXS_NVFP4_1X16 = 0, MXS_NVFP4_16X16 = 1 } mxs_nvfp4_block;
  * any NaN -> +6 (0x7). Exactly __nv_cvt_float_to_fp4(x, __NV_E2M1,
  * cudaRoundNearest) and cvt.rn.satfinite.e2m1x2.f32.
  *
- * The grid below 2 has spacing 0.5, [2, 4) spacing 1, [4, 6] spacing 2, and
- * there the code is linear in the value: 2v, v + 2, v/2 + 4. So with
- * v = min(|x|, 6) (NaN -> 6, +-inf -> 6) and C = the spacing times 2^23
- * (2^22, 2^23 or 2^24, from v's exponent), the one f32 addition v + C rounds
- * v to its grid, to nearest even - and an even multiple of the spacing is an
- * even code, so this is E2M1's tie rule - and leaves the multiple in the low
- * mantissa bits of the sum: code = bits(v + C) - bits(C) + {0, 2, 4}.
- * Subnormals and |x| <= 0.25 round to 0. Equal to the boundary count
- * (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 as f32 bit patterns) for all 2^32
- * inputs (checked exhaustively when it replaced that rule), in about half
- * the instructions. */
+ * The software rule (the host, Hopper) is mxs__e2m1_sw_bits: one f32
+ * addition rounds onto the grid and leaves the nibble in the sum's low bits.
+ *
+ *   t  = max(min(x, 6), -6)        (NaN -> +6: min returns the number)
+ *   E  = 0 for |t| < 2, 1 for [2, 4), 2 for [4, 6]: the E2M1 grid spacing
+ *        there is 2^(E-1), and the code is linear in the value: 2|t|,
+ *        |t| + 2, |t|/2 + 4 = n + 2E with n = |t| / spacing
+ *   E  is the exponent field of t * 2^-127 (subnormal, field 0, below 2;
+ *        formed as t * 2^-21 * 2^-106 so no constant is subnormal)
+ *   C  = +-2^(1+E) with mantissa 256 + 2E (+ 512 when t < 0), the sign of
+ *        t: bits X + (X >> 22), X = sign | (128 + E) << 23 (one OR: 128 + E
+ *        = 128 | E)
+ *   s  = fl32(t * 2^-21 + C)
+ *
+ * The ulp of C is 2^(E-22), i.e. the spacing in units of t * 2^-21, so the
+ * addition rounds |t| to n multiples of the spacing, to nearest even (C's
+ * mantissa is even, so an even multiple is an even n and, 2E being even, an
+ * even code: E2M1's tie rule), and bits(s) = bits(C) + n: the low 16 bits of
+ * bits(s) are code | 256 | sign << 9 (code = n + 2E <= 7). Near a binade
+ * edge t * 2^-127 may round up into the next E; the coarser grid then gives
+ * the same value (2 or 4). No intermediate is subnormal unless |t| < 2^-105
+ * or it only feeds E, so flushing subnormals (FTZ / DAZ) changes nothing.
+ * Equal to the boundary count (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 as f32
+ * bit patterns) for all 2^32 inputs: tests/cpu/test_e2m1_exhaustive.c (host)
+ * and tests/cuda/test_nvfp4.cu (device, and the 8-wide packing below). */
+MXS_HD uint32_t mxs__e2m1_sw_bits(float x) {
+    const float two_m21 = mxs_f32_from_bits(0x35000000u), two_m106 = mxs_f32_from_bits(0x0A800000u);
+    float t, tn;
+    uint32_t xb;
+#if defined(__CUDA_ARCH__)
+    t = fmaxf(fminf(x, MXS_E2M1_MAX), -MXS_E2M1_MAX); /* one instruction each */
+#else
+    t = x < MXS_E2M1_MAX ? x : MXS_E2M1_MAX; /* a NaN compares false: 6 */
+    t = t > -MXS_E2M1_MAX ? t : -MXS_E2M1_MAX;
+#endif
+    tn = t * two_m21; /* exact, or below 2^-126 where the code is 0 */
+    xb = mxs_f32_bits(tn * two_m106);
+#if defined(__CUDA_ARCH__)
+    /* (xb & 0xFF800000) | 128 << 23 as one LOP3 (the compiler makes two) */
+    asm("lop3.b32 %0, %1, 0xFF800000, 0x40000000, 0xEA;" : "=r"(xb) : "r"(xb));
+#else
+    xb = (xb & 0xFF800000u) | (128u << 23);
+#endif
+    return mxs_f32_bits(tn + mxs_f32_from_bits(xb + (xb >> 22)));
+}
+
+/* The nibble from mxs__e2m1_sw_bits: code in bits 0..2, the sign (bit 9) to bit 3. */
 MXS_HD uint8_t mxs__e2m1_sw(float x) {
-    uint32_t u = mxs_f32_bits(x), a = u & 0x7FFFFFFFu;
-    float v = mxs_f32_from_bits(a);
-    uint32_t e, c, q, is_nan;
-    v = v < MXS_E2M1_MAX ? v : MXS_E2M1_MAX; /* satfinite; a NaN compares false: 6 */
-    e = mxs_f32_bits(v) & 0x7F800000u;
-    c = (e > 0x3F800000u ? e : 0x3F800000u) + (22u << 23); /* max(2^floor(log2 v), 1) * 2^22 */
-    q = mxs_f32_bits(v + mxs_f32_from_bits(c)) - c + ((c >> 22) - 298u);
-    is_nan = 0u - (uint32_t)(a > 0x7F800000u);
-    q |= (u >> 28) & 0x8u; /* the sign */
-    return (uint8_t)((MXS_E2M1_MAX_CODE & is_nan) | (q & ~is_nan));
+    uint32_t v = mxs__e2m1_sw_bits(x);
+    return (uint8_t)((v & 0x7u) | ((v >> 6) & 0x8u));
 }
 
 MXS_HD uint8_t mxs_e2m1_from_f32(float x) {
@@ -125,6 +153,37 @@ MXS_HD uint8_t mxs_e2m1x2_from_f32(float even, float odd) {
     return (uint8_t)r;
 #else
     return (uint8_t)(mxs__e2m1_sw(even) | (mxs__e2m1_sw(odd) << 4));
+#endif
+}
+
+/* Eight conversions packed little-endian into 32 bits, x[0] in the low
+ * nibble (a row of 8 elements, one 32-bit store). On Hopper the software
+ * rule's sums are merged a pair at a time - bits(s_even) + (bits(s_odd) << 4)
+ * holds both codes and both signs (bits 9, 13) in its low 16 bits, since the
+ * 256 | 4096 of the two sums is in neither - then two halves per word
+ * (PRMT), the signs moved down by one shift, one LOP3, one PRMT: about 1.4
+ * instructions an element for the packing; 9.5 with the multiply and the
+ * rule (sm_90 SASS; run 13's rule and packing: 15.4). */
+MXS_HD uint32_t mxs_e2m1x8_from_f32(const float *x) {
+#if defined(MXS_DEVICE_CVT_FP4)
+    return (uint32_t)mxs_e2m1x2_from_f32(x[0], x[1]) | ((uint32_t)mxs_e2m1x2_from_f32(x[2], x[3]) << 8) |
+           ((uint32_t)mxs_e2m1x2_from_f32(x[4], x[5]) << 16) | ((uint32_t)mxs_e2m1x2_from_f32(x[6], x[7]) << 24);
+#elif defined(__CUDA_ARCH__)
+    uint32_t w[4], lo, hi;
+    int p;
+    for (p = 0; p < 4; p++) w[p] = mxs__e2m1_sw_bits(x[2 * p]) + (mxs__e2m1_sw_bits(x[2 * p + 1]) << 4);
+    lo = __byte_perm(w[0], w[1], 0x5410); /* pair 0 in bits 0..15, pair 1 in 16..31 */
+    hi = __byte_perm(w[2], w[3], 0x5410);
+    /* codes from lo, the signs (bits 9, 13) from lo >> 6: one LOP3 select
+     * each (0x00770077 ? lo : lo >> 6; the compiler makes two) */
+    asm("lop3.b32 %0, %1, %2, 0x00770077, 0xE4;" : "=r"(lo) : "r"(lo), "r"(lo >> 6));
+    asm("lop3.b32 %0, %1, %2, 0x00770077, 0xE4;" : "=r"(hi) : "r"(hi), "r"(hi >> 6));
+    return __byte_perm(lo, hi, 0x6420); /* bytes 0 and 2 of each */
+#else
+    uint32_t q = 0;
+    int j;
+    for (j = 0; j < 8; j++) q |= (uint32_t)mxs__e2m1_sw(x[j]) << (4 * j);
+    return q;
 #endif
 }
 

@@ -4,6 +4,8 @@
  *
  *   1 the E2M1 oracle vectors (tests/vectors/e2m1_*.txt) through a kernel
  *     calling nvfp4.h's conversion rules (the path this device compiles);
+ *     and the device rule - one element, pairs and the 8-wide packing the
+ *     kernels store - against the boundary count for all 2^32 f32 patterns;
  *   2 quantize (twice on the same buffers), dequantize and scale conversion
  *     == the host, over random shapes (1-element dims, non-multiples of 16),
  *     every plane set, block shape, layout, source dtype and round-through;
@@ -118,6 +120,71 @@ static void test_oracle(void) {
         fclose(f);
         CHECK(seen == 16, "e2m1_to_f32.txt: %d codes", seen);
     }
+}
+
+/* The E2M1 rule's definition (docs/contract.md 9.2): the number of
+ * boundaries |x| has passed, strictly for the ties that go down (0.25, 1.25,
+ * 2.5, 5), inclusively for those that go up (0.75, 1.75, 3.5), as f32 bit
+ * patterns; the sign; NaN -> 0x7. */
+__device__ static uint32_t e2m1_boundary_count(uint32_t u) {
+    uint32_t a = u & 0x7FFFFFFFu;
+    uint32_t q = (uint32_t)(a > 0x3E800000u) + (uint32_t)(a >= 0x3F400000u) + (uint32_t)(a > 0x3FA00000u) +
+                 (uint32_t)(a >= 0x3FE00000u) + (uint32_t)(a > 0x40200000u) + (uint32_t)(a >= 0x40600000u) +
+                 (uint32_t)(a > 0x40A00000u);
+    uint32_t is_nan = 0u - (uint32_t)(a > 0x7F800000u);
+    q |= (u >> 28) & 0x8u;
+    return (0x7u & is_nan) | (q & ~is_nan);
+}
+
+/* Every f32 pattern, 8 consecutive ones per thread and step: mxs_e2m1_from_f32,
+ * mxs_e2m1x2_from_f32 and mxs_e2m1x8_from_f32 against the boundary count;
+ * bad[0..2]: mismatches of each, first[0..2]: the first pattern (min). */
+__global__ void e2m1_exhaustive_kernel(unsigned long long *bad, unsigned *first, uint64_t groups, uint64_t step) {
+    for (uint64_t g = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; g < groups;
+         g += (uint64_t)gridDim.x * blockDim.x) {
+        const uint32_t u0 = (uint32_t)(g * step * 8);
+        float x[8];
+        uint32_t want = 0, one = 0, pair = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            x[j] = __uint_as_float(u0 + j);
+            want |= e2m1_boundary_count(u0 + j) << (4 * j);
+            one |= (uint32_t)mxs_e2m1_from_f32(x[j]) << (4 * j);
+        }
+#pragma unroll
+        for (int p = 0; p < 4; p++) pair |= (uint32_t)mxs_e2m1x2_from_f32(x[2 * p], x[2 * p + 1]) << (8 * p);
+        const uint32_t got[3] = {one, pair, mxs_e2m1x8_from_f32(x)};
+        for (int k = 0; k < 3; k++)
+            if (got[k] != want) {
+                atomicAdd(&bad[k], 1ull);
+                atomicMin(&first[k], u0);
+            }
+    }
+}
+
+/* Under compute-sanitizer (MXS_SANITIZER) every 2^10th group only: the plain
+ * run covers all of them. */
+static void test_e2m1_exhaustive() {
+    const uint64_t groups = getenv("MXS_SANITIZER") ? (uint64_t)1 << 19 : (uint64_t)1 << 29;
+    DevBuf dbad = dev_alloc(3 * sizeof(unsigned long long)), dfirst = dev_alloc(3 * sizeof(unsigned));
+    CUDA_OK(cudaMemset(dbad.p, 0, 3 * sizeof(unsigned long long)));
+    CUDA_OK(cudaMemset(dfirst.p, 0xFF, 3 * sizeof(unsigned)));
+    e2m1_exhaustive_kernel<<<4096, 256>>>(reinterpret_cast<unsigned long long *>(dbad.p),
+                                          reinterpret_cast<unsigned *>(dfirst.p), groups, ((uint64_t)1 << 29) / groups);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaDeviceSynchronize());
+    unsigned long long bad[3];
+    unsigned first[3];
+    CUDA_OK(cudaMemcpy(bad, dbad.p, sizeof bad, cudaMemcpyDeviceToHost));
+    CUDA_OK(cudaMemcpy(first, dfirst.p, sizeof first, cudaMemcpyDeviceToHost));
+    static const char *const what[3] = {"mxs_e2m1_from_f32", "mxs_e2m1x2_from_f32", "mxs_e2m1x8_from_f32"};
+    for (int k = 0; k < 3; k++)
+        CHECK(bad[k] == 0,
+              "%s on the device: %llu groups of 8 patterns differ from the boundary count, the first at "
+              "0x%08X",
+              what[k], bad[k], first[k]);
+    dev_free(dbad);
+    dev_free(dfirst);
 }
 
 /* ---- NVFP4 tensors on host and device ---------------------------------------------- */
@@ -981,6 +1048,8 @@ int main(void) {
     require_gpu();
     test_oracle();
     tap_point("E2M1 oracle vectors through a device kernel");
+    test_e2m1_exhaustive();
+    tap_point("E2M1 device rule (1, 2 and 8 per call) == the boundary count for all 2^32 f32 patterns");
     test_quantize();
     tap_point("quantize / dequantize / convert_scales == host");
     test_writeback();
