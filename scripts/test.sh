@@ -17,7 +17,8 @@
 #
 # Environment: MXS_BUILDDIR (build dir; default build, or build-quick with
 # --quick), MXS_SM_ARCHS (e.g. 90 or 90,100; default: meson_options.txt's
-# sm_archs), MXS_FORMAT_CHECK=auto|strict|warn (clang-format differences:
+# sm_archs), MXS_CUDA_CODE=ptx (PTX alone: no ptxas; the CI's check, under half
+# the CUDA build time), MXS_FORMAT_CHECK=auto|strict|warn (clang-format differences:
 # auto fails the run with clang-format 14, the version the tree is formatted
 # with, and warns with others; strict always fails; warn never does).
 set -euo pipefail
@@ -55,6 +56,7 @@ if [ "$quick" = 1 ]; then builddir=${MXS_BUILDDIR:-build-quick}; else builddir=$
 opts=(-Dtests=enabled -Ddefault_library=both --wrap-mode=nodownload)
 if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled); else opts+=(-Dcuda=auto); fi
 if [ -n "${MXS_SM_ARCHS:-}" ]; then opts+=("-Dsm_archs=$MXS_SM_ARCHS"); fi
+if [ -n "${MXS_CUDA_CODE:-}" ]; then opts+=("-Dgpu_code=$MXS_CUDA_CODE"); fi
 
 # ---- what this machine has, and what that means -----------------------------
 say() { printf 'test.sh: %s\n' "$*"; }
@@ -77,7 +79,11 @@ say "cpu suite: Criterion $(pkg-config --modversion criterion 2>/dev/null || ech
 if [ "$quick" = 1 ]; then
   say "--quick: CUDA off (-Dcuda=disabled): no kernel is compiled, no cuda/nccl suite"
 elif command -v nvcc >/dev/null; then
-  say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled and linked for sm_${archs//,/ sm_} (+ PTX of the last); on 2 cores this is most of the run (about a minute per architecture); MXS_SM_ARCHS=90 halves it"
+  if [ "${MXS_CUDA_CODE:-sass}" = ptx ]; then
+    say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled (front end, PTX alone: MXS_CUDA_CODE=ptx, no ptxas) and linked for compute_${archs//,/ compute_}"
+  else
+    say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled and linked for sm_${archs//,/ sm_} (+ PTX of the last); on 2 cores this is most of the run (minutes per architecture); MXS_SM_ARCHS=90 halves it, MXS_CUDA_CODE=ptx (no ptxas) more than halves that"
+  fi
   say "$gpu_note"
   if [ "$gpus" -eq 0 ]; then
     say "=> suite cuda: built and linked, its tests SKIP (no CUDA device); suite nccl: SKIP (needs 2 GPUs)"

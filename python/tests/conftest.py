@@ -12,6 +12,17 @@ sys.path.insert(0, os.path.dirname(HERE))  # the package from the source tree wh
 REPO = os.path.dirname(os.path.dirname(HERE))
 VECTORS = os.path.join(REPO, "tests", "vectors")
 
+# Triton's interpreter (the GEMM kernels' tests on CPU tensors) must be chosen before anything
+# imports triton - torch.compile, FSDP2 and torch.distributed may, in tests collected earlier than
+# test_torch_gemm.py: set it for the whole session where no GPU is visible.
+if "TRITON_INTERPRET" not in os.environ:
+    try:
+        import torch as _torch
+        if not _torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    except Exception:  # noqa: BLE001 - no torch (or --quick's stand-in): nothing uses Triton
+        pass
+
 
 def pytest_configure(config):
     # default library location: the build directory the scripts use
