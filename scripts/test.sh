@@ -73,11 +73,12 @@ if command -v nvidia-smi >/dev/null; then gpus=$(nvidia-smi -L 2>/dev/null | gre
 gpu_note="no GPU visible ($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi lists none' || echo 'no nvidia-smi'))"
 [ "$gpus" -gt 0 ] && gpu_note="$gpus GPU(s): $(nvidia-smi -L 2>/dev/null | head -n 2 | sed 's/ (UUID.*//' | paste -sd ';' -)"
 # Without a GPU the CUDA tests skip anyway: compile every kernel to PTX alone for sm_90 (the front
-# end checks all of it, no ptxas: the 2-core CI's time goes to tests, not machine code), unless
-# MXS_SM_ARCHS / MXS_CUDA_CODE say otherwise. With a GPU: machine code (meson_options.txt).
+# end checks all of it, no ptxas: the 2-core CI's time goes to tests, not machine code) and leave
+# the benchmarks (built and run by scripts/prebuild.sh and scripts/gpu-*.sh), unless MXS_SM_ARCHS /
+# MXS_CUDA_CODE say otherwise. With a GPU: machine code (meson_options.txt).
 if [ "$quick" = 0 ] && [ "$gpus" -eq 0 ] && [ -z "${MXS_CUDA_CODE:-}${MXS_SM_ARCHS:-}" ] && [ ! -f "$builddir/build.ninja" ]; then
   MXS_CUDA_CODE=ptx MXS_SM_ARCHS=90
-  opts+=("-Dsm_archs=90" "-Dgpu_code=ptx")
+  opts+=("-Dsm_archs=90" "-Dgpu_code=ptx" "-Dbench=false")  # the benchmarks run where the GPUs are
   archs=90
 fi
 

@@ -3,8 +3,8 @@
 a tiny GPT converted to MXFP8Linear (row-only + bidirectional) under
 ShardedOptimizer(AdamW), 2 gloo processes, a few steps; a checkpoint half-way
 (mxshard.torch.save_checkpoint, DCP); resume under DP=2 with torchrun
-(bit-identical loss, final checkpoint and exported model) and DP=1 (on the
-curve); per-rank collective traces; a
+(bit-identical loss, final checkpoint and exported model; resharding to other DP
+sizes is test_torch_checkpoint.py's); per-rank collective traces; a
 checkpoint of another configuration is rejected; the BF16 baseline runs; the
 two-panel loss plot is written. Skips cleanly without torch, gloo, the host
 library or the library's checkpoint API."""
@@ -96,11 +96,8 @@ def test_train_dp2_gloo_checkpoint_resume(tmp_path):
         assert any(" all_reduce dtype=uint8 " in x and "op=MAX" in x and "step=7" in x for x in lines), lines[-5:]
         assert any("MARK load_checkpoint done" in x for x in lines) and "MARK exit" in lines[-1], lines[-3:]
 
-    # other DP: loads (primaries rebuilt from the resharded masters, byte-compared by the library), on the curve
-    d = _train(tmp_path, "d", *base, "--dp", 1, "--resume", saved)
-    assert d["reload_check"]["identical"] and d["reload_whole_tensor_check"]["identical"], d
-    diff = max(abs(x[1] - y[1]) for x, y in zip(d["losses"], a["losses"][k:]))
-    assert diff < 1e-2, diff
+    # other DP sizes (a DP=2 checkpoint loaded at DP=1 and 3, primaries rebuilt and byte-compared):
+    # test_torch_checkpoint.py::test_reshard_2_to_3_and_1_byte_identical
 
     # a checkpoint of another configuration (other bidirectional set) is rejected
     out = _train(tmp_path, "e", *base, "--resume", saved, "--bidir", "", "--reload-only", ok=False)
