@@ -47,6 +47,17 @@ def torch_or_skip():
     return torch
 
 
+def torch_lib_or_skip():
+    """torch and libmxshard_host, else skip (with the reason)."""
+    torch = torch_or_skip()
+    import mxshard
+    try:
+        mxshard.library_info()
+    except mxshard.LibraryNotFoundError as e:
+        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+    return torch
+
+
 def gloo_or_skip(host_lib=False):
     """torch with torch.distributed over gloo, else skip; host_lib=True: also libmxshard_host."""
     torch = torch_or_skip()

@@ -10,17 +10,7 @@ import random
 
 import pytest
 
-from conftest import torch_or_skip
-
-
-def _lib_or_skip():
-    torch = torch_or_skip()
-    import mxshard
-    try:
-        mxshard.library_info()
-    except mxshard.LibraryNotFoundError as e:
-        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
-    return torch
+from conftest import torch_lib_or_skip
 
 
 def _simulate(torch, spec, master, world, versions=1):
@@ -54,7 +44,7 @@ def _gather(torch, units, plane):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_gathered_planes_equal_the_whole_tensor_quantize(seed):
-    torch = _lib_or_skip()
+    torch = torch_lib_or_skip()
     import mxshard
     from mxshard.torch.fsdp_linear import make_spec
     from mxshard.torch.fsdp_units import scratch_bytes
@@ -95,7 +85,7 @@ def test_gathered_planes_equal_the_whole_tensor_quantize(seed):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_nvfp4_gathered_planes_equal_the_whole_tensor_quantize(seed):
-    torch = _lib_or_skip()
+    torch = torch_lib_or_skip()
     import mxshard
     from mxshard.torch import fsdp_geometry as G
     from mxshard.torch.fsdp_linear import make_spec
@@ -130,7 +120,7 @@ def test_nvfp4_gathered_planes_equal_the_whole_tensor_quantize(seed):
 
 
 def test_nvfp4_odd_shard_starts_are_refused_alike_on_every_rank():
-    torch = _lib_or_skip()
+    torch = torch_lib_or_skip()
     from mxshard.torch.fsdp_linear import make_spec
     from mxshard.torch.fsdp_units import check_supported
     spec = make_spec("nvfp4", "row", "padded", None, "1x16", torch.bfloat16, "bf16")
@@ -142,7 +132,7 @@ def test_nvfp4_odd_shard_starts_are_refused_alike_on_every_rank():
 
 
 def test_evenly_sharded_row_only_weights_share_nothing():
-    torch = _lib_or_skip()
+    torch = torch_lib_or_skip()
     from mxshard.torch.fsdp_linear import make_spec
     from mxshard.torch.fsdp_units import shared_entry_count
     row = make_spec("mxfp8", "row", "padded", "ceil", None, torch.bfloat16, "bf16")
@@ -155,7 +145,7 @@ def test_evenly_sharded_row_only_weights_share_nothing():
 
 
 def test_send_shapes_are_the_same_for_every_plane_and_padded_when_uneven():
-    torch = _lib_or_skip()
+    torch = torch_lib_or_skip()
     from mxshard.torch.fsdp_linear import make_spec
     spec = make_spec("mxfp8", "both", "padded", "ceil", None, torch.bfloat16, "bf16")
     units = _simulate(torch, spec, torch.randn(33, 40), 4)   # uneven: rows 9, 9, 9, 6

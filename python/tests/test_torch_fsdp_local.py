@@ -8,16 +8,12 @@ import io
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import torch_lib_or_skip
 
 
 def _mods():
-    torch = torch_or_skip()
+    torch = torch_lib_or_skip()
     import mxshard
-    try:
-        mxshard.library_info()
-    except mxshard.LibraryNotFoundError as e:
-        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
     import mxshard.torch as mxt
     return torch, mxshard, mxt
 

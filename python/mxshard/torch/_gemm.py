@@ -441,6 +441,16 @@ def linear_dgrad(gy, primary, plane, dt):
 _WGRAD_ADDMM = ("wgrad", "addmm fp32", "CUDA, bf16/f16 inputs")
 
 
+def input_and_bias_grads(gy, dt, need_gx, need_gb, primary_of, plane):
+    """The backward's shared part for a quantized linear: gy cast to dt, gx = gy @ deq(plane) when
+    need_gx (primary_of() gives the primary: only then is it fetched), gb = the sum of gy over the
+    tokens when need_gb. Returns (gy2 [tokens, out], gx, gb)."""
+    gy = gy.to(dt)
+    gx = linear_dgrad(gy, primary_of(), plane, dt) if need_gx else None
+    gy2 = gy.reshape(-1, gy.shape[-1])
+    return gy2, gx, (gy2.sum(0) if need_gb else None)
+
+
 def linear_wgrad(gy2, x2, acc=None, dtype=None):
     """gy2^T @ x2 for 2-D gy2 [tokens, out], x2 [tokens, in] (both in the compute dtype).
     acc given (a float32 [out, in] tensor): acc += the product, accumulated in fp32 inside the

@@ -47,15 +47,11 @@ class _ParamLinearFn(torch.autograd.Function):
     def backward(ctx, gy):
         (x,) = ctx.saved_tensors
         m, w = ctx.module, ctx.w
-        dt = m.spec.compute_dtype
-        gy = gy.to(dt)
-        gx = gb = gw = None
-        if ctx.needs_input_grad[0]:
-            plane = m.spec.dgrad_plane()
-            gx = _gemm.linear_dgrad(gy, _primary(m, w, plane), plane, dt)
-        gy2 = gy.reshape(-1, gy.shape[-1])
-        if ctx.has_bias and ctx.needs_input_grad[1]:
-            gb = gy2.sum(0)
+        plane = m.spec.dgrad_plane()
+        gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, ctx.needs_input_grad[0],
+                                                 ctx.has_bias and ctx.needs_input_grad[1],
+                                                 lambda: _primary(m, w, plane), plane)
+        gw = None
         if ctx.needs_input_grad[2]:
             gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=w.dtype)
         return gx, gb, gw, None

@@ -113,13 +113,9 @@ class _QuantLinearFn(torch.autograd.Function):
     def backward(ctx, gy):
         (x,) = ctx.saved_tensors
         m = ctx.module
-        dt = m.compute_dtype
-        gy = gy.to(dt)
-        gx = None
-        if ctx.needs_input_grad[0]:
-            gx = _gemm.linear_dgrad(gy, m.primary, "col" if m.planes == "both" else "row", dt)
-        gb = gy.reshape(-1, gy.shape[-1]).sum(0) if ctx.has_bias and ctx.needs_input_grad[1] else None
-        gy2 = gy.reshape(-1, gy.shape[-1])
+        gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.compute_dtype, ctx.needs_input_grad[0],
+                                                 ctx.has_bias and ctx.needs_input_grad[1], lambda: m.primary,
+                                                 "col" if m.planes == "both" else "row")
         x2 = x.reshape(-1, x.shape[-1])
         m._accumulate_main_grad(gy2, x2)
         hook = m._mxs_grad_hook
