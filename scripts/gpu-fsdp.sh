@@ -9,13 +9,15 @@
 #      (one process per GPU)
 #   4. bench/fsdp_bench.py step: the ~1B model, FSDP2 BF16 against FSDP2 + mxshard (MXFP8 row, both,
 #      NVFP4 row), NCCL over every GPU here
-#   MXS_FSDP_PARTS=tests,example,bench (default all)
+#   5. the ~1B ShardedOptimizer scale run with fp32 and with bf16 gradient buffers (docs/training.md's
+#      memory table, issue 24 item 9)
+#   MXS_FSDP_PARTS=cuda,tests,example,bench,train1b (default all)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
 out=${OUT:-/tmp}
-parts=${MXS_FSDP_PARTS:-cuda,tests,example,bench}
+parts=${MXS_FSDP_PARTS:-cuda,tests,example,bench,train1b}
 t0=$SECONDS
 status=0
 say() { echo "=== $* ($((SECONDS - t0)) s)" | tee -a "$out/fsdp.log"; }
@@ -69,6 +71,21 @@ if want bench; then
     --variants "${MXS_FSDP_VARIANTS:-fsdp-bf16,fsdp-mx-row,fsdp-mx-both,fsdp-nv-row}" > "$out/fsdp-step.md" 2>&1 \
     || { status=1; say "FAIL: bench step"; }
   cat "$out/fsdp-step.md" | tee -a "$out/fsdp.log"
+fi
+if want train1b; then
+  say "~1B scale run, ShardedOptimizer, fp32 and bf16 gradient buffers"
+  for gd in float32 bfloat16; do
+    timeout 240 python3 examples/train/train.py --config 1b --device cuda --steps 20 --warmup 5 --log-every 10 \
+      --verify 0 --warm-steps 5 --lr 3e-4 --variant mxfp8 --bidir "" --grad-dtype "$gd" \
+      --out-json "$out/scale-$gd.json" > "$out/train-$gd.log" 2>&1 || { status=1; say "FAIL: 1b $gd"; tail -5 "$out/train-$gd.log"; }
+    python3 - "$out/scale-$gd.json" "$gd" <<'PY' 2>&1 | tee -a "$out/fsdp.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+g = 2 ** 30
+print(f"| scale_mx_rowonly grad_dtype={sys.argv[2]} | {r['mem_after_setup'] / g:.2f} | {r['mem_after_first_step'] / g:.2f} | "
+      f"{r['peak_mem_train'] / g:.2f} | {r['timing_ms_median'].get('step', float('nan')):.1f} | buffers {r['buffer_bytes']} |")
+PY
+  done
 fi
 say "gpu-fsdp: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
