@@ -17,8 +17,9 @@
 #
 # Environment: MXS_BUILDDIR (build dir; default build, or build-quick with
 # --quick), MXS_SM_ARCHS (e.g. 90 or 90,100; default: meson_options.txt's
-# sm_archs), MXS_CUDA_CODE=ptx (PTX alone: no ptxas; the CI's check, under half
-# the CUDA build time), MXS_FORMAT_CHECK=auto|strict|warn (clang-format differences:
+# sm_archs), MXS_CUDA_CODE=ptx|check (ptx: PTX alone, no ptxas, under half
+# the CUDA build time; check: unoptimised PTX, the CI's compile check, a
+# tenth of it), MXS_FORMAT_CHECK=auto|strict|warn (clang-format differences:
 # auto fails the run with clang-format 14, the version the tree is formatted
 # with, and warns with others; strict always fails; warn never does).
 set -euo pipefail
@@ -72,13 +73,14 @@ gpus=0
 if command -v nvidia-smi >/dev/null; then gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true); fi
 gpu_note="no GPU visible ($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi lists none' || echo 'no nvidia-smi'))"
 [ "$gpus" -gt 0 ] && gpu_note="$gpus GPU(s): $(nvidia-smi -L 2>/dev/null | head -n 2 | sed 's/ (UUID.*//' | paste -sd ';' -)"
-# Without a GPU the CUDA tests skip anyway: compile every kernel to PTX alone for sm_90 (the front
-# end checks all of it, no ptxas: the 2-core CI's time goes to tests, not machine code) and leave
+# Without a GPU the CUDA tests skip anyway: compile every kernel to unoptimised PTX alone for sm_90
+# (-Dgpu_code=check: the front end checks all of it and it links; no NVVM optimiser, no ptxas, a
+# tenth of the machine-code time: the 2-core CI's time goes to tests, not machine code) and leave
 # the benchmarks (built and run by scripts/prebuild.sh and scripts/gpu-*.sh), unless MXS_SM_ARCHS /
 # MXS_CUDA_CODE say otherwise. With a GPU: machine code (meson_options.txt).
 if [ "$quick" = 0 ] && [ "$gpus" -eq 0 ] && [ -z "${MXS_CUDA_CODE:-}${MXS_SM_ARCHS:-}" ] && [ ! -f "$builddir/build.ninja" ]; then
-  MXS_CUDA_CODE=ptx MXS_SM_ARCHS=90
-  opts+=("-Dsm_archs=90" "-Dgpu_code=ptx" "-Dbench=false")  # the benchmarks run where the GPUs are
+  MXS_CUDA_CODE=check MXS_SM_ARCHS=90
+  opts+=("-Dsm_archs=90" "-Dgpu_code=check" "-Dbench=false")  # the benchmarks run where the GPUs are
   archs=90
 fi
 
@@ -88,8 +90,8 @@ say "cpu suite: Criterion $(pkg-config --modversion criterion 2>/dev/null || ech
 if [ "$quick" = 1 ]; then
   say "--quick: CUDA off (-Dcuda=disabled): no kernel is compiled, no cuda/nccl suite"
 elif command -v nvcc >/dev/null; then
-  if [ "${MXS_CUDA_CODE:-sass}" = ptx ]; then
-    say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled (front end, PTX alone: MXS_CUDA_CODE=ptx, no ptxas) and linked for compute_${archs//,/ compute_}"
+  if [ "${MXS_CUDA_CODE:-sass}" != sass ]; then
+    say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled (front end, PTX alone$([ "$MXS_CUDA_CODE" = check ] && echo ' without device optimisation'): MXS_CUDA_CODE=$MXS_CUDA_CODE, no ptxas) and linked for compute_${archs//,/ compute_}"
   else
     say "nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p') at $(command -v nvcc): every kernel is compiled and linked for sm_${archs//,/ sm_} (+ PTX of the last); on 2 cores this is most of the run (minutes per architecture); MXS_SM_ARCHS=90 halves it, MXS_CUDA_CODE=ptx (no ptxas) more than halves that"
   fi
