@@ -14,8 +14,10 @@
  *   nvfp4.h      NVFP4: f32 <-> E2M1, the E4M3 / global scale rules,
  *                mxs_nvfp4_tensor, its planes and scale layouts
  *   nvfp4_quantize.h  mxs_host_nvfp4_quantize / _dequantize / _convert_scales
- *   nvfp4_writeback.h mxs_nvfp4_wb_make_plan, mxs_host_nvfp4_wb_partial / _apply
- *                     / _finish: the NVFP4 sharded writeback
+ *   nvfp4_wbplan.h    mxs_nvfp4_wb_item / _batch, mxs_nvfp4_wb_make_plan, the
+ *                     packed entries: the NVFP4 writeback's plan
+ *   nvfp4_writeback.h mxs_host_nvfp4_wb_partial / _apply / _finish: the NVFP4
+ *                     sharded writeback
  *
  * The compiled CUDA kernels are declared in <mxshard/cuda.h>, the NCCL glue
  * in <mxshard/nccl.h>. See README.md and docs/ for the manual.
@@ -35,6 +37,7 @@
 #include "writeback.h"
 #include "nvfp4.h"
 #include "nvfp4_quantize.h"
+#include "nvfp4_wbplan.h"
 #include "nvfp4_writeback.h"
 
 #endif /* MXSHARD_MXSHARD_H */
