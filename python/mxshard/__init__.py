@@ -20,9 +20,9 @@ from .weight import MXFP8Weight
 from .ops import quantize, dequantize, convert_scales, scale_bytes
 from .writeback import BucketWriteback, WritebackItem
 from .buffers import BucketBuffers
-from .nvfp4 import (NVFP4Weight, NVFP4BucketWriteback, NVFP4WritebackItem, quantize_nvfp4, dequantize_nvfp4,
-                    convert_nvfp4_scales, nvfp4_scale_shape, nvfp4_data_shape, nvfp4_stage_to_col,
-                    nvfp4_fragment_bytes)
+from .nvfp4 import (NVFP4Weight, quantize_nvfp4, dequantize_nvfp4, convert_nvfp4_scales, nvfp4_scale_shape,
+                    nvfp4_data_shape, nvfp4_stage_to_col, nvfp4_fragment_bytes)
+from .nvfp4_writeback import NVFP4BucketWriteback, NVFP4WritebackItem
 
 __version__ = "0.2.0"
 

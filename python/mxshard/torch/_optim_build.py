@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from .. import _lib as L
-from ..nvfp4 import NVFP4BucketWriteback, NVFP4Weight, _needs_stage
+from ..nvfp4 import NVFP4Weight
+from ..nvfp4_writeback import NVFP4BucketWriteback, _needs_stage
 from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
 from . import _optim_compat as compat

@@ -32,8 +32,9 @@ import math
 import torch
 
 from .. import _arrays as A
-from ..nvfp4 import (NVFP4BucketWriteback, NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes,
-                     nvfp4_scale_shape, nvfp4_stage_to_col)
+from ..nvfp4 import (NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes, nvfp4_scale_shape,
+                     nvfp4_stage_to_col)
+from ..nvfp4_writeback import NVFP4BucketWriteback
 from ..ops import convert_scales
 from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
