@@ -140,7 +140,7 @@ typedef struct mxs__wb_buf {
     int64_t n;
 } mxs__wb_buf;
 
-/* The most outputs one item reports (MXFP8: 6; NVFP4: 8, nvfp4_writeback.h). */
+/* The most outputs one item reports (MXFP8: 6; NVFP4: 8, nvfp4_wbplan.h). */
 #define MXS__WB_MAX_OUTS 8
 
 /* The buffers of an item whose shape and shard are checked: its outputs

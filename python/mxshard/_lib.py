@@ -449,7 +449,7 @@ def error_class(name):
     return _error_class(name)
 
 
-# ==== NVFP4 (include/mxshard/nvfp4.h, nvfp4_quantize.h, nvfp4_writeback.h) ====
+# ==== NVFP4 (include/mxshard/nvfp4.h, nvfp4_quantize.h, nvfp4_wbplan.h, nvfp4_writeback.h) ====
 #
 # Kept apart from the MXFP8 part above: the NVFP4 prototypes bind on first
 # use (nvfp4_host()), after their own struct-layout check (facts 20-40 of
@@ -476,7 +476,7 @@ class Nvfp4Tensor(ctypes.Structure):
 
 
 class Nvfp4WbItem(ctypes.Structure):
-    """struct mxs_nvfp4_wb_item (nvfp4_writeback.h)."""
+    """struct mxs_nvfp4_wb_item (nvfp4_wbplan.h)."""
     _fields_ = [
         ("primary", Nvfp4Tensor),
         ("master", ctypes.c_void_p),
@@ -490,7 +490,7 @@ class Nvfp4WbItem(ctypes.Structure):
 
 
 class Nvfp4WbBatch(ctypes.Structure):
-    """struct mxs_nvfp4_wb_batch (nvfp4_writeback.h)."""
+    """struct mxs_nvfp4_wb_batch (nvfp4_wbplan.h)."""
     _fields_ = [
         ("items", ctypes.POINTER(Nvfp4WbItem)),
         ("n_items", ctypes.c_int64),
@@ -499,7 +499,7 @@ class Nvfp4WbBatch(ctypes.Structure):
 
 
 class Nvfp4WbPlan(ctypes.Structure):
-    """struct mxs_nvfp4_wb_plan (nvfp4_writeback.h): packed_count entries of
+    """struct mxs_nvfp4_wb_plan (nvfp4_wbplan.h): packed_count entries of
     entry_bytes (2: uint16, 4: uint32); the last entry is the status entry,
     its last byte at status_offset."""
     _fields_ = [
@@ -514,7 +514,7 @@ class Nvfp4WbPlan(ctypes.Structure):
 
 
 class Nvfp4WbSlot(ctypes.Structure):
-    """struct mxs_nvfp4_wb_slot (nvfp4_writeback.h): entry indices, -1 absent."""
+    """struct mxs_nvfp4_wb_slot (nvfp4_wbplan.h): entry indices, -1 absent."""
     _fields_ = [("row_entry", ctypes.c_int64), ("col_entry", ctypes.c_int64), ("tile_entry", ctypes.c_int64),
                 ("amax_entry", ctypes.c_int64)]
 

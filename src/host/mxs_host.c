@@ -27,7 +27,7 @@ MXS__HOST_EXPORT int mxs_host_version(void) {
  *  12 offsetof(mxs_wb_item, row_fragment)   13 offsetof(mxs_wb_batch, rounding)
  *  14 offsetof(mxs_wb_plan, fingerprint)    15 offsetof(mxs_tensor, row_data)
  *  16 offsetof(mxs_wb_plan, status_offset)  17 offsetof(mxs_wb_plan, local_hash)
- * NVFP4 (nvfp4.h, nvfp4_writeback.h; the quantize and writeback entry points
+ * NVFP4 (nvfp4.h, nvfp4_wbplan.h, nvfp4_writeback.h; the quantize and writeback entry points
  * are MXS_API, hence exported like the MXFP8 ones):
  *  20 mxs_nvfp4_tensor   21 mxs_nvfp4_wb_item   22 mxs_nvfp4_wb_batch
  *  23 mxs_nvfp4_wb_plan  24 mxs_nvfp4_wb_slot
