@@ -31,7 +31,11 @@
 #define POISON 0xA5
 #define GUARD 64
 
-static int g_failures = 0, g_checks = 0;
+/* The suite's state (check counters, TAP points, the random generator) is
+ * `inline` (C++17): one object per program, also in a program built from
+ * several files (test_nvfp4*.cu, test_wb_paths*.cu), where `static` would
+ * give each file a counter and a generator of its own. */
+inline int g_failures = 0, g_checks = 0;
 
 #define CUDA_OK(x)                                                                                                     \
     do {                                                                                                               \
@@ -65,7 +69,7 @@ static inline void require_gpu(void) {
 /* TAP test points: tap_point(name) closes one (ok when no CHECK failed since
  * the previous point), tap_done() prints the plan and returns the exit
  * status. (finish() is the one-point form of the older programs.) */
-static int g_tap_points = 0, g_tap_failures_before = 0;
+inline int g_tap_points = 0, g_tap_failures_before = 0;
 static inline void tap_point(const char *name) {
     g_tap_points++;
     printf("%s %d - %s\n", g_failures == g_tap_failures_before ? "ok" : "not ok", g_tap_points, name);
@@ -84,7 +88,7 @@ static inline int finish(const char *name) {
 }
 
 /* ---- random ---- */
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+inline uint64_t g_rng = 0x9E3779B97F4A7C15ull;
 static inline uint64_t rnd(void) {
     g_rng ^= g_rng << 13;
     g_rng ^= g_rng >> 7;
