@@ -100,8 +100,8 @@ typedef enum { MXS_NVFP4_1X16 = 0, MXS_NVFP4_16X16 = 1 } mxs_nvfp4_block;
  * the same value (2 or 4). No intermediate is subnormal unless |t| < 2^-105
  * or it only feeds E, so flushing subnormals (FTZ / DAZ) changes nothing.
  * Equal to the boundary count (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 as f32
- * bit patterns) for all 2^32 inputs: tests/cpu/test_e2m1_exhaustive.c (host)
- * and tests/cuda/test_nvfp4.cu (device, and the 8-wide packing below). */
+ * bit patterns) for all 2^32 inputs: tests/cpu/test_e2m1.c (host)
+ * and tests/cuda/test_nvfp4_e2m1.cu (device, and the 8-wide packing below). */
 MXS_HD uint32_t mxs__e2m1_sw_bits(float x) {
     const float two_m21 = mxs_f32_from_bits(0x35000000u), two_m106 = mxs_f32_from_bits(0x0A800000u);
     float t, tn;
