@@ -71,7 +71,7 @@ def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a)
 def test_unsupported_configurations_fail_clearly(phase_a):
     out = H.case_results(phase_a, "unsupported", (2,))
     for o in out.values():
-        assert o["shard1"] == o["sharded"] == o["replaced"] == "ok", o
+        assert o["shard1"] == o["sharded"] == o["replaced"] == o["own_groups"] == o["ranks"] == "ok", o
         # CPUOffloadPolicy on CPU tensors gathers the shard itself (nothing is copied): it works; on a
         # GPU the device copy FSDP2 gathers is rejected (MXS_FSDP_DEVICE=cuda, scripts/gpu-fsdp.sh)
         assert o["offload"] == ("ok" if os.environ.get("MXS_FSDP_DEVICE") == "cuda" else "no error"), o

@@ -370,6 +370,22 @@ def case_unsupported(rank, world):
     m = build(modules=[MODULES[0]], dense=False)
     m.a.weight = nn.Parameter(torch.zeros(40, 48, device=dev()))
     expect("replaced", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}), RuntimeError, ["replaced"])
+    # each weight on its own group object over the same ranks (a mesh per fully_shard call: what
+    # DeviceMesh makes on a CUDA machine with a gloo default group) is one data-parallel mesh: it runs
+    from torch.distributed.device_mesh import DeviceMesh
+    xs = {"a": torch.eye(48, dtype=torch.bfloat16, device=dev()), "b": torch.ones(3, 40, dtype=torch.bfloat16, device=dev())}
+    m = build(modules=MODULES[:2], dense=False)
+    for c in m.children():
+        fully_shard(c, mesh=DeviceMesh.from_group(dist.new_group(list(range(world))), dev().type))
+    fully_shard(m)
+    ys = m(xs)
+    out["own_groups"] = "ok" if all(torch.isfinite(y.float()).all() for y in ys.values()) else "not finite"
+    # a weight sharded over other ranks (this rank alone) than the rest: raises on every rank
+    alone, _ = dist.new_subgroups(1)
+    m = build(modules=MODULES[:2], dense=False)
+    fully_shard(m.a, mesh=DeviceMesh.from_group(alone, dev().type))
+    fully_shard(m)
+    expect("ranks", lambda: m(xs), NotImplementedError, ["different sets of ranks", "one data-parallel mesh"])
     return out
 
 

@@ -63,6 +63,23 @@ def _fingerprint(masters, world):
     return [(v >> (16 * i)) & 0xFFFF for i in range(_FP_ENTRIES)]
 
 
+def _check_one_group(pg, meshes):
+    """Every converted weight is sharded over the same ranks, in the same order, as `pg` (the
+    group the refresh reduces over). Not necessarily the same group object: each fully_shard
+    call without a mesh makes its own DeviceMesh, and on a machine with CUDA and a gloo default
+    group each such mesh gets a new gloo group over the same ranks (torch 2.11 DeviceMesh)."""
+    ranks = None
+    for mesh in meshes:
+        g = mesh.get_group()
+        if g is pg:
+            continue
+        if ranks is None:
+            ranks = dist.get_process_group_ranks(pg)
+        if dist.get_process_group_ranks(g) != ranks:
+            raise NotImplementedError("mxshard: the converted weights are sharded over different sets of ranks; "
+                                      "fully_shard them over one data-parallel mesh")
+
+
 class FSDPGroup:
     """The converted weights of one model (see the module docstring)."""
 
@@ -124,10 +141,7 @@ class FSDPGroup:
         masters = self._sharded_masters()
         world, rank = mesh.size(), mesh.get_local_rank()
         pg = mesh.get_group()
-        for _, _, m in masters:
-            if m.get_group() is not pg:
-                raise NotImplementedError("mxshard: the converted weights are sharded over different process groups; "
-                                          "fully_shard them over one data-parallel mesh")
+        _check_one_group(pg, [m for _, _, m in masters])
         counts = [shared_entry_count(l._meta.spec, l._meta.rows, l._meta.cols, world) for _, l, _ in masters]
         n = sum(counts)
         dev = masters[0][1].device if masters else torch.device("cpu")
