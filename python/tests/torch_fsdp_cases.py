@@ -179,8 +179,13 @@ def case_exact(rank, world, steps=3, modules=MODULES, opt="adamw"):
     master; the reductions counted."""
     m = shard_all(build(modules=modules))
     ref = build(modules=modules)
-    make = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.05),
-            "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)}[opt]
+    # On CUDA, torch's multi-tensor kernels on plain tensors and its per-DTensor dispatch of the
+    # same foreach ops are not bit-identical (a scalar divisor is a reciprocal multiply in some
+    # CUDA kernels, not in others): both optimizers take the single-tensor path there, the same
+    # kernels for the sharded and the whole tensors. On CPU the default path (bit-identical too).
+    kw = {"foreach": False} if DEV == "cuda" else {}
+    make = {"adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.05, **kw),
+            "sgd": lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01, **kw)}[opt]
     o, ro = make(m.parameters()), make(ref.parameters())
     specs = {name: getattr(ref, name).spec for name, *_ in modules}
     checked, reduces = 0, []
@@ -198,8 +203,8 @@ def case_exact(rank, world, steps=3, modules=MODULES, opt="adamw"):
         o.zero_grad()
         for r in range(world):  # every rank's gradient, summed exactly, then FSDP2's mean: one division
             loss_of(ref, modules, s, lambda n, sh: grad_for(n, sh, s, r)).backward()
-        for p in ref.parameters():
-            p.grad.div_(world)
+        for p in ref.parameters():   # FSDP2's mean: gloo divides on the host, correctly rounded
+            p.grad.copy_(p.grad.cpu().div_(world))
         ro.step()
         ro.zero_grad()
     got, want = full_masters(m), full_masters(ref)
