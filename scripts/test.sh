@@ -170,13 +170,17 @@ if [ -f scripts/test-python.sh ] && [ ${#test_args[@]} -eq 0 ] && [ "$gpus" -eq 
   say "host library: $((SECONDS - t0)) s; scripts/test-python.sh started beside the build (log: $py_log)"
 fi
 
+# Beside the Python suite (the longest part on 2 cores), the build and `meson test` run at a lower
+# priority: they fill the cores the suite leaves idle instead of stretching it.
+bg=()
+[ "$py_bg" = 1 ] && command -v nice >/dev/null && bg=(nice -n 10)
 t0=$SECONDS
-meson compile -C "$builddir"
+"${bg[@]}" meson compile -C "$builddir"
 say "build: $((SECONDS - t0)) s"
 
 t0=$SECONDS
 rc=0
-meson test -C "$builddir" --print-errorlogs "${test_args[@]}" || rc=$?
+"${bg[@]}" meson test -C "$builddir" --print-errorlogs "${test_args[@]}" || rc=$?
 say "meson test: $((SECONDS - t0)) s (exit $rc)"
 # Why each skipped test skipped: the reason its TAP plan gave ("1..0 # SKIP
 # reason"; meson keeps it in the log, its console line says only SKIP).
