@@ -65,7 +65,7 @@ typedef struct mxs_rank {
 typedef void (*mxs_rank_main)(mxs_rank *r, void *user);
 
 /* Writes all of buf to fd (retrying short writes and EINTR). */
-static int mxs__write_all(int fd, const void *buf, size_t n) {
+static inline int mxs__write_all(int fd, const void *buf, size_t n) {
     const char *p = (const char *)buf;
     while (n > 0) {
         ssize_t k = write(fd, p, n);
@@ -77,7 +77,7 @@ static int mxs__write_all(int fd, const void *buf, size_t n) {
     return 0;
 }
 
-static int mxs__read_all(int fd, void *buf, size_t n) {
+static inline int mxs__read_all(int fd, void *buf, size_t n) {
     char *p = (char *)buf;
     while (n > 0) {
         ssize_t k = read(fd, p, n);
@@ -90,7 +90,7 @@ static int mxs__read_all(int fd, void *buf, size_t n) {
 }
 
 /* One line (a newline is appended) into this rank's report. */
-static void mxs_rank_log(mxs_rank *r, const char *fmt, ...) {
+static inline void mxs_rank_log(mxs_rank *r, const char *fmt, ...) {
     char line[1024];
     va_list ap;
     int n;
@@ -114,7 +114,7 @@ static void mxs_rank_log(mxs_rank *r, const char *fmt, ...) {
         }                                                                                                              \
     } while (0)
 
-static long mxs__env_long(const char *name, long fallback) {
+static inline long mxs__env_long(const char *name, long fallback) {
     const char *v = getenv(name);
     char *end;
     long x;
@@ -123,14 +123,14 @@ static long mxs__env_long(const char *name, long fallback) {
     return *end ? fallback : x;
 }
 
-static double mxs__now_s(void) {
+static inline double mxs__now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Counts GPUs without touching CUDA in this process. */
-static int mxs__count_gpus(char *why, size_t why_len) {
+static inline int mxs__count_gpus(char *why, size_t why_len) {
     struct {
         int count;
         char msg[200];
@@ -184,8 +184,8 @@ static int mxs__count_gpus(char *why, size_t why_len) {
 }
 
 /* Body of rank q (never returns). */
-static void mxs__rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs_rank_main fn, void *user,
-                            long timeout_s) {
+static inline void mxs__rank_child(int q, int n, int id_fds[][2], int rep_fds[][2], mxs_rank_main fn, void *user,
+                                   long timeout_s) {
     mxs_rank r;
     ncclUniqueId id;
     ncclResult_t nr;
@@ -253,7 +253,7 @@ typedef struct mxs__rank_out {
     size_t len, cap;
 } mxs__rank_out;
 
-static void mxs__append(mxs__rank_out *o, const char *buf, size_t n) {
+static inline void mxs__append(mxs__rank_out *o, const char *buf, size_t n) {
     if (o->len + n + 1 > o->cap) {
         size_t cap = (o->cap ? o->cap * 2 : 4096);
         char *p;
@@ -270,7 +270,7 @@ static void mxs__append(mxs__rank_out *o, const char *buf, size_t n) {
 
 /* Runs fn on one process per GPU. Returns 0 when every rank passed, 77 when
  * there are fewer than 2 GPUs (skip), 1 otherwise. */
-static int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
+static inline int mxs_launch(const char *name, mxs_rank_main fn, void *user) {
     int id_fds[MXS_LAUNCH_MAX_RANKS][2], rep_fds[MXS_LAUNCH_MAX_RANKS][2];
     mxs__rank_out out[MXS_LAUNCH_MAX_RANKS];
     char why[256];

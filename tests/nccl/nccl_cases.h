@@ -17,12 +17,7 @@
 #ifndef MXS_TESTS_NCCL_CASES_H
 #define MXS_TESTS_NCCL_CASES_H
 
-/* launch.h is header-only: a file that does not call mxs_launch leaves its
- * static helpers unused. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
 #include "launch.h"
-#pragma GCC diagnostic pop
 
 #include <math.h>
 
