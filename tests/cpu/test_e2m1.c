@@ -2,7 +2,7 @@
 /* docs/contract.md section 9.2, exhaustively: the host E2M1 rule
  * (mxs_e2m1_from_f32 = mxs__e2m1_sw, nvfp4.h) against the boundary count for
  * every one of the 2^32 f32 bit patterns, in four quarters (Criterion runs
- * them on parallel jobs; built with -O2 whatever the build type, about 5 s of
+ * them on parallel jobs; built with -O3 whatever the build type, about 6 s of
  * CPU a quarter). The boundary count is the rule's definition written out:
  * the code is the number of boundaries 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5
  * that |x| has passed - strictly for the ties that go down (0.25, 1.25,
