@@ -162,6 +162,22 @@ def convert_scales(rows, cols, plane, src, from_layout, to_layout, out=None):
     return out
 
 
+def convert_scales_built(rows, cols, plane, src, from_layout, to_layout, out):
+    """convert_scales for internal callers whose tensors are right by construction: contiguous
+    uint8 torch tensors of the two layouts' sizes on one device (mxshard.torch's FSDP2 assembly,
+    once per gathered weight). The C library still validates what it is given; the Python-side
+    checks (about 0.15 ms per call) are skipped. Returns out."""
+    p = A.dirs_code(plane, allow_both=False)
+    fl, tl = A.layout_code(from_layout), A.layout_code(to_layout)
+    if out.device.type == "cpu":
+        L.check(L.host_lib().convert_scales(rows, cols, p, fl, src.data_ptr(), tl, out.data_ptr()),
+                "mxs_host_convert_scales")
+    else:
+        L.check(L.cuda_lib().convert_scales(rows, cols, p, fl, src.data_ptr(), tl, out.data_ptr(),
+                                            current_stream(out.device)), "mxs_cuda_convert_scales")
+    return out
+
+
 def scale_bytes(rows, cols, plane, layout):
     """Bytes of one scale plane (the C library's mxs_scale_bytes)."""
     rows, cols = A.check_shape(rows, cols)

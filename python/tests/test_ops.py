@@ -85,6 +85,24 @@ def test_dequantize_matches_reference(rng, shape, layout):
         assert np.array_equal(bits[ok], ref.f32_to_bf16_bits(want)[ok])
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (40, 70), (300, 129), (33, 1)])
+@pytest.mark.parametrize("plane", ["row", "col"])
+def test_convert_scales_built_equals_convert_scales(rng, shape, plane):
+    """The unchecked internal path (FSDP2 assembly) writes the same bytes as the checked one, out
+    poisoned first, for every layout pair."""
+    from conftest import torch_or_skip
+    from mxshard.ops import convert_scales_built
+    torch = torch_or_skip()
+    M, K, _, _ = ref.geom(*shape, plane)
+    S = rng.integers(0, 255, size=(M, K)).astype(np.uint8)
+    for a, b in itertools.product(LAYOUTS, LAYOUTS):
+        src = torch.from_numpy(ref.place(S, *shape, plane, a).copy())
+        want = mxshard.convert_scales(*shape, plane, src, a, b)
+        out = torch.full(tuple(mxshard.scale_shape(*shape, plane, b)), 0x5A, dtype=torch.uint8)
+        assert convert_scales_built(*shape, plane, src, a, b, out) is out
+        assert torch.equal(out, want), (a, b)
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (40, 70), (300, 129)])
 @pytest.mark.parametrize("plane", ["row", "col"])
 def test_convert_scales_all_pairs(rng, shape, plane):
