@@ -154,12 +154,17 @@ def convert_scales(rows, cols, plane, src, from_layout, to_layout, out=None):
     the target's shape when None)."""
     rows, cols, p, fl, tl, s, out, o, dev = _convert_scales_args(rows, cols, plane, src, from_layout, to_layout,
                                                                  out, A.scale_shape, "plane", "convert_scales")
-    if dev == "cpu":
-        L.check(L.host_lib().convert_scales(rows, cols, p, fl, s.ptr, tl, o.ptr), "mxs_host_convert_scales")
-    else:
-        L.check(L.cuda_lib().convert_scales(rows, cols, p, fl, s.ptr, tl, o.ptr, current_stream(dev)),
-                "mxs_cuda_convert_scales")
+    _convert_scales_call(rows, cols, p, fl, s.ptr, tl, o.ptr, dev)
     return out
+
+
+def _convert_scales_call(rows, cols, p, fl, src_ptr, tl, out_ptr, dev):
+    """The C library's convert_scales on `dev` ('cpu' or a CUDA device; its current stream)."""
+    if dev == "cpu":
+        L.check(L.host_lib().convert_scales(rows, cols, p, fl, src_ptr, tl, out_ptr), "mxs_host_convert_scales")
+    else:
+        L.check(L.cuda_lib().convert_scales(rows, cols, p, fl, src_ptr, tl, out_ptr, current_stream(dev)),
+                "mxs_cuda_convert_scales")
 
 
 def convert_scales_built(rows, cols, plane, src, from_layout, to_layout, out):
@@ -167,14 +172,9 @@ def convert_scales_built(rows, cols, plane, src, from_layout, to_layout, out):
     uint8 torch tensors of the two layouts' sizes on one device (mxshard.torch's FSDP2 assembly,
     once per gathered weight). The C library still validates what it is given; the Python-side
     checks (about 0.15 ms per call) are skipped. Returns out."""
-    p = A.dirs_code(plane, allow_both=False)
-    fl, tl = A.layout_code(from_layout), A.layout_code(to_layout)
-    if out.device.type == "cpu":
-        L.check(L.host_lib().convert_scales(rows, cols, p, fl, src.data_ptr(), tl, out.data_ptr()),
-                "mxs_host_convert_scales")
-    else:
-        L.check(L.cuda_lib().convert_scales(rows, cols, p, fl, src.data_ptr(), tl, out.data_ptr(),
-                                            current_stream(out.device)), "mxs_cuda_convert_scales")
+    dev = "cpu" if out.device.type == "cpu" else str(out.device)
+    _convert_scales_call(rows, cols, A.dirs_code(plane, allow_both=False), A.layout_code(from_layout),
+                         src.data_ptr(), A.layout_code(to_layout), out.data_ptr(), dev)
     return out
 
 

@@ -35,7 +35,7 @@ from .. import _arrays as A
 from ..nvfp4 import (NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes, nvfp4_scale_shape,
                      nvfp4_stage_to_col)
 from ..nvfp4_writeback import NVFP4BucketWriteback
-from ..ops import convert_scales, convert_scales_built
+from ..ops import convert_scales_built
 from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
 from . import fsdp_geometry as G
@@ -355,11 +355,8 @@ class WeightUnit:
         scale, rest = scratch[:nsc].view(shape), scratch[nsc:]
         cs = self.compact_scales(plane, outputs)
         if spec.format == "mxfp8":
-            n_compact = math.prod(_compact_scale_shape(spec, R, C, plane))
-            if cs.is_contiguous() and cs.dtype == _U8 and cs.numel() == n_compact:   # by construction
-                convert_scales_built(R, C, plane, cs, "compact", spec.layout, scale)
-            else:
-                convert_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
+            # cs: compact_scales' contiguous uint8 compact plane, scale: the layout's, by construction
+            convert_scales_built(R, C, plane, cs, "compact", spec.layout, scale)
             data = outputs[0].view(-1)[:R * C].view(R, C)
             return MXFP8Weight(R, C, layout=spec.layout, **{f"{plane}_data": data, f"{plane}_scale": scale})
         convert_nvfp4_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
