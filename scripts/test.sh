@@ -115,12 +115,17 @@ fi
 # ---- style (warning only unless MXS_FORMAT_CHECK=strict) --------------------
 format_rc=0
 if command -v clang-format >/dev/null && git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  mapfile -t srcs < <(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh')
-  bad=()
-  for f in "${srcs[@]}"; do
-    [ -f "$f" ] || continue
-    clang-format --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
-  done
+  mapfile -t srcs < <(for f in $(git ls-files '*.c' '*.h' '*.cpp' '*.cu' '*.cuh'); do [ -f "$f" ] && echo "$f"; done)
+  # one clang-format process for all of them (a process per file was 5 s on 2 cores); the files
+  # that differ are those its diagnostics name ("file:line:col: error: ...")
+  cf_rc=0
+  cf_out=$(clang-format --dry-run -Werror "${srcs[@]}" 2>&1 >/dev/null) || cf_rc=$?
+  mapfile -t bad < <(printf '%s\n' "$cf_out" | sed -n 's/^\([^: ]*\):[0-9]*:[0-9]*: error: .*/\1/p' | sort -u)
+  # failed without naming a file (a broken .clang-format, say): every file counts as differing
+  if [ "$cf_rc" != 0 ] && [ ${#bad[@]} -eq 0 ]; then
+    printf '%s\n' "$cf_out" | head -n 3 | sed 's/^/test.sh: clang-format: /'
+    bad=("${srcs[@]}")
+  fi
   if [ ${#bad[@]} -gt 0 ]; then
     say "clang-format: ${#bad[@]} of ${#srcs[@]} files differ from .clang-format: ${bad[*]}"
     # the tree is formatted with clang-format 14 (Debian 12's): with that
