@@ -178,7 +178,7 @@ fi
 # Beside the Python suite (the longest part on 2 cores), the build and `meson test` run at a lower
 # priority: they fill the cores the suite leaves idle instead of stretching it.
 bg=()
-[ "$py_bg" = 1 ] && command -v nice >/dev/null && bg=(nice -n 10)
+[ "$py_bg" = 1 ] && command -v nice >/dev/null && bg=(nice -n 19)
 t0=$SECONDS
 "${bg[@]}" meson compile -C "$builddir"
 say "build: $((SECONDS - t0)) s"
