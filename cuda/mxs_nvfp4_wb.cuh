@@ -90,8 +90,12 @@ static_assert(sizeof(NvChunk) <= 32000, "kernel parameters of a chunk must stay 
 
 enum { PH_PARTIAL = 0, PH_APPLY = 1, PH_FINISH = 2 };
 
-/* Finish's CTA tile: kFinishGroups 16-row groups (mxs_nvfp4_wb_finish.cu). */
+/* Finish's CTA tile: kFinishGroups 16-row groups (mxs_nvfp4_wb_finish.cu),
+ * parked in shared memory as [group][column] 8-byte words, kFinishPitch
+ * words per group: the 2 extra words put the 8 groups of a column on
+ * different banks (see the store loop there). */
 constexpr int kFinishGroups = kNvWarps; /* 8 groups = 128 rows per CTA tile */
+constexpr int kFinishPitch = kNvTileCols + 2;
 
 /* A writeback phase for nv_wb_body: one tile (a warp's; finish: the CTA's,
  * with the shared-memory tile sm) and one thread unit. Declared here, the
@@ -100,7 +104,7 @@ constexpr int kFinishGroups = kNvWarps; /* 8 groups = 128 rows per CTA tile */
 template <int PH> struct NvPhase {
     static constexpr int kPhase = PH;
     template <int DT, int RT>
-    __device__ static void tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*sm)[kNvTileCols]);
+    __device__ static void tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*sm)[kFinishPitch]);
     __device__ static void unit(const NvHead &C, const NvItem *it, int64_t u);
 };
 
@@ -192,7 +196,7 @@ __device__ __forceinline__ bool nv_remote_failed(const NvHead &C) {
  * The items are kernel parameters (nv_wb_kernel: a chunk of the unprepared
  * calls) or a device table (nv_wb_table_kernel: a prepared bucket). */
 template <class P, int DT, int RT> __device__ __forceinline__ void nv_wb_body(const NvHead &C, const NvItem *it) {
-    __shared__ uint2 fsm[P::kPhase == PH_FINISH ? kFinishGroups : 1][kNvTileCols];
+    __shared__ uint2 fsm[P::kPhase == PH_FINISH ? kFinishGroups : 1][kFinishPitch];
     if (P::kPhase == PH_APPLY && nv_remote_failed(C)) return;
     const int64_t blocks = C.tile_blocks + mxs_ceil_div(C.units, kNvThreads);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {

@@ -96,7 +96,7 @@ static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvIt
  * then the rows (nv_apply_rows). */
 template <>
 template <int DT, int RT>
-__device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
+__device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kFinishPitch]) {
     const NvWarpTile w = nv_warp_tile(I, t);
     const int64_t g = w.g, c0 = w.c0, r0 = w.r0, r1 = w.r1;
     const int64_t k = c0 / MXS_NVFP4_BLOCK;

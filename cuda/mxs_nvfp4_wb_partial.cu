@@ -73,7 +73,7 @@ static __device__ __forceinline__ void nv_partial_row(const NvHead &C, const NvI
  * row by row with element masks. */
 template <>
 template <int DT, int RT>
-__device__ void NvPhase<PH_PARTIAL>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kNvTileCols]) {
+__device__ void NvPhase<PH_PARTIAL>::tile(const NvHead &C, const NvItem &I, int64_t t, uint2 (*)[kFinishPitch]) {
     const int lane = (int)(threadIdx.x & 31u);
     const NvWarpTile w = nv_warp_tile(I, t);
     const int64_t g = w.g, c0 = w.c0, r0 = w.r0, r1 = w.r1;

@@ -31,8 +31,10 @@
  *            interior tiles; 2 (interior, then general with the zero-fill)
  *            when a bucket has both, so that the interior tiles keep the
  *            interior kernel's registers.
- *   apply    1: wb_scales_kernel (every scale plane), + the general kernel
- *            for the straddling blocks when a shard edge cuts one (2).
+ *   apply    1: wb_scales_kernel (every scale plane, and the straddling
+ *            row blocks of row-only items: straddle_block), + the general
+ *            kernel for the edge groups of items with a column-wise plane
+ *            when a shard edge cuts one (2).
  */
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
 #define MXSHARD_CUDA_WB_KERNELS_CUH
@@ -44,7 +46,7 @@
 namespace mxs__cu {
 
 /* Which tiles of an item a launch visits. */
-enum { TILES_GROUPS = 0, TILES_EDGE_GROUPS = 1, TILES_EDGE_TILES = 2 };
+enum { TILES_GROUPS = 0, TILES_EDGE_GROUPS = 1 };
 
 /* One item of a phase's work list (device copy in the workspace). */
 struct WbItem {
@@ -72,9 +74,12 @@ struct WbItem {
      * wide_rpt: rows per thread of those units (1: at most 8 rows, in
      * units of 4 tile columns; 2: 9..16 rows, units of 2). */
     int64_t wide_from, wide_rpt;
-    /* TILES_EDGE_TILES: (g, t) of the (1 or 2) tiles to visit;
-     * TILES_EDGE_GROUPS: tile_a[0], tile_b[0]: the (1 or 2) groups to visit */
-    int64_t tile_a[2], tile_b[2];
+    /* TILES_EDGE_GROUPS: the (1 or 2) groups to visit */
+    int64_t edge_g[2];
+    /* apply (fused), row-only: the (0, 1 or 2) row-wise blocks that
+     * straddle a shard edge (mxs_row_block_of numbering), cast by
+     * wb_scales_kernel after the item's scale units (straddle_block) */
+    int64_t sblk[2], sblk_units;
     /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
     uint8_t *zero_ptr[4];
     int64_t zero_len[4];
@@ -117,20 +122,14 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
     const mxs__job &job = it.job;
     if (local < it.tile_units) {
         int64_t g, t;
-        if (it.tile_mode == TILES_EDGE_TILES) {
-            g = local == 0 ? it.tile_a[0] : it.tile_b[0];
-            t = local == 0 ? it.tile_a[1] : it.tile_b[1];
+        if (it.tile_mode == TILES_EDGE_GROUPS) {
+            g = it.edge_g[local / it.T];
+            t = local % it.T;
         } else {
-            if (it.tile_mode == TILES_EDGE_GROUPS) {
-                int64_t gi = local / it.T;
-                t = local % it.T;
-                g = gi == 0 ? it.tile_a[0] : it.tile_b[0];
-            } else {
-                /* the tile columns >= T_int of every touched group */
-                const int64_t strip = it.T - it.T_int;
-                g = it.g_first + local / strip;
-                t = it.T_int + local % strip;
-            }
+            /* the tile columns >= T_int of every touched group */
+            const int64_t strip = it.T - it.T_int;
+            g = it.g_first + local / strip;
+            t = it.T_int + local % strip;
         }
         run_tile<MODE, PLANES, MIS>(job, g, t, sm);
         return;
@@ -139,18 +138,44 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
     if (MODE == MXS__JOB_PARTIAL) zero_unit(it, local); /* apply: its units are tiles only */
 }
 
+/* Fused apply, row-only: the elements of row-wise block b (a block that
+ * straddles a shard edge) inside the shard, cast with the block's reduced
+ * exponent - J.scale[0] is the packed buffer's COMPACT plane, which apply
+ * only reads, so this does not wait for the scale writes of the same
+ * launch. Lane k of warp 0 takes the block's element k: the bytes of
+ * run_tile<APPLY> on the block (the same load, round-through, __fmul_rn
+ * and E4M3 conversion, one element at a time). It replaced a second launch
+ * of the general kernel for the (at most two) tiles holding such blocks:
+ * 8.5-9.3 us per DP=8 rank in run 13, mostly instruction fetch of a cold
+ * 124-register kernel run by two CTAs. */
+__device__ __forceinline__ void straddle_block(const mxs__job &J, int64_t b) {
+    const mxs_range s = mxs_row_block_span(J.cols, b);
+    const int64_t k = threadIdx.x, f = s.first + k;
+    if (k >= s.count || f < J.lo || f >= J.hi) return;
+    const int64_t r = f / J.cols;
+    const uint8_t e = J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, (f - r * J.cols) / MXS_BLOCK)];
+    const float x = mxs_round_through(ld_elem(J.src, J.src_dtype, f - J.src_base), J.round_through);
+    const float v = __fmul_rn(x, mxs_e8m0_quant_mult(e)); /* one rounding, never fused: as quantize8 */
+    J.out[0][f - J.out_base[0]] = (uint8_t)(mxs_e4m3x4_from_f32(v, 0.0f, 0.0f, 0.0f) & 0xFFu);
+}
+
 /* apply's scale writes: units [0, units) in the int_begin numbering (the
- * item's ScaleWrite units of its two planes, in order), in a kernel without
- * run_tile, so at the scale writer's own registers. */
+ * item's ScaleWrite units of its two planes, then its straddling row
+ * blocks, in order), in a kernel without run_tile, so at the scale
+ * writer's own registers. */
 __global__ void __launch_bounds__(kThreads)
     wb_scales_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units) {
     __shared__ uint32_t sw[kThreads * 9];
     for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
         const int64_t a = find_item<true>(items, n_items, u);
         const WbItem &it = items[a];
-        const int64_t local = u - it.int_begin;
-        const int p = local < it.sw[0].units ? 0 : 1;
-        scale_write_unit(it.sw[p], p == 1 ? local - it.sw[0].units : local, sw);
+        const int64_t local = u - it.int_begin, s0 = it.sw[0].units, s1 = it.sw[1].units;
+        if (local >= s0 + s1)
+            straddle_block(it.job, it.sblk[local - s0 - s1]);
+        else if (local >= s0)
+            scale_write_unit(it.sw[1], local - s0, sw);
+        else
+            scale_write_unit(it.sw[0], local, sw);
     }
 }
 

@@ -122,30 +122,15 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         }
     } else if (t->dirs == MXS_ROWWISE) {
         /* fused apply, row-only: only the row blocks of start and end-1 can
-         * straddle; visit the (at most two) tiles holding them. */
-        w->tile_mode = TILES_EDGE_TILES;
-        int64_t u[4] = {0, 0, 0, 0};
-        int n = 0;
+         * straddle; wb_scales_kernel casts them (straddle_block), so the
+         * general kernel has no tiles of this item. */
         if (in->len > 0) {
-            /* a block that does not straddle has nothing to cast: skip its tile */
-            const int64_t a = in->start, z = in->start + in->len - 1;
-            const bool sa = !mxs_row_block_inside(t->cols, mxs_row_block_of(t->cols, a), in->start, in->len);
-            const bool sz = !mxs_row_block_inside(t->cols, mxs_row_block_of(t->cols, z), in->start, in->len);
-            if (sa) {
-                u[2 * n] = (a / t->cols) / MXS_BLOCK;
-                u[2 * n++ + 1] = (a % t->cols) / kTileCols;
-            }
-            if (sz) {
-                u[2 * n] = (z / t->cols) / MXS_BLOCK;
-                u[2 * n++ + 1] = (z % t->cols) / kTileCols;
-            }
-            if (n == 2 && u[0] == u[2] && u[1] == u[3]) n = 1;
+            const int64_t ba = mxs_row_block_of(t->cols, in->start);
+            const int64_t bz = mxs_row_block_of(t->cols, in->start + in->len - 1);
+            if (!mxs_row_block_inside(t->cols, ba, in->start, in->len)) w->sblk[w->sblk_units++] = ba;
+            if (bz != ba && !mxs_row_block_inside(t->cols, bz, in->start, in->len)) w->sblk[w->sblk_units++] = bz;
         }
-        w->tile_a[0] = u[0];
-        w->tile_a[1] = u[1];
-        w->tile_b[0] = u[2];
-        w->tile_b[1] = u[3];
-        w->tile_units = n;
+        w->tile_units = 0;
     } else {
         /* fused apply with a column-wise plane: the edge groups that hold a
          * straddling block (a row block of start / end-1 or a column block
@@ -164,8 +149,8 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
                 if (sz) u[n++] = g_last;
             }
         }
-        w->tile_a[0] = u[0];
-        w->tile_b[0] = u[1];
+        w->edge_g[0] = u[0];
+        w->edge_g[1] = u[1];
         w->tile_units = n * w->T;
     }
     if (mode == MXS__JOB_PARTIAL) {
@@ -200,9 +185,10 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
             mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &gd);
             w->sw[p] = scale_write_make(p == 0 ? t->row_scale : t->col_scale, J.scale[p], gd, J.geom[p]);
         }
-        /* the scale units have their own numbering (int_begin / int_units,
-         * unused otherwise in apply) and kernel: wb_scales_kernel */
-        w->int_units = w->sw[0].units + w->sw[1].units;
+        /* the scale units, then the straddling row blocks, have their own
+         * numbering (int_begin / int_units, unused otherwise in apply) and
+         * kernel: wb_scales_kernel */
+        w->int_units = w->sw[0].units + w->sw[1].units + w->sblk_units;
         w->extra_units = 0;
     }
 }
@@ -407,9 +393,10 @@ mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stre
     if (phase == PHASE_PARTIAL) {
         phase_launch<MXS__JOB_PARTIAL>(bk, dev, int_units, units, tile_units, status, stream);
     } else {
-        /* the scale writes in a kernel of their own (no run_tile: its
-         * registers, not run_tile's 128); the straddling blocks, if any, in
-         * the general kernel after it */
+        /* the scale writes and row-only items' straddling blocks in a
+         * kernel of their own (no run_tile: its registers, not run_tile's
+         * 128); the edge groups of items with a column-wise plane, if any,
+         * in the general kernel after it */
         if (int_units > 0) wb_scales_kernel<<<grid_for(int_units), kThreads, 0, stream>>>(dev, bk->n_items, int_units);
         if (units > 0) phase_launch<MXS__JOB_APPLY>(bk, dev, 0, units, tile_units, nullptr, stream);
     }
