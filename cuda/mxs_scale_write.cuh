@@ -21,7 +21,7 @@
  *             read as 4-byte words, parked as bytes in shared memory; vector
  *             i of a tile gathers bytes (group j, column 32 q + i).
  *   LINEAR    COMPACT, PADDED (or SWIZZLED at a destination off the
- *             16-byte grid): 4 KiB of the plane (kScaleChunk), 16-byte vectors on the
+ *             16-byte grid): 16 KiB of the plane, 16-byte vectors on the
  *             address grid (COMPACT: a copy; PADDED: the row / group is a
  *             contiguous COMPACT row plus zero padding; SWIZZLED: entry by
  *             entry), the ends byte by byte.
@@ -79,40 +79,17 @@ inline ScaleWrite scale_write_make(uint8_t *dst, const uint8_t *src, const mxs_s
     return w;
 }
 
-/* LINEAR, COMPACT: the copy of plane bytes [s, e) (e - s <= kScaleChunk),
- * every load of the thread issued before its first store (one round trip
- * to memory, not one per 2 KiB sweep of the CTA). */
-constexpr int kCopySweeps = (int)((kScaleChunk + 15) / (kThreads * 16)) + 1;
-__device__ __forceinline__ void scale_copy_range(const ScaleWrite &w, int64_t s, int64_t e, int64_t base) {
-    uint4 v[kCopySweeps];
-#pragma unroll
-    for (int j = 0; j < kCopySweeps; j++) {
-        const int64_t off = base + ((int64_t)threadIdx.x + (int64_t)j * kThreads) * 16;
-        v[j] = off >= s && off + 16 <= e ? ld16_any(w.src + off) : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int j = 0; j < kCopySweeps; j++) {
-        const int64_t off = base + ((int64_t)threadIdx.x + (int64_t)j * kThreads) * 16;
-        if (off >= s && off + 16 <= e)
-            *reinterpret_cast<uint4 *>(w.dst + off) = v[j];
-        else if (off < e)
-            for (int k = 0; k < 16; k++)
-                if (off + k >= s && off + k < e) w.dst[off + k] = w.src[off + k];
-    }
-}
-
 /* LINEAR: plane bytes [s, e) (e - s <= kScaleChunk). */
 __device__ __forceinline__ void scale_write_range(const ScaleWrite &w, int64_t s, int64_t e) {
     const int64_t mis = (int64_t)(reinterpret_cast<uintptr_t>(w.dst) & 15u);
     const int64_t base = ((s + mis) & ~(int64_t)15) - mis; /* first vector on the address grid */
-    if (w.gd.layout == MXS_SCALES_COMPACT) {
-        scale_copy_range(w, s, e, base);
-        return;
-    }
+    const bool copy = w.gd.layout == MXS_SCALES_COMPACT;
     for (int64_t off = base + (int64_t)threadIdx.x * 16; off < e; off += (int64_t)kThreads * 16) {
         if (off >= s && off + 16 <= e) {
             uint4 v;
-            if (w.gd.layout == MXS_SCALES_PADDED) {
+            if (copy) {
+                v = ld16_any(w.src + off);
+            } else if (w.gd.layout == MXS_SCALES_PADDED) {
                 v = padded_vec(w.gd, w.src, w.gs, off);
             } else { /* SWIZZLED at a destination off the 16-byte grid */
                 uint32_t q[4];
@@ -128,7 +105,8 @@ __device__ __forceinline__ void scale_write_range(const ScaleWrite &w, int64_t s
             *reinterpret_cast<uint4 *>(w.dst + off) = v;
         } else {
             for (int j = 0; j < 16; j++)
-                if (off + j >= s && off + j < e) w.dst[off + j] = scale_byte(w.gd, w.src, w.gs, off + j);
+                if (off + j >= s && off + j < e)
+                    w.dst[off + j] = copy ? w.src[off + j] : scale_byte(w.gd, w.src, w.gs, off + j);
         }
     }
 }

@@ -31,10 +31,10 @@
  *            interior tiles; 2 (interior, then general with the zero-fill)
  *            when a bucket has both, so that the interior tiles keep the
  *            interior kernel's registers.
- *   apply    1: wb_scales_kernel (every scale plane, and the straddling
- *            row blocks of row-only items: straddle_block), + the general
- *            kernel for the edge groups of items with a column-wise plane
- *            when a shard edge cuts one (2).
+ *   apply    1 when fused: wb_scales_kernel (every scale plane, and the
+ *            straddling blocks: edge_span_unit, mxs_wb_edges.cuh); a
+ *            non-fused (STRICT) apply casts every tile of the shard in the
+ *            general kernel after it (2).
  */
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
 #define MXSHARD_CUDA_WB_KERNELS_CUH
@@ -42,20 +42,17 @@
 #include "mxs_scale_write.cuh"
 #include "mxs_scales.cuh"
 #include "mxs_tile.cuh"
+#include "mxs_wb_edges.cuh"
 
 namespace mxs__cu {
-
-/* Which tiles of an item a launch visits. */
-enum { TILES_GROUPS = 0, TILES_EDGE_GROUPS = 1 };
 
 /* One item of a phase's work list (device copy in the workspace). */
 struct WbItem {
     mxs__job job;
     int64_t unit_begin; /* first work unit of this item in the launch */
     int64_t tile_units, extra_units;
-    int64_t T; /* tile columns: ceil(cols/128) */
-    int tile_mode;
-    int64_t g_first, g_last; /* TILES_GROUPS: the groups the shard touches */
+    int64_t T;               /* tile columns: ceil(cols/128) */
+    int64_t g_first, g_last; /* the groups the shard touches (general-kernel tiles) */
     /* Partial: groups [ga, gb) lie wholly inside the shard. On the vector
      * path (fused, cols >= 128) the first T_int tile columns of EVERY
      * touched group [g_first, g_last] are whole 32 x 128 tiles (in a last
@@ -65,7 +62,8 @@ struct WbItem {
      * The general kernel takes the tile columns >= T_int (cols % 128 != 0).
      * Without interior tiles T_int = 0 and ga = gb = g_last + 1.
      * Apply: int_units / int_begin number the item's scale-write units
-     * (sw[0] then sw[1]) for wb_scales_kernel instead. */
+     * (sw[0] then sw[1]) and edge units (span[0] then span[1]) for
+     * wb_scales_kernel instead. */
     int64_t ga, gb, T_int, int_units, int_begin;
     /* Local interior numbering: [0, wide_from) the groups' tiles, g_first
      * + local / T_int; [wide_from, int_units) the short last group gb - 1
@@ -74,12 +72,10 @@ struct WbItem {
      * wide_rpt: rows per thread of those units (1: at most 8 rows, in
      * units of 4 tile columns; 2: 9..16 rows, units of 2). */
     int64_t wide_from, wide_rpt;
-    /* TILES_EDGE_GROUPS: the (1 or 2) groups to visit */
-    int64_t edge_g[2];
-    /* apply (fused), row-only: the (0, 1 or 2) row-wise blocks that
-     * straddle a shard edge (mxs_row_block_of numbering), cast by
-     * wb_scales_kernel after the item's scale units (straddle_block) */
-    int64_t sblk[2], sblk_units;
+    /* apply (fused): the (0, 1 or 2) edge spans holding the blocks that
+     * straddle a shard edge (mxs_wb_edges.cuh); span_units: their units */
+    EdgeSpan span[2];
+    int64_t n_spans, span_units;
     /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
     uint8_t *zero_ptr[4];
     int64_t zero_len[4];
@@ -121,48 +117,19 @@ template <int MODE, unsigned PLANES, bool MIS>
 __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSmem &sm) {
     const mxs__job &job = it.job;
     if (local < it.tile_units) {
-        int64_t g, t;
-        if (it.tile_mode == TILES_EDGE_GROUPS) {
-            g = it.edge_g[local / it.T];
-            t = local % it.T;
-        } else {
-            /* the tile columns >= T_int of every touched group */
-            const int64_t strip = it.T - it.T_int;
-            g = it.g_first + local / strip;
-            t = it.T_int + local % strip;
-        }
-        run_tile<MODE, PLANES, MIS>(job, g, t, sm);
+        /* the tile columns >= T_int of every touched group */
+        const int64_t strip = it.T - it.T_int;
+        run_tile<MODE, PLANES, MIS>(job, it.g_first + local / strip, it.T_int + local % strip, sm);
         return;
     }
     local -= it.tile_units;
     if (MODE == MXS__JOB_PARTIAL) zero_unit(it, local); /* apply: its units are tiles only */
 }
 
-/* Fused apply, row-only: the elements of row-wise block b (a block that
- * straddles a shard edge) inside the shard, cast with the block's reduced
- * exponent - J.scale[0] is the packed buffer's COMPACT plane, which apply
- * only reads, so this does not wait for the scale writes of the same
- * launch. Lane k of warp 0 takes the block's element k: the bytes of
- * run_tile<APPLY> on the block (the same load, round-through, __fmul_rn
- * and E4M3 conversion, one element at a time). It replaced a second launch
- * of the general kernel for the (at most two) tiles holding such blocks:
- * 8.5-9.3 us per DP=8 rank in run 13, mostly instruction fetch of a cold
- * 124-register kernel run by two CTAs. */
-__device__ __forceinline__ void straddle_block(const mxs__job &J, int64_t b) {
-    const mxs_range s = mxs_row_block_span(J.cols, b);
-    const int64_t k = threadIdx.x, f = s.first + k;
-    if (k >= s.count || f < J.lo || f >= J.hi) return;
-    const int64_t r = f / J.cols;
-    const uint8_t e = J.scale[0][mxs_scale_geom_offset(&J.geom[0], r, (f - r * J.cols) / MXS_BLOCK)];
-    const float x = mxs_round_through(ld_elem(J.src, J.src_dtype, f - J.src_base), J.round_through);
-    const float v = __fmul_rn(x, mxs_e8m0_quant_mult(e)); /* one rounding, never fused: as quantize8 */
-    J.out[0][f - J.out_base[0]] = (uint8_t)(mxs_e4m3x4_from_f32(v, 0.0f, 0.0f, 0.0f) & 0xFFu);
-}
-
-/* apply's scale writes: units [0, units) in the int_begin numbering (the
- * item's ScaleWrite units of its two planes, then its straddling row
- * blocks, in order), in a kernel without run_tile, so at the scale
- * writer's own registers. */
+/* apply's scale writes and straddling blocks: units [0, units) in the
+ * int_begin numbering (the item's ScaleWrite units of its two planes, then
+ * the units of its edge spans, in order), in a kernel without run_tile, so
+ * at the scale writer's own registers. */
 __global__ void __launch_bounds__(kThreads)
     wb_scales_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units) {
     __shared__ uint32_t sw[kThreads * 9];
@@ -170,9 +137,10 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t a = find_item<true>(items, n_items, u);
         const WbItem &it = items[a];
         const int64_t local = u - it.int_begin, s0 = it.sw[0].units, s1 = it.sw[1].units;
-        if (local >= s0 + s1)
-            straddle_block(it.job, it.sblk[local - s0 - s1]);
-        else if (local >= s0)
+        if (local >= s0 + s1) {
+            const int64_t e = local - s0 - s1, e0 = edge_span_units(it.span[0]);
+            edge_span_unit(it.job, it.span[e < e0 ? 0 : 1], e < e0 ? e : e - e0);
+        } else if (local >= s0)
             scale_write_unit(it.sw[1], local - s0, sw);
         else
             scale_write_unit(it.sw[0], local, sw);

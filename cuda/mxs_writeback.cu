@@ -98,7 +98,6 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
     }
     w->T = mxs_ceil_div(t->cols, kTileCols);
     if (mode == MXS__JOB_PARTIAL || !fused) {
-        w->tile_mode = TILES_GROUPS;
         w->g_first = g_first;
         w->g_last = g_last;
         w->ga = ga;
@@ -122,20 +121,24 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         }
     } else if (t->dirs == MXS_ROWWISE) {
         /* fused apply, row-only: only the row blocks of start and end-1 can
-         * straddle; wb_scales_kernel casts them (straddle_block), so the
-         * general kernel has no tiles of this item. */
+         * straddle; each is an edge span of its own (one row, its columns),
+         * cast in wb_scales_kernel (mxs_wb_edges.cuh) */
         if (in->len > 0) {
             const int64_t ba = mxs_row_block_of(t->cols, in->start);
             const int64_t bz = mxs_row_block_of(t->cols, in->start + in->len - 1);
-            if (!mxs_row_block_inside(t->cols, ba, in->start, in->len)) w->sblk[w->sblk_units++] = ba;
-            if (bz != ba && !mxs_row_block_inside(t->cols, bz, in->start, in->len)) w->sblk[w->sblk_units++] = bz;
+            const int64_t b[2] = {ba, bz};
+            for (int k = 0; k < (ba == bz ? 1 : 2); k++) {
+                if (mxs_row_block_inside(t->cols, b[k], in->start, in->len)) continue;
+                const mxs_range sp = mxs_row_block_span(t->cols, b[k]);
+                const int64_t r = sp.first / t->cols, c = sp.first % t->cols;
+                w->span[w->n_spans++] = edge_span_make(r, r + 1, c, c + sp.count);
+            }
         }
-        w->tile_units = 0;
     } else {
         /* fused apply with a column-wise plane: the edge groups that hold a
          * straddling block (a row block of start / end-1 or a column block
-         * of g_first / g_last), i.e. whose edge is not a group boundary */
-        w->tile_mode = TILES_EDGE_GROUPS;
+         * of g_first / g_last), i.e. whose edge is not a group boundary;
+         * each is an edge span (its rows, every column) */
         int64_t u[2] = {0, 0};
         int n = 0;
         if (gr.count > 0) {
@@ -149,9 +152,10 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
                 if (sz) u[n++] = g_last;
             }
         }
-        w->edge_g[0] = u[0];
-        w->edge_g[1] = u[1];
-        w->tile_units = n * w->T;
+        for (int k = 0; k < n; k++) {
+            const int64_t r0 = u[k] * MXS_BLOCK, r1 = r0 + MXS_BLOCK < t->rows ? r0 + MXS_BLOCK : t->rows;
+            w->span[w->n_spans++] = edge_span_make(r0, r1, 0, t->cols);
+        }
     }
     if (mode == MXS__JOB_PARTIAL) {
         /* zero what the touched groups' tiles do not write */
@@ -188,7 +192,9 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         /* the scale units, then the straddling row blocks, have their own
          * numbering (int_begin / int_units, unused otherwise in apply) and
          * kernel: wb_scales_kernel */
-        w->int_units = w->sw[0].units + w->sw[1].units + w->sblk_units;
+        w->span_units = 0;
+        for (int k = 0; k < w->n_spans; k++) w->span_units += edge_span_units(w->span[k]);
+        w->int_units = w->sw[0].units + w->sw[1].units + w->span_units;
         w->extra_units = 0;
     }
 }
@@ -393,10 +399,9 @@ mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stre
     if (phase == PHASE_PARTIAL) {
         phase_launch<MXS__JOB_PARTIAL>(bk, dev, int_units, units, tile_units, status, stream);
     } else {
-        /* the scale writes and row-only items' straddling blocks in a
+        /* the scale writes and the straddling blocks (edge spans) in a
          * kernel of their own (no run_tile: its registers, not run_tile's
-         * 128); the edge groups of items with a column-wise plane, if any,
-         * in the general kernel after it */
+         * 128); a non-fused apply's tiles in the general kernel after it */
         if (int_units > 0) wb_scales_kernel<<<grid_for(int_units), kThreads, 0, stream>>>(dev, bk->n_items, int_units);
         if (units > 0) phase_launch<MXS__JOB_APPLY>(bk, dev, 0, units, tile_units, nullptr, stream);
     }
