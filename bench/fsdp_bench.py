@@ -87,11 +87,13 @@ def build(variant, args, device):
         m = m.to(torch.bfloat16)
         mxt.convert(m, {"blocks.*.fc*": "row"})
         return m, mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-4))
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))  # explicit: the default is the GPU's
     for b in m.blocks:
-        fully_shard(b, mp_policy=mp)
-    fully_shard(m, mp_policy=mp)
+        fully_shard(b, mesh=mesh, mp_policy=mp)
+    fully_shard(m, mesh=mesh, mp_policy=mp)
     return m, torch.optim.AdamW(m.parameters(), lr=1e-4)
 
 

@@ -88,6 +88,7 @@ class _WireBytes:
 
 def run(args):
     from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     if args.device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
@@ -104,9 +105,12 @@ def run(args):
     mxt.convert(model, {"blocks.*.fc1": "both", "blocks.*.fc2": "row", "mix": "row"}, format=args.format,
                 layout=args.layout, fsdp=True)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # an explicit mesh: FSDP2's default one is the accelerator's wherever one exists, which would
+    # move a CPU run on a GPU machine to cuda:<rank>
+    mesh = init_device_mesh(device.type, (world,))
     for b in model.blocks:
-        fully_shard(b, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(b, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
     if rank == 0:

@@ -29,6 +29,16 @@ def dev():
     return torch.device("cuda", torch.cuda.current_device()) if DEV == "cuda" else torch.device("cpu")
 
 
+def fsdp(module, **kw):
+    """fully_shard on this run's device. The mesh is explicit: FSDP2's default mesh is the
+    accelerator's wherever one exists, so a CPU run on a GPU machine would move every
+    parameter to cuda:0."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    kw.setdefault("mesh", init_device_mesh(dev().type, (dist.get_world_size(),)))
+    return fully_shard(module, **kw)
+
+
 # name, format, planes, layout, rounding | block, (in, out): even / uneven / rows < world / aligned at 3
 MODULES = [
     ("a", "mxfp8", "row", "compact", "ceil", (48, 40)),
@@ -81,10 +91,9 @@ def loss_of(m, modules, step, grads):
 
 
 def shard_all(m, **kw):
-    from torch.distributed.fsdp import fully_shard
     for c in m.children():
-        fully_shard(c, **kw)
-    fully_shard(m, **kw)
+        fsdp(c, **kw)
+    fsdp(m, **kw)
     return m
 
 
@@ -276,12 +285,12 @@ def case_features(rank, world, steps=5):
     demand), reshard_after_forward False on one block, gradient accumulation with
     set_requires_gradient_sync, clip_grad_norm_, an LR scheduler. The loss falls, the planes of
     the last step equal the whole-tensor quantize, one reduction per optimizer step."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     m = toy(ac=True)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    fully_shard(m.blocks[0], mp_policy=mp)
-    fully_shard(m.blocks[1], mp_policy=mp, reshard_after_forward=False)
-    fully_shard(m, mp_policy=mp)
+    fsdp(m.blocks[0], mp_policy=mp)
+    fsdp(m.blocks[1], mp_policy=mp, reshard_after_forward=False)
+    fsdp(m, mp_policy=mp)
     o = torch.optim.AdamW(m.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + 0.1 * s))
     lossf = nn.CrossEntropyLoss()
@@ -351,7 +360,7 @@ def case_unsupported(rank, world):
     """What mxshard cannot do raises a clear error naming it, before any collective of ours:
     Shard(1) placements, CPU offload, a converted submodule called alone while sharded, a weight
     replaced by a plain Parameter."""
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy
     from torch.distributed.tensor import Shard
     out = {}
 
@@ -363,12 +372,12 @@ def case_unsupported(rank, world):
             assert all(w in str(e) for w in words), (key, str(e))
             out[key] = "ok"
     m = build(modules=[MODULES[0]], dense=False)
-    fully_shard(m.a, shard_placement_fn=lambda p: Shard(1))
-    fully_shard(m)
+    fsdp(m.a, shard_placement_fn=lambda p: Shard(1))
+    fsdp(m)
     expect("shard1", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}), NotImplementedError, ["Shard(0)"])
     m = build(modules=[MODULES[0]], dense=False)
-    fully_shard(m.a, offload_policy=CPUOffloadPolicy(pin_memory=False))
-    fully_shard(m)
+    fsdp(m.a, offload_policy=CPUOffloadPolicy(pin_memory=False))
+    fsdp(m)
     expect("offload", lambda: m({"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}), NotImplementedError, ["offload"])
     m = shard_all(build(modules=[MODULES[0]], dense=False))
     expect("sharded", lambda: m.a.forward(torch.eye(48, dtype=torch.bfloat16, device=dev())), RuntimeError, ["still sharded"])
@@ -381,15 +390,15 @@ def case_unsupported(rank, world):
     xs = {"a": torch.eye(48, dtype=torch.bfloat16, device=dev()), "b": torch.ones(3, 40, dtype=torch.bfloat16, device=dev())}
     m = build(modules=MODULES[:2], dense=False)
     for c in m.children():
-        fully_shard(c, mesh=DeviceMesh.from_group(dist.new_group(list(range(world))), dev().type))
-    fully_shard(m)
+        fsdp(c, mesh=DeviceMesh.from_group(dist.new_group(list(range(world))), dev().type))
+    fsdp(m)
     ys = m(xs)
     out["own_groups"] = "ok" if all(torch.isfinite(y.float()).all() for y in ys.values()) else "not finite"
     # a weight sharded over other ranks (this rank alone) than the rest: raises on every rank
     alone, _ = dist.new_subgroups(1)
     m = build(modules=MODULES[:2], dense=False)
-    fully_shard(m.a, mesh=DeviceMesh.from_group(alone, dev().type))
-    fully_shard(m)
+    fsdp(m.a, mesh=DeviceMesh.from_group(alone, dev().type))
+    fsdp(m)
     expect("ranks", lambda: m(xs), NotImplementedError, ["different sets of ranks", "one data-parallel mesh"])
     return out
 
@@ -398,7 +407,7 @@ def case_bytes(rank, world):
     """Bytes every rank puts on the all-gather per forward: a row-only MXFP8 weight R x C evenly
     sharded sends S*C + S*ceil(C/32) (S = R/world) and needs no reduction; row-only NVFP4 1x16
     sends S*C/2 + S*ceil(C/16) (its tensor amax: one small all-reduce); FSDP2 bf16 sends 2*S*C."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy
     R, C = 64 * world, 96
     torch.manual_seed(0)
     out = {}
@@ -409,8 +418,8 @@ def case_bytes(rank, world):
         if kind != "bf16":
             mxt.convert(m, "row", format=kind, fsdp=True)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
-        fully_shard(m.a, mp_policy=mp)
-        fully_shard(m, mp_policy=mp)
+        fsdp(m.a, mp_policy=mp)
+        fsdp(m, mp_policy=mp)
         x = {"a": torch.ones(3, C, dtype=torch.bfloat16, device=dev())}
         with torch.no_grad():
             m(x)                     # the first refresh checks the ranks agree (a setup all_gather, once)
