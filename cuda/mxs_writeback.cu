@@ -189,7 +189,7 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
             mxs_scale_geom_make(t->rows, t->cols, pl, t->scale_layout, &gd);
             w->sw[p] = scale_write_make(p == 0 ? t->row_scale : t->col_scale, J.scale[p], gd, J.geom[p]);
         }
-        /* the scale units, then the straddling row blocks, have their own
+        /* the scale units, then the edge spans' units, have their own
          * numbering (int_begin / int_units, unused otherwise in apply) and
          * kernel: wb_scales_kernel */
         w->span_units = 0;
