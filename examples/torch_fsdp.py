@@ -105,9 +105,7 @@ def run(args):
     mxt.convert(model, {"blocks.*.fc1": "both", "blocks.*.fc2": "row", "mix": "row"}, format=args.format,
                 layout=args.layout, fsdp=True)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    # an explicit mesh: FSDP2's default one is the accelerator's wherever one exists, which would
-    # move a CPU run on a GPU machine to cuda:<rank>
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = init_device_mesh(device.type, (world,))   # explicit: FSDP2's default is the GPU's if there is one
     for b in model.blocks:
         fully_shard(b, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
