@@ -66,8 +66,8 @@
  *
  * --profile runs each kernel of interest once on the first shape - both
  * instruction-ceiling kernels; quantize, writeback partial + apply (DP=1,
- * the bench's master) of 1x16 row-only COMPACT; the same with both planes
- * and finish - and exits: `ncu ... nvfp4_bench --profile` profiles exactly
+ * the bench's master, then rank 3 of DP=8) of 1x16 row-only COMPACT; the
+ * same with both planes and finish - and exits: `ncu ... nvfp4_bench --profile` profiles exactly
  * those launches (scripts: .gpu-prebuilt run script, RESULTS run 16).
  *
  * Timing: bench_measure (bench_util.h) - single (L2 flushed), b2b, graph -
@@ -120,6 +120,8 @@ static void nv_profile(bench_ctx &B, int64_t rows, int64_t cols) {
         nv_wb w(a.t, master, 0, n, dirs == MXS_BOTH ? stage : nullptr);
         MK(w.step(B.s));
         if (dirs == MXS_BOTH) MK(mxs_cuda_nvfp4_wb_finish(&w.b, &w.plan, B.s));
+        nv_wb r(a.t, master, 3 * (n / 8), n / 8, dirs == MXS_BOTH ? stage : nullptr); /* a DP=8 rank */
+        MK(r.step(B.s));
         CK(cudaStreamSynchronize(B.s));
     }
     CK(cudaFree(sink));

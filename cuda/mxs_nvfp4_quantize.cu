@@ -165,6 +165,8 @@ __global__ void __launch_bounds__(kNvThreads)
  *                   L1/L2): the casts
  *   column-wise     the lane's 16 nibbles of each of its 8 columns in two
  *   data            32-bit words, one 8-byte store per column
+ * A block's element multiplier is a load from the CTA's table of the
+ * tensor's multipliers (nv_mult_table_fill), not a division.
  * Padding bytes of PADDED / SWIZZLED scale planes: thread units over the
  * stored grid after the tiles (the tiles write every logical byte). */
 
@@ -187,7 +189,8 @@ template <int DT, int RT> __device__ __forceinline__ void nv_src8(const NvQuant 
     if (RT != MXS_F32) nv_round_through8(x, RT);
 }
 
-template <int DT, int RT> __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc) {
+template <int DT, int RT>
+__device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc, const float *emul) {
     const NvTensor &T = Q.T;
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t g = t / Q.ctiles, c0 = (t % Q.ctiles) * kNvTileCols + lane * 8;
@@ -215,7 +218,7 @@ template <int DT, int RT> __device__ void nv_quantize_tile(const NvQuant &Q, int
             for (int j = 0; j < 8; j++) tm = fmaxf(tm, cm[j]);
             tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, 1));
             const uint8_t sc = mxs_nvfp4_block_scale(tm, s_enc);
-            et = mxs_nvfp4_encode_mult(sc, s_enc);
+            et = emul[sc];
             /* the tile's entry in each of its rows (the pair splits them; also
              * when only the even lane has columns: cols % 16 == 8) ... */
             if (rowp && k * MXS_NVFP4_BLOCK < T.cols) {
@@ -233,7 +236,7 @@ template <int DT, int RT> __device__ void nv_quantize_tile(const NvQuant &Q, int
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 const uint8_t sc = mxs_nvfp4_block_scale(cm[j], s_enc);
-                ec[j] = mxs_nvfp4_encode_mult(sc, s_enc);
+                ec[j] = emul[sc];
                 d[j * Q.sstep[1]] = sc;
             }
         }
@@ -258,7 +261,7 @@ template <int DT, int RT> __device__ void nv_quantize_tile(const NvQuant &Q, int
                     for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
                     a = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
                     const uint8_t sc = mxs_nvfp4_block_scale(a, s_enc);
-                    er = mxs_nvfp4_encode_mult(sc, s_enc);
+                    er = emul[sc];
                     if (active && !(lane & 1)) srow[(r - r0) * Q.sstep[0]] = sc;
                 }
                 if (active) {
@@ -298,12 +301,14 @@ __device__ void nv_quantize_pad_unit(const NvQuant &Q, int64_t u) {
 
 template <int DT, int RT>
 __global__ void __launch_bounds__(kNvThreads) nv_quantize_kernel(const __grid_constant__ NvQuant Q) {
+    __shared__ float emul[kNvCodes]; /* nv_mult_table_fill */
     const float s_enc = mxs_nvfp4_global_encode(*Q.T.amax);
+    nv_mult_table_fill(emul, s_enc);
     const int64_t blocks = Q.tile_blocks + mxs_ceil_div(Q.units, kNvThreads);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
         if (blk < Q.tile_blocks) {
             const int64_t t = blk * kNvWarps + threadIdx.x / 32;
-            if (t < Q.tiles) nv_quantize_tile<DT, RT>(Q, t, s_enc);
+            if (t < Q.tiles) nv_quantize_tile<DT, RT>(Q, t, s_enc, emul);
         } else {
             const int64_t u = (blk - Q.tile_blocks) * kNvThreads + threadIdx.x;
             if (u < Q.units) nv_quantize_pad_unit(Q, u);

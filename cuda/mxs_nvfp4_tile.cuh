@@ -71,6 +71,19 @@ __device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {
     return mxs_e2m1x8_from_f32(y);
 }
 
+/* The encode multipliers of one tensor, one per E4M3 scale code:
+ * tab[c] = mxs_nvfp4_encode_mult(c, s_enc), filled by the CTA's kNvThreads
+ * threads (one code each), then __syncthreads. A block's multiplier is then
+ * one shared-memory load instead of the rule's decode and IEEE division:
+ * the same value, since the table holds the rule's own results. Every
+ * thread of the CTA calls it. */
+constexpr int kNvCodes = 256;
+__device__ __forceinline__ void nv_mult_table_fill(float *tab, float s_enc) {
+    static_assert(kNvThreads == kNvCodes, "one scale code per thread");
+    tab[threadIdx.x] = mxs_nvfp4_encode_mult((uint8_t)threadIdx.x, s_enc);
+    __syncthreads();
+}
+
 } /* namespace mxs__cu */
 
 #endif /* MXSHARD_CUDA_NVFP4_TILE_CUH */

@@ -61,6 +61,7 @@ struct alignas(16) NvItem {
     int mis;    /* master loads element-aligned only (ld16_elems) */
     int out;    /* apply's outputs data[0] and stage: kOut* bits */
     int finish; /* finish transposes this item (mxs__nvfp4_wb_finishes) */
+    int half;   /* partial of a row-only 1x16 item: a warp tile is half a row group (8 rows) */
 };
 
 /* NvItem.out: whether an apply output is a fragment (its byte 0 is plane
@@ -125,16 +126,19 @@ __device__ __forceinline__ int64_t nv_item_of(const NvHead &C, const NvItem *it,
 }
 
 /* Where warp tile t of item I lies: row group g, rows [r0, r1), and this
- * lane's first column c0 (lane l: columns c0 .. c0 + 7 of each row). */
+ * lane's first column c0 (lane l: columns c0 .. c0 + 7 of each row). With
+ * I.half the tiles of a group are its two halves (rows 16g .. 16g+7, then
+ * 16g+8 .. 16g+15), each ctiles tiles wide. */
 struct NvWarpTile {
     int64_t g, r0, r1, c0;
 };
 __device__ __forceinline__ NvWarpTile nv_warp_tile(const NvItem &I, int64_t t) {
     NvWarpTile w;
-    w.g = I.grp0 + t / I.ctiles;
-    w.c0 = (t % I.ctiles) * kNvTileCols + (int64_t)(threadIdx.x & 31u) * 8;
-    w.r0 = w.g * MXS_NVFP4_BLOCK;
-    w.r1 = w.r0 + MXS_NVFP4_BLOCK < I.rows ? w.r0 + MXS_NVFP4_BLOCK : I.rows;
+    const int64_t tr = t / I.ctiles, h = MXS_NVFP4_BLOCK >> I.half; /* tile row, rows per tile */
+    w.g = I.grp0 + (tr >> I.half);
+    w.c0 = (t - tr * I.ctiles) * kNvTileCols + (int64_t)(threadIdx.x & 31u) * 8;
+    w.r0 = w.g * MXS_NVFP4_BLOCK + (tr & I.half) * h;
+    w.r1 = w.r0 + h < I.rows ? w.r0 + h : I.rows;
     return w;
 }
 

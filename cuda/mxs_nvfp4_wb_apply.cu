@@ -137,13 +137,31 @@ static __device__ __forceinline__ int64_t nv_scale_entry(const NvItem &I, int p,
     return p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
 }
 
+/* Scale unit q of plane p: its stored entries (m, 4q' .. 4q'+3), m and
+ * 4q' from q (units run row by row over a stored row of kq units). One
+ * 32-bit division when q and kq fit 32 bits (every plane of up to 2^34
+ * entries), else the 64-bit one: the same quotient. */
+static __device__ __forceinline__ void nv_scale_unit_at(int64_t q, int64_t kq, int64_t *m, int64_t *k0) {
+    if ((((uint64_t)q | (uint64_t)kq) >> 32) == 0) {
+        const uint32_t a = (uint32_t)q, b = (uint32_t)kq, d = a / b;
+        *m = d;
+        *k0 = 4 * (int64_t)(a - d * b);
+    } else {
+        *m = q / kq;
+        *k0 = 4 * (q % kq);
+    }
+}
+
 /* Apply, one thread unit: scale entries (m, 4q .. 4q+3) of a plane - in
  * every NVFP4 layout 4 consecutive bytes (COMPACT m*K + k, PADDED m*Kp + k,
  * SWIZZLED k % 4 innermost), so one 32-bit store when whole and aligned;
  * padding entries 0x00. The units run over the stored grid (COMPACT M x K,
- * else Mp x Kp), so every byte of the plane is written once. Or (items off
- * the tile path) a data byte of the shard (row-wise plane and stage). Unit 0
- * of an item also stores its global amax. */
+ * else Mp x Kp), so every byte of the plane is written once. A unit whose 4
+ * entries are all logical reads 4 consecutive packed entries (a stored
+ * row's entries run contiguous in k in every plane but the column-wise one
+ * of 16x16 tiles: nv_scale_entry's k term is + k); the others test each
+ * entry. Or (items off the tile path) a data byte of the shard (row-wise
+ * plane and stage). Unit 0 of an item also stores its global amax. */
 template <> __device__ void NvPhase<PH_APPLY>::unit(const NvHead &C, const NvItem *it, int64_t u) {
     const NvItem &I = it[nv_item_of(C, it, u, false)];
     const float s_enc = nv_s_enc(C, I);
@@ -152,14 +170,22 @@ template <> __device__ void NvPhase<PH_APPLY>::unit(const NvHead &C, const NvIte
     if (e < I.sunits[0] + I.sunits[1]) {
         const int p = e < I.sunits[0] ? 0 : 1;
         const mxs_scale_geom &G = I.geom[p];
-        const int64_t q = p == 0 ? e : e - I.sunits[0];
-        const int64_t kdim = G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, kq = mxs_ceil_div(kdim, 4);
-        const int64_t m = q / kq, k0 = 4 * (q % kq), nb = kdim - k0 < 4 ? kdim - k0 : 4;
+        const int64_t kdim = G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp;
+        int64_t m, k0;
+        nv_scale_unit_at(p == 0 ? e : e - I.sunits[0], mxs_ceil_div(kdim, 4), &m, &k0);
+        const int nb = kdim - k0 < 4 ? (int)(kdim - k0) : 4;
         uint8_t *d = I.scale[p] + mxs_scale_geom_offset(&G, m, k0);
         uint32_t v = 0;
-        for (int b = 0; b < nb; b++)
-            if (mxs_scale_geom_is_logical(&G, m, k0 + b))
-                v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, nv_scale_entry(I, p, m, k0 + b), s_enc) << (8 * b);
+        if (m < G.M && k0 + 4 <= G.K && (p == 0 || !I.two_d)) { /* nb == 4, all logical, contiguous */
+            const int64_t i0 = nv_scale_entry(I, p, m, k0);
+#pragma unroll
+            for (int b = 0; b < 4; b++) v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, i0 + b, s_enc) << (8 * b);
+        } else {
+            for (int b = 0; b < nb; b++)
+                if (mxs_scale_geom_is_logical(&G, m, k0 + b))
+                    v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, nv_scale_entry(I, p, m, k0 + b), s_enc)
+                         << (8 * b);
+        }
         if (nb == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
             *reinterpret_cast<uint32_t *>(d) = v;
         } else {

@@ -144,8 +144,13 @@ void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
     if (tile_path) {
         const int64_t g0 = (I->start / I->cols) / MXS_NVFP4_BLOCK;
         const int64_t g1 = ((I->start + I->len - 1) / I->cols) / MXS_NVFP4_BLOCK;
+        /* partial of a row-only 1x16 item: no column or tile entries need a
+         * whole group in one lane, so half groups - twice the warps, twice
+         * the loads in flight (a DP=8 rank's shard is only ~2 warps per SM
+         * scheduler otherwise: RESULTS run 18) */
+        I->half = ph == PH_PARTIAL && !I->two_d && I->col_entry < 0;
         I->grp0 = g0;
-        *tiles = (g1 - g0 + 1) * I->ctiles;
+        *tiles = ((g1 - g0 + 1) << I->half) * I->ctiles;
     }
     if (ph == PH_PARTIAL) {
         if (!tile_path && I->len > 0) *units = I->n_entries;
