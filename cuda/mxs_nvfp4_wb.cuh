@@ -51,7 +51,7 @@ struct alignas(16) NvItem {
     float *amax;
     mxs_scale_geom geom[2];
     int64_t sbytes[2];                                    /* scale bytes of the present planes (0: absent) */
-    int64_t sunits[2];                                    /* apply: units of 4 scale entries (nv_apply_unit) */
+    int64_t sunits[2];                                    /* apply: scale units (kNvScaleUnit entries each) */
     int64_t row_entry, col_entry, tile_entry, amax_entry; /* entry indices (-1: absent) */
     int64_t first_entry, n_entries;                       /* the item's block entries: contiguous */
     int64_t unit0, units;                                 /* this phase's thread units in the chunk */
@@ -61,7 +61,7 @@ struct alignas(16) NvItem {
     int mis;    /* master loads element-aligned only (ld16_elems) */
     int out;    /* apply's outputs data[0] and stage: kOut* bits */
     int finish; /* finish transposes this item (mxs__nvfp4_wb_finishes) */
-    int half;   /* partial of a row-only 1x16 item: a warp tile is half a row group (8 rows) */
+    int half;   /* partial: a warp tile is half a row group, 8 rows (kNvHalfTiles) */
 };
 
 /* NvItem.out: whether an apply output is a fragment (its byte 0 is plane
@@ -69,6 +69,16 @@ struct alignas(16) NvItem {
  * stores). One word, so that the bucket's records cost the apply kernel no
  * registers over in-place outputs (start is loaded anyway). */
 enum { kOutRowFrag = 1, kOutStageFrag = 2, kOutRowSt4 = 4, kOutStageSt4 = 8 };
+
+/* Apply's scale units: kNvScaleUnit stored entries of one stored row
+ * each (4 words of 4 bytes), over a stored row of nv_scale_kdim entries. */
+constexpr int64_t kNvScaleUnit = 16;
+__host__ __device__ __forceinline__ int64_t nv_scale_kdim(const mxs_scale_geom &G) {
+    return G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp;
+}
+__host__ __device__ __forceinline__ int64_t nv_scale_units(const mxs_scale_geom &G) {
+    return (G.layout == MXS_SCALES_COMPACT ? G.M : G.Mp) * mxs_ceil_div(nv_scale_kdim(G), kNvScaleUnit);
+}
 
 /* What a launch needs besides its items. */
 struct NvHead {

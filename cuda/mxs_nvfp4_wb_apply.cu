@@ -9,9 +9,10 @@
  *               and swaps them by __shfl_xor), then each row is loaded,
  *               multiplied and converted once per plane: 8 nibbles, one
  *               32-bit store
- *   thread unit scale entries (m, 4q .. 4q+3) of a plane - 4 consecutive
- *               bytes in COMPACT, PADDED and SWIZZLED, one 32-bit store - or,
- *               on items off the tile path, one data byte
+ *   thread unit 16 stored scale entries (m, k0 .. k0+15) of a plane - 4
+ *               words of 4 consecutive bytes in COMPACT, PADDED and
+ *               SWIZZLED, a 32-bit store each - or, on items off the tile
+ *               path, one data byte
  *
  * S_enc comes from the item's reduced tensor-amax entry (contract section
  * 9.8), so apply needs no amax pass. The kernel reads the group status byte
@@ -137,30 +138,53 @@ static __device__ __forceinline__ int64_t nv_scale_entry(const NvItem &I, int p,
     return p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
 }
 
-/* Scale unit q of plane p: its stored entries (m, 4q' .. 4q'+3), m and
- * 4q' from q (units run row by row over a stored row of kq units). One
- * 32-bit division when q and kq fit 32 bits (every plane of up to 2^34
- * entries), else the 64-bit one: the same quotient. */
+/* Scale unit q of plane p: row m of the stored grid and its first entry
+ * k0 = kNvScaleUnit * (q % kq) (units run row by row, kq to a stored row).
+ * One 32-bit division when q and kq fit 32 bits, else the 64-bit one: the
+ * same quotient. */
 static __device__ __forceinline__ void nv_scale_unit_at(int64_t q, int64_t kq, int64_t *m, int64_t *k0) {
     if ((((uint64_t)q | (uint64_t)kq) >> 32) == 0) {
         const uint32_t a = (uint32_t)q, b = (uint32_t)kq, d = a / b;
         *m = d;
-        *k0 = 4 * (int64_t)(a - d * b);
+        *k0 = kNvScaleUnit * (int64_t)(a - d * b);
     } else {
         *m = q / kq;
-        *k0 = 4 * (q % kq);
+        *k0 = kNvScaleUnit * (q % kq);
     }
 }
 
-/* Apply, one thread unit: scale entries (m, 4q .. 4q+3) of a plane - in
+/* Stored entries (m, k0 .. k0+nb-1), nb <= 4, of plane p: one word - in
  * every NVFP4 layout 4 consecutive bytes (COMPACT m*K + k, PADDED m*Kp + k,
- * SWIZZLED k % 4 innermost), so one 32-bit store when whole and aligned;
- * padding entries 0x00. The units run over the stored grid (COMPACT M x K,
- * else Mp x Kp), so every byte of the plane is written once. A unit whose 4
- * entries are all logical reads 4 consecutive packed entries (a stored
- * row's entries run contiguous in k in every plane but the column-wise one
- * of 16x16 tiles: nv_scale_entry's k term is + k); the others test each
- * entry. Or (items off the tile path) a data byte of the shard (row-wise
+ * SWIZZLED k % 4 innermost) - one 32-bit store when whole and aligned;
+ * padding entries 0x00. When all 4 are logical they are 4 consecutive
+ * packed entries (a stored row's entries run contiguous in k in every plane
+ * but the column-wise one of 16x16 tiles: nv_scale_entry's k term is + k),
+ * read without per-entry tests. */
+static __device__ __forceinline__ void nv_scale_word(const NvHead &C, const NvItem &I, int p, int64_t m, int64_t k0,
+                                                     int nb, float s_enc) {
+    const mxs_scale_geom &G = I.geom[p];
+    uint8_t *d = I.scale[p] + mxs_scale_geom_offset(&G, m, k0);
+    uint32_t v = 0;
+    if (m < G.M && k0 + 4 <= G.K && (p == 0 || !I.two_d)) { /* nb == 4, all logical, contiguous */
+        const int64_t i0 = nv_scale_entry(I, p, m, k0);
+#pragma unroll
+        for (int b = 0; b < 4; b++) v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, i0 + b, s_enc) << (8 * b);
+    } else {
+        for (int b = 0; b < nb; b++)
+            if (mxs_scale_geom_is_logical(&G, m, k0 + b))
+                v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, nv_scale_entry(I, p, m, k0 + b), s_enc) << (8 * b);
+    }
+    if (nb == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
+        *reinterpret_cast<uint32_t *>(d) = v;
+    } else {
+        for (int b = 0; b < nb; b++) d[b] = (uint8_t)(v >> (8 * b));
+    }
+}
+
+/* Apply, one thread unit: the stored entries (m, k0 .. k0+15) of a plane,
+ * as up to 4 words (nv_scale_word). The units run over the stored grid
+ * (COMPACT M x K, else Mp x Kp), so every byte of the plane is written
+ * once. Or (items off the tile path) a data byte of the shard (row-wise
  * plane and stage). Unit 0 of an item also stores its global amax. */
 template <> __device__ void NvPhase<PH_APPLY>::unit(const NvHead &C, const NvItem *it, int64_t u) {
     const NvItem &I = it[nv_item_of(C, it, u, false)];
@@ -169,28 +193,12 @@ template <> __device__ void NvPhase<PH_APPLY>::unit(const NvHead &C, const NvIte
     if (e == 0) *I.amax = mxs__nvfp4_entry_value(C.packed, C.w, I.amax_entry);
     if (e < I.sunits[0] + I.sunits[1]) {
         const int p = e < I.sunits[0] ? 0 : 1;
-        const mxs_scale_geom &G = I.geom[p];
-        const int64_t kdim = G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp;
+        const int64_t kdim = nv_scale_kdim(I.geom[p]);
         int64_t m, k0;
-        nv_scale_unit_at(p == 0 ? e : e - I.sunits[0], mxs_ceil_div(kdim, 4), &m, &k0);
-        const int nb = kdim - k0 < 4 ? (int)(kdim - k0) : 4;
-        uint8_t *d = I.scale[p] + mxs_scale_geom_offset(&G, m, k0);
-        uint32_t v = 0;
-        if (m < G.M && k0 + 4 <= G.K && (p == 0 || !I.two_d)) { /* nb == 4, all logical, contiguous */
-            const int64_t i0 = nv_scale_entry(I, p, m, k0);
-#pragma unroll
-            for (int b = 0; b < 4; b++) v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, i0 + b, s_enc) << (8 * b);
-        } else {
-            for (int b = 0; b < nb; b++)
-                if (mxs_scale_geom_is_logical(&G, m, k0 + b))
-                    v |= (uint32_t)mxs__nvfp4_wb_scale(C.packed, C.w, nv_scale_entry(I, p, m, k0 + b), s_enc)
-                         << (8 * b);
-        }
-        if (nb == 4 && (reinterpret_cast<uintptr_t>(d) & 3u) == 0) {
-            *reinterpret_cast<uint32_t *>(d) = v;
-        } else {
-            for (int b = 0; b < nb; b++) d[b] = (uint8_t)(v >> (8 * b));
-        }
+        nv_scale_unit_at(p == 0 ? e : e - I.sunits[0], mxs_ceil_div(kdim, kNvScaleUnit), &m, &k0);
+#pragma unroll 1
+        for (int64_t k = k0; k < k0 + kNvScaleUnit && k < kdim; k += 4)
+            nv_scale_word(C, I, p, m, k, kdim - k < 4 ? (int)(kdim - k) : 4, s_enc);
         return;
     }
     e -= I.sunits[0] + I.sunits[1]; /* a data byte: nibbles 2b, 2b+1 */

@@ -100,9 +100,7 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
         I->scale[p] = p == 0 ? t->row_scale : t->col_scale;
         mxs_nvfp4_scale_geom_make(t->rows, t->cols, (mxs_dirs)(p + 1), t->scale_layout, &I->geom[p]);
         I->sbytes[p] = mxs_scale_geom_bytes(&I->geom[p]);
-        const mxs_scale_geom &G = I->geom[p]; /* nv_apply_unit's grid */
-        I->sunits[p] = (G.layout == MXS_SCALES_COMPACT ? G.M : G.Mp) *
-                       mxs_ceil_div(G.layout == MXS_SCALES_COMPACT ? G.K : G.Kp, 4);
+        I->sunits[p] = nv_scale_units(I->geom[p]); /* apply's scale units */
     }
     const bool row_frag = (t->dirs & MXS_ROWWISE) && in->row_fragment;
     const bool stage_frag = (t->dirs & MXS_COLWISE) && in->stage_fragment;
@@ -128,6 +126,13 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
 /* CTAs of a phase's tiles: a warp per tile, finish a CTA per tile. */
 int64_t nv_tile_blocks(int ph, int64_t tiles) { return ph == PH_FINISH ? tiles : mxs_ceil_div(tiles, kNvWarps); }
 
+/* The partial splits a row-only 1x16 item's groups into half-group tiles
+ * when its shard spans at most this many whole-group tiles: a DP=8 rank of
+ * 8192x8192 (2,048 tiles, ~2 warps per SM scheduler) went 15.5 -> 13.8 µs,
+ * while 8192x8192 at DP=1 (16,384 tiles, several waves) went 75.2 -> 84.5
+ * (twice the per-tile work for no more loads in flight; RESULTS run 18). */
+constexpr int64_t kNvHalfTiles = 4096;
+
 /* Thread units and warp tiles of item I in phase ph. */
 void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
     *units = *tiles = 0;
@@ -144,13 +149,13 @@ void nv_item_work(NvItem *I, int ph, int64_t *units, int64_t *tiles) {
     if (tile_path) {
         const int64_t g0 = (I->start / I->cols) / MXS_NVFP4_BLOCK;
         const int64_t g1 = ((I->start + I->len - 1) / I->cols) / MXS_NVFP4_BLOCK;
-        /* partial of a row-only 1x16 item: no column or tile entries need a
-         * whole group in one lane, so half groups - twice the warps, twice
-         * the loads in flight (a DP=8 rank's shard is only ~2 warps per SM
-         * scheduler otherwise: RESULTS run 18) */
-        I->half = ph == PH_PARTIAL && !I->two_d && I->col_entry < 0;
+        const int64_t full = (g1 - g0 + 1) * I->ctiles;
+        /* partial of a small row-only 1x16 shard: no column or tile entry
+         * needs a whole group in one lane, so half groups - twice the warps
+         * and the loads in flight (kNvHalfTiles) */
+        I->half = ph == PH_PARTIAL && !I->two_d && I->col_entry < 0 && full <= kNvHalfTiles;
         I->grp0 = g0;
-        *tiles = ((g1 - g0 + 1) << I->half) * I->ctiles;
+        *tiles = full << I->half;
     }
     if (ph == PH_PARTIAL) {
         if (!tile_path && I->len > 0) *units = I->n_entries;
