@@ -33,27 +33,37 @@ static __device__ __forceinline__ float nv_mult(const NvHead &C, int64_t i, floa
  * all 8 are inside the shard (and st4: the output's plane byte 0 is 4-byte
  * aligned, hence this address), else the bytes inside it (shard boundaries
  * are even: a byte is wholly inside or out). */
-template <bool INSIDE>
 static __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, bool frag, bool st4, int64_t f,
                                                  uint32_t q) {
     const int64_t end = I.start + I.len, o = (f - (frag ? I.start : 0)) / 2;
-    if (st4 && (INSIDE || (f >= I.start && f + 8 <= end))) {
+    if (st4 && f >= I.start && f + 8 <= end) {
         *reinterpret_cast<uint32_t *>(d + o) = q;
         return;
     }
 #pragma unroll
     for (int p = 0; p < 4; p++)
-        if (INSIDE || (f + 2 * p >= I.start && f + 2 * p < end)) d[o + p] = (uint8_t)(q >> (8 * p));
+        if (f + 2 * p >= I.start && f + 2 * p < end) d[o + p] = (uint8_t)(q >> (8 * p));
 }
 
-/* The rows of apply's warp tile (NvPhase<PH_APPLY>::tile). Rows go in pairs: the lane
+/* 8 nibbles q at output byte d, wholly inside the shard: one 32-bit store
+ * when st4 (nv_store8's rule: the output's plane byte 0 is 4-byte aligned),
+ * else 4 byte stores. */
+static __device__ __forceinline__ void nv_put8(uint8_t *d, bool st4, uint32_t q) {
+    if (st4) {
+        *reinterpret_cast<uint32_t *>(d) = q;
+        return;
+    }
+#pragma unroll
+    for (int p = 0; p < 4; p++) d[p] = (uint8_t)(q >> (8 * p));
+}
+
+/* The rows of apply's warp tile (NvPhase<PH_APPLY>::tile) in a group that
+ * a shard edge cuts: rows outside the shard skipped, element-wise loads and
+ * byte stores where 8 nibbles straddle the edge. Rows go in pairs: the lane
  * pair of a 1x16 row block computes one multiplier each (lane 2p row i,
- * lane 2p+1 row i+1) and swaps them by __shfl_xor. WHOLE: the group lies
- * wholly inside the shard (all but at most two groups of a shard), so no
- * row needs the shard-edge tests or element-wise loads and every 8 nibbles
- * are whole bytes inside it. */
-template <int DT, int RT, bool WHOLE>
-static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvItem &I, int64_t g, int64_t c0,
+ * lane 2p+1 row i+1) and swaps them by __shfl_xor. */
+template <int DT, int RT>
+static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvItem &I, int64_t c0,
                                                      int64_t r0, int64_t r1, float s_enc, const float *ec, float et) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t end = I.start + I.len, k = c0 / MXS_NVFP4_BLOCK;
@@ -71,24 +81,82 @@ static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvIt
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t r = ri + h, f = r * I.cols + c0;
-            if (r >= r1 || !active || (!WHOLE && (f + 8 <= I.start || f >= end))) continue;
+            if (r >= r1 || !active || f + 8 <= I.start || f >= end) continue;
             const float er = I.two_d ? et : ((lane & 1) == h ? mine : other);
             float x[8], e[8];
-            if (WHOLE)
-                nv_vec8<DT, RT>(C, I, f, x);
-            else
-                nv_load8<DT, RT>(C, I, f, x);
+            nv_load8<DT, RT>(C, I, f, x);
             if (do_row) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
-                nv_store8<WHOLE>(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
+                nv_store8(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
             }
             if (do_stage) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
-                nv_store8<WHOLE>(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
+                nv_store8(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
             }
         }
+    }
+}
+
+/* The rows of a warp tile whose group lies wholly inside the shard (all
+ * but at most two groups of a shard): nv_apply_rows without the shard-edge
+ * tests - one vector load per row, every 8 nibbles whole bytes inside the
+ * shard - and with the addresses hoisted: the item's fields are read once,
+ * and the master and output pointers advance by one row per step (cols
+ * elements, cols / 2 bytes) instead of being recomputed from the flat index
+ * (run 18: 9 % fewer instructions with both planes). The same multipliers,
+ * conversions and stores. An inactive lane (c0 >= cols) forms its pointers
+ * at column 0 and never uses them. */
+template <int DT, int RT>
+static __device__ __forceinline__ void nv_apply_whole(const NvHead &C, const NvItem &I, int64_t c0, int64_t r0,
+                                                      int64_t r1, float s_enc, const float *ec, float et) {
+    const int lane = (int)(threadIdx.x & 31u);
+    const int dt = DT >= 0 ? DT : I.dtype, rt = DT >= 0 ? RT : nv_eff_rt(I.dtype, C.rt);
+    const int64_t cols = I.cols, start = I.start, k = c0 / MXS_NVFP4_BLOCK;
+    const bool active = c0 < cols, block = k * MXS_NVFP4_BLOCK < cols, two_d = I.two_d, mis = I.mis;
+    const int out = I.out;
+    const int64_t f0 = r0 * cols + (active ? c0 : 0), es = mxs_dtype_bytes((mxs_dtype)dt);
+    const uint8_t *src = static_cast<const uint8_t *>(I.master) + (f0 - start) * es;
+    uint8_t *drow = I.data[0] ? I.data[0] + (f0 - (out & kOutRowFrag ? start : 0)) / 2 : nullptr;
+    uint8_t *dstg = I.stage ? I.stage + (f0 - (out & kOutStageFrag ? start : 0)) / 2 : nullptr;
+    const bool row4 = out & kOutRowSt4, stg4 = out & kOutStageSt4;
+    const int64_t sstep = cols * es, dstep = cols / 2; /* cols % 8 == 0 on the tile path */
+    const int64_t e0 = I.row_entry + k;               /* row r's 1x16 entry: e0 + r * kr */
+#pragma unroll 1
+    for (int64_t ri = r0; ri < r1; ri += 2) {
+        float mine = et;
+        if (!two_d && drow && block) {
+            const int64_t r = ri + (lane & 1);
+            mine = r < r1 ? nv_mult(C, e0 + r * I.kr, s_enc) : 0.0f;
+        }
+        const float other = __shfl_xor_sync(kFull, mine, 1);
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (ri + h >= r1 || !active) continue;
+            const float er = two_d ? et : ((lane & 1) == h ? mine : other);
+            float x[8], e[8];
+            uint4 raw[2];
+            if (mis)
+                ld_vec8<true>(src + h * sstep, dt, 0, raw);
+            else
+                ld_vec8<false>(src + h * sstep, dt, 0, raw);
+            unpack8(x, raw, dt);
+            if (rt != MXS_F32) nv_round_through8(x, rt);
+            if (drow) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = er;
+                nv_put8(drow + h * dstep, row4, nv_cast8(x, e));
+            }
+            if (dstg) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) e[j] = two_d ? er : ec[j];
+                nv_put8(dstg + h * dstep, stg4, nv_cast8(x, e));
+            }
+        }
+        src += 2 * sstep;
+        if (drow) drow += 2 * dstep;
+        if (dstg) dstg += 2 * dstep;
     }
 }
 
@@ -113,9 +181,9 @@ __device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_
         for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
     }
     if (I.start <= r0 * I.cols && r1 * I.cols <= I.start + I.len) /* warp-uniform */
-        nv_apply_rows<DT, RT, true>(C, I, g, c0, r0, r1, s_enc, ec, et);
+        nv_apply_whole<DT, RT>(C, I, c0, r0, r1, s_enc, ec, et);
     else
-        nv_apply_rows<DT, RT, false>(C, I, g, c0, r0, r1, s_enc, ec, et);
+        nv_apply_rows<DT, RT>(C, I, c0, r0, r1, s_enc, ec, et);
 }
 
 /* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
