@@ -73,10 +73,8 @@ struct WbItem {
      * units of 4 tile columns; 2: 9..16 rows, units of 2). */
     int64_t wide_from, wide_rpt;
     /* apply (fused): the (0, 1 or 2) edge spans holding the blocks that
-     * straddle a shard edge (mxs_wb_edges.cuh); span_units: their units
-     * (host side: the item's part of int_units) */
+     * straddle a shard edge (mxs_wb_edges.cuh); an unused one is all 0 */
     EdgeSpan span[2];
-    int64_t n_spans, span_units;
     /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
     uint8_t *zero_ptr[4];
     int64_t zero_len[4];

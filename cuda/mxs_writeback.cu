@@ -97,6 +97,7 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         }
     }
     w->T = mxs_ceil_div(t->cols, kTileCols);
+    int ns = 0; /* fused apply: the edge spans made */
     if (mode == MXS__JOB_PARTIAL || !fused) {
         w->g_first = g_first;
         w->g_last = g_last;
@@ -131,7 +132,7 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
                 if (mxs_row_block_inside(t->cols, b[k], in->start, in->len)) continue;
                 const mxs_range sp = mxs_row_block_span(t->cols, b[k]);
                 const int64_t r = sp.first / t->cols, c = sp.first % t->cols;
-                w->span[w->n_spans++] = edge_span_make(r, r + 1, c, c + sp.count);
+                w->span[ns++] = edge_span_make(r, r + 1, c, c + sp.count);
             }
         }
     } else {
@@ -154,7 +155,7 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         }
         for (int k = 0; k < n; k++) {
             const int64_t r0 = u[k] * MXS_BLOCK, r1 = r0 + MXS_BLOCK < t->rows ? r0 + MXS_BLOCK : t->rows;
-            w->span[w->n_spans++] = edge_span_make(r0, r1, 0, t->cols);
+            w->span[ns++] = edge_span_make(r0, r1, 0, t->cols);
         }
     }
     if (mode == MXS__JOB_PARTIAL) {
@@ -192,9 +193,7 @@ void wb_item_make(const mxs_wb_batch *b, const mxs_wb_item *in, int mode, uint8_
         /* the scale units, then the edge spans' units, have their own
          * numbering (int_begin / int_units, unused otherwise in apply) and
          * kernel: wb_scales_kernel */
-        w->span_units = 0;
-        for (int k = 0; k < w->n_spans; k++) w->span_units += edge_span_units(w->span[k]);
-        w->int_units = w->sw[0].units + w->sw[1].units + w->span_units;
+        w->int_units = w->sw[0].units + w->sw[1].units + edge_span_units(w->span[0]) + edge_span_units(w->span[1]);
         w->extra_units = 0;
     }
 }
