@@ -63,8 +63,8 @@ static __device__ __forceinline__ void nv_put8(uint8_t *d, bool st4, uint32_t q)
  * pair of a 1x16 row block computes one multiplier each (lane 2p row i,
  * lane 2p+1 row i+1) and swaps them by __shfl_xor. */
 template <int DT, int RT>
-static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvItem &I, int64_t c0,
-                                                     int64_t r0, int64_t r1, float s_enc, const float *ec, float et) {
+static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvItem &I, int64_t c0, int64_t r0,
+                                                     int64_t r1, float s_enc, const float *ec, float et) {
     const int lane = (int)(threadIdx.x & 31u);
     const int64_t end = I.start + I.len, k = c0 / MXS_NVFP4_BLOCK;
     /* the pair's block exists even when only the even lane has columns (cols % 16 == 8) */
@@ -122,7 +122,7 @@ static __device__ __forceinline__ void nv_apply_whole(const NvHead &C, const NvI
     uint8_t *dstg = I.stage ? I.stage + (f0 - (out & kOutStageFrag ? start : 0)) / 2 : nullptr;
     const bool row4 = out & kOutRowSt4, stg4 = out & kOutStageSt4;
     const int64_t sstep = cols * es, dstep = cols / 2; /* cols % 8 == 0 on the tile path */
-    const int64_t e0 = I.row_entry + k;               /* row r's 1x16 entry: e0 + r * kr */
+    const int64_t e0 = I.row_entry + k;                /* row r's 1x16 entry: e0 + r * kr */
 #pragma unroll 1
     for (int64_t ri = r0; ri < r1; ri += 2) {
         float mine = et;
