@@ -189,6 +189,52 @@ template <int DT, int RT> __device__ __forceinline__ void nv_src8(const NvQuant 
     if (RT != MXS_F32) nv_round_through8(x, RT);
 }
 
+/* The rows of a row-only 1x16 tile (its only pass; the common case): the
+ * general loop of nv_quantize_tile with the addresses hoisted - the source,
+ * data and scale pointers advance a row per step - and a 32-bit row count.
+ * The same loads, rules and stores. An inactive lane (c0 >= cols) loads
+ * nothing (zeros for its pair's block amax) and forms its pointers at
+ * column 0 without using them. */
+template <int DT, int RT>
+__device__ __forceinline__ void nv_quantize_rows1x16(const NvQuant &Q, int64_t r0, int n, int64_t c0, int64_t k,
+                                                     float s_enc, const float *emul) {
+    const NvTensor &T = Q.T;
+    const int lane = (int)(threadIdx.x & 31u);
+    const bool active = c0 < T.cols, store_scale = active && !(lane & 1);
+    const int64_t es = DT == MXS_F32 ? 4 : 2, f0 = r0 * T.cols + (active ? c0 : 0);
+    const uint8_t *src = static_cast<const uint8_t *>(T.src) + f0 * es;
+    uint8_t *drow = T.data[0] + f0 / 2; /* cols % 8 == 0 on the tile path */
+    uint8_t *srow = T.scale[0] + mxs_scale_geom_offset(&T.geom[0], r0, active ? k : 0);
+    const int64_t sstep = T.cols * es, dstep = T.cols / 2, scstep = Q.sstep[0];
+#pragma unroll 4
+    for (int i = 0; i < n; i++) {
+        float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, e[8];
+        if (active) {
+            uint4 raw[2];
+            if (Q.mis)
+                ld_vec8<true>(src, DT, 0, raw);
+            else
+                ld_vec8<false>(src, DT, 0, raw);
+            unpack8(x, raw, DT);
+            if (RT != MXS_F32) nv_round_through8(x, RT);
+        }
+        float a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);
+        a = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
+        const uint8_t sc = mxs_nvfp4_block_scale(a, s_enc);
+        if (store_scale) *srow = sc;
+        if (active) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) e[j] = emul[sc];
+            *reinterpret_cast<uint32_t *>(drow) = nv_cast8(x, e);
+        }
+        src += sstep;
+        drow += dstep;
+        srow += scstep;
+    }
+}
+
 template <int DT, int RT>
 __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc, const float *emul) {
     const NvTensor &T = Q.T;
@@ -198,6 +244,10 @@ __device__ void nv_quantize_tile(const NvQuant &Q, int64_t t, float s_enc, const
     const int64_t k = c0 / MXS_NVFP4_BLOCK;
     const bool active = c0 < T.cols, rowp = T.data[0] != nullptr, colp = T.data[1] != nullptr;
     const bool two_d = T.block == MXS_NVFP4_16X16;
+    if (rowp && !colp && !two_d) {
+        nv_quantize_rows1x16<DT, RT>(Q, r0, (int)(r1 - r0), c0, k, s_enc, emul);
+        return;
+    }
     float ec[8], et = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; j++) ec[j] = 0.0f;
