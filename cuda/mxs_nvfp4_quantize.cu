@@ -180,13 +180,7 @@ struct NvQuant {
 
 /* 8 source elements f .. f+7 (all inside), DT / RT as nv_load8's. */
 template <int DT, int RT> __device__ __forceinline__ void nv_src8(const NvQuant &Q, int64_t f, float *x) {
-    uint4 raw[2];
-    if (Q.mis)
-        ld_vec8<true>(Q.T.src, DT, f, raw);
-    else
-        ld_vec8<false>(Q.T.src, DT, f, raw);
-    unpack8(x, raw, DT);
-    if (RT != MXS_F32) nv_round_through8(x, RT);
+    nv_vec8_load(Q.T.src, DT, f, RT, Q.mis, x);
 }
 
 /* The rows of a row-only 1x16 tile (its only pass; the common case): the
@@ -209,15 +203,7 @@ __device__ __forceinline__ void nv_quantize_rows1x16(const NvQuant &Q, int64_t r
 #pragma unroll 4
     for (int i = 0; i < n; i++) {
         float x[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, e[8];
-        if (active) {
-            uint4 raw[2];
-            if (Q.mis)
-                ld_vec8<true>(src, DT, 0, raw);
-            else
-                ld_vec8<false>(src, DT, 0, raw);
-            unpack8(x, raw, DT);
-            if (RT != MXS_F32) nv_round_through8(x, RT);
-        }
+        if (active) nv_vec8_load(src, DT, 0, RT, Q.mis, x);
         float a = 0.0f;
 #pragma unroll
         for (int j = 0; j < 8; j++) a = mxs_amax_step(a, x[j]);

@@ -62,6 +62,19 @@ __device__ __forceinline__ void nv_round_through8(float *x, int rt) {
     for (int k = 0; k < 8; k += 2) mxs_round_through2(&x[k], &x[k + 1], (mxs_dtype)rt);
 }
 
+/* The 8 source elements e .. e+7 of src (all inside): one 16-byte vector
+ * load, two for f32 (ld_vec8; mis: src only element-aligned, ld16_elems),
+ * widened and rounded through rt (MXS_F32: none) - every tile's row load. */
+__device__ __forceinline__ void nv_vec8_load(const void *src, int dtype, int64_t e, int rt, bool mis, float *x) {
+    uint4 raw[2];
+    if (mis)
+        ld_vec8<true>(src, dtype, e, raw);
+    else
+        ld_vec8<false>(src, dtype, e, raw);
+    unpack8(x, raw, dtype);
+    if (rt != MXS_F32) nv_round_through8(x, rt);
+}
+
 /* 8 nibbles E2M1(fl32(x[j] * e[j])) as 4 bytes, the even index low
  * (mxs_e2m1x8_from_f32: the packed form of the rule). */
 __device__ __forceinline__ uint32_t nv_cast8(const float *x, const float *e) {

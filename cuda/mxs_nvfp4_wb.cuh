@@ -174,13 +174,7 @@ constexpr int kNvAnyDtype = -1;
 template <int DT, int RT>
 __device__ __forceinline__ void nv_vec8(const NvHead &C, const NvItem &I, int64_t f, float *x) {
     const int dt = DT >= 0 ? DT : I.dtype, rt = DT >= 0 ? RT : nv_eff_rt(I.dtype, C.rt);
-    uint4 raw[2];
-    if (I.mis)
-        ld_vec8<true>(I.master, dt, f - I.start, raw);
-    else
-        ld_vec8<false>(I.master, dt, f - I.start, raw);
-    unpack8(x, raw, dt);
-    if (rt != MXS_F32) nv_round_through8(x, rt);
+    nv_vec8_load(I.master, dt, f - I.start, rt, I.mis, x);
 }
 
 /* The 8 elements f .. f+7 of a tile row (0 outside the shard): one vector

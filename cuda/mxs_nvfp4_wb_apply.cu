@@ -136,13 +136,7 @@ static __device__ __forceinline__ void nv_apply_whole(const NvHead &C, const NvI
             if (ri + h >= r1 || !active) continue;
             const float er = two_d ? et : ((lane & 1) == h ? mine : other);
             float x[8], e[8];
-            uint4 raw[2];
-            if (mis)
-                ld_vec8<true>(src + h * sstep, dt, 0, raw);
-            else
-                ld_vec8<false>(src + h * sstep, dt, 0, raw);
-            unpack8(x, raw, dt);
-            if (rt != MXS_F32) nv_round_through8(x, rt);
+            nv_vec8_load(src + h * sstep, dt, 0, rt, mis, x);
             if (drow) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
