@@ -151,18 +151,20 @@ __global__ void __launch_bounds__(kThreads)
  * code compiled for its planes: the kernel's registers are the max over the
  * three (ptxas: 80 instead of 93 for the runtime-planes tile; with masked
  * tiles 94 instead of 110). dirs is ROWWISE, COLWISE or BOTH (checked at
- * prepare). */
-template <unsigned PLANES, bool MIS, bool EDGES>
+ * prepare). WCOL: some item with a column-wise plane has wide units (its
+ * short last group, interior_wide_tile); without them that code is left
+ * out, and with it its registers (the plain kernel: 72 instead of 80). */
+template <unsigned PLANES, bool MIS, bool EDGES, bool WCOL>
 __device__ __forceinline__ void wb_interior_unit(const WbItem &it, int64_t local, TileSmem &sm) {
     if constexpr (PLANES == 0) {
         switch (it.job.planes) {
-        case MXS_ROWWISE: wb_interior_unit<MXS_ROWWISE, MIS, EDGES>(it, local, sm); return;
-        case MXS_COLWISE: wb_interior_unit<MXS_COLWISE, MIS, EDGES>(it, local, sm); return;
-        default: wb_interior_unit<MXS_BOTH, MIS, EDGES>(it, local, sm); return;
+        case MXS_ROWWISE: wb_interior_unit<MXS_ROWWISE, MIS, EDGES, WCOL>(it, local, sm); return;
+        case MXS_COLWISE: wb_interior_unit<MXS_COLWISE, MIS, EDGES, WCOL>(it, local, sm); return;
+        default: wb_interior_unit<MXS_BOTH, MIS, EDGES, WCOL>(it, local, sm); return;
         }
     }
     const int dtype = (int)it.job.src_dtype;
-    if (local >= it.wide_from) {
+    if ((WCOL || (PLANES & MXS_COLWISE) == 0) && local >= it.wide_from) {
         const int64_t g = it.gb - 1, tw = local - it.wide_from;
         if (it.wide_rpt == 2) {
             switch (dtype) {
@@ -211,21 +213,22 @@ __global__ void __launch_bounds__(kThreads, 4)
 /* The CTAs per SM an interior kernel is compiled for (ptxas then keeps it
  * within 65536 / (kThreads * n) registers). Measured (run 19): 7 for the
  * row-only kernels (72 registers either way, but without an 8-byte stack
- * frame: 262,144 fewer local-memory sectors at 8192^2, 2 % faster) and for
+ * frame: 262,144 fewer local-memory sectors at 8192^2, 2 % faster), for
  * those with masked tiles or element-aligned loads (88-94 registers -> 72:
- * the Megatron-like DP=8 rank 20 % faster despite spills); 6 for the plain
- * both-planes kernel, whose spills at 72 cost more than the 7th CTA gains
+ * the Megatron-like DP=8 rank 20 % faster despite spills) and for the plain
+ * kernel without wide column units (72 without spills); 6 for the plain
+ * kernel with them, whose spills at 72 cost more than the 7th CTA gains
  * (DP=1 8192^2: 113 vs 119 µs in ncu). */
-template <unsigned PLANES, bool MIS, bool EDGES> constexpr int interior_ctas_per_sm() {
-    return PLANES == 0 && !MIS && !EDGES ? 6 : 7;
+template <unsigned PLANES, bool MIS, bool EDGES, bool WCOL> constexpr int interior_ctas_per_sm() {
+    return PLANES == 0 && !MIS && !EDGES && WCOL ? 6 : 7;
 }
 
 /* The interior tiles of a fused partial (see WbItem::ga): units
  * [0, units). When no item has general-kernel tiles (tile_units == 0, so
  * unit_begin counts zero-fill units only), the partial's zero-fill runs here
  * too, as units [units, units + zero_units): one launch instead of two. */
-template <unsigned PLANES, bool MIS, bool EDGES>
-__global__ void __launch_bounds__(kThreads, interior_ctas_per_sm<PLANES, MIS, EDGES>())
+template <unsigned PLANES, bool MIS, bool EDGES, bool WCOL>
+__global__ void __launch_bounds__(kThreads, interior_ctas_per_sm<PLANES, MIS, EDGES, WCOL>())
     wb_interior_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units, int64_t zero_units,
                        uint8_t *status) {
     __shared__ TileSmem sm;
@@ -237,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, interior_ctas_per_sm<PLANES, MIS, ED
             continue;
         }
         const int64_t a = find_item<true>(items, n_items, u);
-        wb_interior_unit<PLANES, MIS, EDGES>(items[a], u - items[a].int_begin, sm);
+        wb_interior_unit<PLANES, MIS, EDGES, WCOL>(items[a], u - items[a].int_begin, sm);
     }
 }
 

@@ -229,6 +229,7 @@ uint64_t bucket_hash(const mxs_cuda_wb_bucket *bk) {
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->row_only);
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->misaligned);
     h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->edges);
+    h = mxs__fnv_u64(h, (uint64_t)(int64_t)bk->wide_cols);
     return h;
 }
 
@@ -236,7 +237,7 @@ uint64_t bucket_hash(const mxs_cuda_wb_bucket *bk) {
  * records per table_store launch); returns the unit counts. */
 mxs_status table_build(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *packed, int mode, WbItem *dev,
                        cudaStream_t stream, int64_t *units, int64_t *int_units, int64_t *tile_units, int *misaligned,
-                       int *has_edges) {
+                       int *has_edges, int *wide_cols) {
     WbStore chunk; /* ~30 KB on the host stack, copied into the launch's parameters */
     int64_t ro = 0, co = plan->row_region_bytes;
     *units = *int_units = *tile_units = 0;
@@ -251,6 +252,8 @@ mxs_status table_build(const mxs_wb_batch *b, const mxs_wb_plan *plan, uint8_t *
             wb_item_make(b, it, mode, packed, row_off, col_off, &w, &mis, &edges);
             if (mis) *misaligned = 1;
             if (edges) *has_edges = 1;
+            if (mode == MXS__JOB_PARTIAL && (it->primary.dirs & MXS_COLWISE) && w.wide_from < w.int_units)
+                *wide_cols = 1;
             w.unit_begin = *units;
             w.int_begin = *int_units;
             *units += w.tile_units + w.extra_units;
@@ -300,7 +303,7 @@ mxs_status prepare(mxs_cuda_wb_bucket *bucket, const mxs_wb_batch *b, const mxs_
         if (!(want & (1u << p)) || b->n_items == 0) continue;
         WbItem *dev = static_cast<WbItem *>(workspace) + (int64_t)p * b->n_items;
         s = table_build(b, plan, packed, p == PHASE_PARTIAL ? MXS__JOB_PARTIAL : MXS__JOB_APPLY, dev, stream,
-                        &bk.units[p], &bk.int_units[p], &bk.tile_units[p], &bk.misaligned, &bk.edges);
+                        &bk.units[p], &bk.int_units[p], &bk.tile_units[p], &bk.misaligned, &bk.edges, &bk.wide_cols);
         if (s != MXS_OK) return s;
         bk.table[p] = dev;
     }
@@ -328,7 +331,7 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
 
 /* One phase's launches (see mxs_wb_kernels.cuh). status: the group status
  * byte the partial zeroes (NULL for apply). */
-template <int MODE, unsigned PLANES, bool MIS, bool EDGES>
+template <int MODE, unsigned PLANES, bool MIS, bool EDGES, bool WCOL = false>
 void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units,
                uint8_t *status, cudaStream_t stream) {
     if (MODE == MXS__JOB_PARTIAL && int_units > 0 && tile_units > 0) {
@@ -337,7 +340,7 @@ void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t un
          * keep the interior kernel's registers (one kernel for both would
          * run them at run_tile's 128); the zero-fill goes with the general
          * kernel's units */
-        wb_interior_kernel<PLANES, MIS, EDGES>
+        wb_interior_kernel<PLANES, MIS, EDGES, WCOL>
             <<<grid_for(int_units), kThreads, 0, stream>>>(dev, n_items, int_units, 0, status);
         wb_kernel<MODE, PLANES, MIS><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, nullptr);
         return;
@@ -346,7 +349,7 @@ void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t un
         /* no general-kernel tiles: the zero-fill units ride along in the
          * interior launch */
         const int64_t zu = MODE == MXS__JOB_PARTIAL && tile_units == 0 ? units : 0;
-        wb_interior_kernel<PLANES, MIS, EDGES>
+        wb_interior_kernel<PLANES, MIS, EDGES, WCOL>
             <<<grid_for(int_units + zu), kThreads, 0, stream>>>(dev, n_items, int_units, zu, status);
         units -= zu;
         status = nullptr;
@@ -355,7 +358,18 @@ void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t un
     wb_kernel<MODE, PLANES, MIS><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, status);
 }
 
-/* The kernels of the bucket's kind: row-only or not, misaligned loads or not. */
+/* The kernels of the bucket's kind: row-only or not, misaligned loads or
+ * not, masked tiles or not; a bucket that is not row-only also by whether an
+ * item with a column-wise plane has wide units (WCOL). */
+template <int MODE, bool MIS, bool EDGES>
+void mixed_launch(const mxs_cuda_wb_bucket *bk, const WbItem *dev, int64_t int_units, int64_t units, int64_t tile_units,
+                  uint8_t *status, cudaStream_t stream) {
+    if (MODE == MXS__JOB_PARTIAL && bk->wide_cols)
+        wb_launch<MODE, 0, MIS, EDGES, true>(dev, bk->n_items, int_units, units, tile_units, status, stream);
+    else
+        wb_launch<MODE, 0, MIS, EDGES>(dev, bk->n_items, int_units, units, tile_units, status, stream);
+}
+
 template <int MODE>
 void phase_launch(const mxs_cuda_wb_bucket *bk, const WbItem *dev, int64_t int_units, int64_t units, int64_t tile_units,
                   uint8_t *status, cudaStream_t stream) {
@@ -372,13 +386,13 @@ void phase_launch(const mxs_cuda_wb_bucket *bk, const WbItem *dev, int64_t int_u
     else if (bk->row_only)
         wb_launch<MODE, MXS_ROWWISE, false, false>(dev, n, int_units, units, tile_units, status, stream);
     else if (bk->misaligned && e)
-        wb_launch<MODE, 0, true, true>(dev, n, int_units, units, tile_units, status, stream);
+        mixed_launch<MODE, true, true>(bk, dev, int_units, units, tile_units, status, stream);
     else if (bk->misaligned)
-        wb_launch<MODE, 0, true, false>(dev, n, int_units, units, tile_units, status, stream);
+        mixed_launch<MODE, true, false>(bk, dev, int_units, units, tile_units, status, stream);
     else if (e)
-        wb_launch<MODE, 0, false, true>(dev, n, int_units, units, tile_units, status, stream);
+        mixed_launch<MODE, false, true>(bk, dev, int_units, units, tile_units, status, stream);
     else
-        wb_launch<MODE, 0, false, false>(dev, n, int_units, units, tile_units, status, stream);
+        mixed_launch<MODE, false, false>(bk, dev, int_units, units, tile_units, status, stream);
 }
 
 mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stream) {

@@ -110,6 +110,7 @@ typedef struct mxs_cuda_wb_bucket {
     int row_only;   /* every item is row-only */
     int misaligned; /* some item's vector loads are only element-aligned */
     int edges;      /* some item's partial has masked interior tiles (a shard edge inside a 32-row group) */
+    int wide_cols;  /* some item with a column-wise plane has a short last group in wide interior units */
 } mxs_cuda_wb_bucket;
 
 #define MXS_CUDA_WB_BUCKET_MAGIC 0x316B637542736D78ull /* "mxsBuck1" */
