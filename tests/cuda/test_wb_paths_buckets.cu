@@ -29,6 +29,7 @@ struct BucketCfg {
     mxs_dtype rt;
     mxs_rounding rounding;
     bool oneshot;
+    int64_t rows = 0, cols = 0; /* every item's shape; 0: random (bucket_shape) */
 };
 
 static void run_bucket(const BucketCfg &b, int max_items) {
@@ -48,6 +49,7 @@ static void run_bucket(const BucketCfg &b, int max_items) {
     for (int i = 0; i < nitems; i++) {
         Weight w;
         bucket_shape(i, &w.rows, &w.cols);
+        if (b.rows > 0) w.rows = b.rows, w.cols = b.cols;
         w.dirs = b.dirs ? (unsigned)b.dirs : (unsigned)rnd_in(1, 3);
         w.layout = (mxs_scale_layout)(b.layout >= 0 ? b.layout : (int)(rnd() % 3));
         w.dtype = (mxs_dtype)(b.dtype >= 0 ? b.dtype : (int)(rnd() % 3));
@@ -96,6 +98,12 @@ void group_buckets(void) {
         {300, 3, MXS_WB_FUSED, -1, 0, -1, MXS_BF16, MXS_ROUND_FLOOR, false},
         {300, 8, MXS_WB_STRICT, 2, 0, MXS_F32, MXS_BF16, MXS_ROUND_CEIL, false},
         {300, 8, MXS_WB_FUSED, -1, 0, MXS_F32, MXS_BF16, MXS_ROUND_CEIL, false},
+        /* fixed shapes, so that both interior kernels of a bucket with
+         * column-wise planes run (mxs_cuda_wb_bucket.wide_cols): 41-row
+         * weights have a 9-row last group in wide units, 64-row ones none */
+        {12, 2, MXS_WB_FUSED, 0, 3, MXS_F32, MXS_BF16, MXS_ROUND_CEIL, false, 41, 256},
+        {12, 2, MXS_WB_FUSED, 1, 3, MXS_F32, MXS_BF16, MXS_ROUND_CEIL, false, 64, 256},
+        {12, 3, MXS_WB_FUSED, 2, 0, MXS_F32, MXS_BF16, MXS_ROUND_FLOOR, false, 64, 384},
     };
     /* under the sanitizers: every other bucket, at most 60 items but for one of 300 */
     int k = 0;
