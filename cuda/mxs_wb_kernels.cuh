@@ -211,16 +211,18 @@ __global__ void __launch_bounds__(kThreads, 4)
 }
 
 /* The CTAs per SM an interior kernel is compiled for (ptxas then keeps it
- * within 65536 / (kThreads * n) registers). Measured (run 19): 7 for the
- * row-only kernels (72 registers either way, but without an 8-byte stack
- * frame: 262,144 fewer local-memory sectors at 8192^2, 2 % faster), for
- * those with masked tiles or element-aligned loads (88-94 registers -> 72:
- * the Megatron-like DP=8 rank 20 % faster despite spills) and for the plain
- * kernel without wide column units (72 without spills); 6 for the plain
- * kernel with them, whose spills at 72 cost more than the 7th CTA gains
- * (DP=1 8192^2: 113 vs 119 µs in ncu). */
+ * within 65536 / (kThreads * n) registers). Measured (runs 19-19c in
+ * bench/RESULTS.md): 7 for the row-only kernels (72 registers either way,
+ * but without an 8-byte stack frame: 262,144 fewer local-memory sectors at
+ * 8192^2, 2 % faster), for those with element-aligned loads (88-94
+ * registers -> 72: the Megatron-like DP=8 rank 20 % faster despite spills;
+ * at 6, 5 % slower again) and for the plain kernel without wide column
+ * units (72 without spills); 6 for the plain kernel with them, whose spills
+ * at 72 cost more than the 7th CTA gains (DP=1 8192^2: 113 vs 119 µs in
+ * ncu), and for the masked kernel with aligned loads (start+13 both planes
+ * 4-6 % faster than at 7 on three of four shapes). */
 template <unsigned PLANES, bool MIS, bool EDGES, bool WCOL> constexpr int interior_ctas_per_sm() {
-    return PLANES == 0 && !MIS && !EDGES && WCOL ? 6 : 7;
+    return PLANES == 0 && !MIS && (EDGES || WCOL) ? 6 : 7;
 }
 
 /* The interior tiles of a fused partial (see WbItem::ga): units
