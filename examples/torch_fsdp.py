@@ -21,6 +21,7 @@ mxshard added (at most one small all-reduce per step) and, with --save, a
 DCP checkpoint of model and optimizer (get_state_dict: plain tensors).
 """
 import argparse
+import gc
 import os
 import sys
 import time
@@ -87,9 +88,6 @@ class _WireBytes:
 
 
 def run(args):
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     if args.device == "cuda":
         local = int(os.environ.get("LOCAL_RANK", 0))
         torch.cuda.set_device(local)
@@ -98,6 +96,22 @@ def run(args):
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo")
+    ok = train(args, device)
+    # FSDP2's modules are reference cycles that hold the process group: free
+    # them now, while the group is alive. Left to the interpreter's exit,
+    # gloo's teardown can abort the process ("terminate called without an
+    # active exception") after a run that went well.
+    gc.collect()
+    dist.barrier()   # no rank tears down while another still talks to it
+    dist.destroy_process_group()
+    return ok
+
+
+def train(args, device):
+    """Build, shard, train and (with --save) checkpoint; True when the loss fell."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # every rank builds the same initial model
 
@@ -146,7 +160,6 @@ def run(args):
         print(f"torch_fsdp: loss {first:.4f} -> {last:.4f} in {args.steps} steps ({seconds * 1e3:.1f} ms/step); "
               f"all-gather bytes sent by rank 0: {wire.bytes}; mxshard collectives: {extras}"
               + (f"; checkpoint: {args.save}" if args.save else ""), flush=True)
-    dist.destroy_process_group()
     ok = last < first
     if not ok:
         print(f"torch_fsdp: rank {rank}: FAILED (loss {first} -> {last})", file=sys.stderr)
