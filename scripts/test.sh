@@ -9,11 +9,18 @@
 #                                    tests, every CUDA kernel compiled and
 #                                    linked (their tests skip without a GPU,
 #                                    and say so), packaging and examples
-#   scripts/test.sh --quick          CPU only (-Dcuda=disabled; build dir
+#   scripts/test.sh --quick          CPU only, under a minute on 2 cores
+#                                    (-Dcuda=disabled -Dbench=false; build dir
 #                                    build-quick): no nvcc, no torch (the
 #                                    torch tests skip even where torch is
-#                                    installed), about a minute on 2 cores
+#                                    installed), no `slow` suite (the 2^32
+#                                    E2M1 sweep, the rank simulation), no
+#                                    pip-install checks
 #   scripts/test.sh --suite cpu      other arguments go to `meson test`
+#
+# torch is never installed by this script (a multi-GB download): without it
+# every torch test skips and says so (pytest -rs), and the first lines say
+# how to run them (`python3 -m pip install torch`; .ci/run installs it).
 #
 # Environment: MXS_BUILDDIR (build dir; default build, or build-quick with
 # --quick), MXS_SM_ARCHS (e.g. 90 or 90,100; default: meson_options.txt's
@@ -55,7 +62,10 @@ fi
 
 if [ "$quick" = 1 ]; then builddir=${MXS_BUILDDIR:-build-quick}; else builddir=${MXS_BUILDDIR:-build}; fi
 opts=(-Dtests=enabled -Ddefault_library=both --wrap-mode=nodownload)
-if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled); else opts+=(-Dcuda=auto); fi
+if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled -Dbench=false); else opts+=(-Dcuda=auto); fi
+# --quick leaves out the `slow` suite (meson test arguments given: those instead)
+quick_test=()
+[ "$quick" = 1 ] && [ ${#test_args[@]} -eq 0 ] && quick_test=(--no-suite slow)
 if [ -n "${MXS_SM_ARCHS:-}" ]; then opts+=("-Dsm_archs=$MXS_SM_ARCHS"); fi
 if [ -n "${MXS_CUDA_CODE:-}" ]; then opts+=("-Dgpu_code=$MXS_CUDA_CODE"); fi
 
@@ -110,7 +120,15 @@ say "also: packaging (install to a temp dir, link with pkg-config; the meson-sub
 if [ -f scripts/test-python.sh ]; then
   if [ ${#test_args[@]} -eq 0 ]; then say "then: scripts/test-python.sh (the Python package)"
   else say "not running scripts/test-python.sh: meson test arguments given (${test_args[*]})"; fi
+  if [ "$quick" = 1 ]; then
+    say "torch: off for --quick (its tests skip, each saying why)"
+  elif tv=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+    say "torch $tv: the torch tests (CPU tensors, 2-process gloo) run"
+  else
+    say "torch: not installed, so the torch tests SKIP, each saying why; this script never installs it (a multi-GB download): python3 -m pip install 'torch==2.11.*' runs them (.ci/run does)"
+  fi
 fi
+[ "$quick" = 1 ] && say "--quick: no \`slow\` suite (meson test --no-suite slow), no pip-install checks; scripts/test.sh runs everything"
 
 # ---- style (warning only unless MXS_FORMAT_CHECK=strict) --------------------
 format_rc=0
@@ -168,7 +186,7 @@ if [ -f scripts/test-python.sh ] && [ ${#test_args[@]} -eq 0 ] && [ "$gpus" -eq 
   meson compile -C "$builddir" mxshard_host >/dev/null
   py_log=$builddir/test-python.log
   py_t0=$SECONDS
-  (MXS_BUILDDIR=$builddir MXS_PY_NO_TORCH=$quick MXS_PY_BUILT=1 bash scripts/test-python.sh >"$py_log" 2>&1
+  (MXS_BUILDDIR=$builddir MXS_PY_NO_TORCH=$quick MXS_PY_QUICK=$quick MXS_PY_BUILT=1 bash scripts/test-python.sh >"$py_log" 2>&1
    echo $? >"$py_log.rc") &
   py_pid=$!
   py_bg=1
@@ -185,7 +203,7 @@ say "build: $((SECONDS - t0)) s"
 
 t0=$SECONDS
 rc=0
-"${bg[@]}" meson test -C "$builddir" --print-errorlogs "${test_args[@]}" || rc=$?
+"${bg[@]}" meson test -C "$builddir" --print-errorlogs "${quick_test[@]}" "${test_args[@]}" || rc=$?
 say "meson test: $((SECONDS - t0)) s (exit $rc)"
 # Why each skipped test skipped: the reason its TAP plan gave ("1..0 # SKIP
 # reason"; meson keeps it in the log, its console line says only SKIP).
@@ -211,7 +229,7 @@ if [ "$py_bg" = 1 ]; then
   say "scripts/test-python.sh (beside the build): $((SECONDS - py_t0)) s"
 elif [ -f scripts/test-python.sh ] && [ ${#test_args[@]} -eq 0 ]; then
   t0=$SECONDS
-  MXS_BUILDDIR=$builddir MXS_PY_NO_TORCH=$quick bash scripts/test-python.sh || rc=1
+  MXS_BUILDDIR=$builddir MXS_PY_NO_TORCH=$quick MXS_PY_QUICK=$quick bash scripts/test-python.sh || rc=1
   say "scripts/test-python.sh: $((SECONDS - t0)) s"
 fi
 [ "$format_rc" = 0 ] || rc=1

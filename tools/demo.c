@@ -55,7 +55,7 @@ static void usage(FILE *out) {
                  "                          all-reduce of block amaxes per update; even shard\n"
                  "                          boundaries; memory and wire tables for NVFP4 vs MXFP8\n"
                  "                          vs BF16 (cpu only; no --json, --rounding)\n"
-                 "  --block 1x16|16x16      NVFP4 block shape (default 16x16 tiles, as TE)\n"
+                 "  --block 1x16|16x16      NVFP4 block shape (default 1x16, as mxshard.torch.convert)\n"
                  "  -h, --help              this text\n");
 }
 
@@ -112,7 +112,7 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
     o->row_only_fraction = 0.5;
     o->rounding = MXS_ROUND_CEIL;
     o->seed = 1;
-    o->nvfp4_block = MXS_NVFP4_16X16;
+    o->nvfp4_block = MXS_NVFP4_1X16; /* one default everywhere: docs/torch.md says why */
     opterr = 0; /* our own messages (bad_flag) */
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {

@@ -25,7 +25,7 @@ typedef struct demo_opts {
     int cuda;
     int ranks_set;               /* --ranks was given (caps the GPU count with --device cuda) */
     int nvfp4;                   /* --format nvfp4 (default mxfp8) */
-    mxs_nvfp4_block nvfp4_block; /* --block 1x16|16x16 (default 16x16, as TE) */
+    mxs_nvfp4_block nvfp4_block; /* --block 1x16|16x16 (default 1x16, as convert()) */
 } demo_opts;
 
 /* Fills w[] with the bucket (7 weights per layer); returns the count. */

@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch.fsdp_geometry: FSDP2's dim-0 shards and the blocks they cut,
+"""mxshard.fsdp_geometry: FSDP2's dim-0 shards and the blocks they cut,
 checked against torch.chunk (when torch is here) and against a brute-force
 walk over every row (pure Python, always)."""
 import random
 
 import pytest
 
-from mxshard.torch import fsdp_geometry as G
+from mxshard import fsdp_geometry as G
 
 
 def _brute_touch(rows, world, h):

@@ -15,7 +15,7 @@ from conftest import torch_lib_or_skip
 
 def _simulate(torch, spec, master, world, versions=1):
     """Every rank's unit, the reduction, apply; returns (units, {plane: per-rank send tuples})."""
-    from mxshard.torch import fsdp_geometry as G
+    from mxshard import fsdp_geometry as G
     from mxshard.torch.fsdp_master import WeightMeta
     from mxshard.torch.fsdp_units import WeightUnit, shared_entry_count
     R, C = master.shape
@@ -87,7 +87,7 @@ def test_gathered_planes_equal_the_whole_tensor_quantize(seed):
 def test_nvfp4_gathered_planes_equal_the_whole_tensor_quantize(seed):
     torch = torch_lib_or_skip()
     import mxshard
-    from mxshard.torch import fsdp_geometry as G
+    from mxshard import fsdp_geometry as G
     from mxshard.torch.fsdp_linear import make_spec
     from mxshard.torch.fsdp_units import scratch_bytes
     rnd = random.Random(1000 + seed)

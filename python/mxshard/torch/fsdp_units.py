@@ -38,7 +38,7 @@ from ..nvfp4_writeback import NVFP4BucketWriteback
 from ..ops import convert_scales_built
 from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
-from . import fsdp_geometry as G
+from .. import fsdp_geometry as G
 
 __all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported"]
 
