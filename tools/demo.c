@@ -112,7 +112,8 @@ static int parse_args(int argc, char **argv, demo_opts *o) {
     o->row_only_fraction = 0.5;
     o->rounding = MXS_ROUND_CEIL;
     o->seed = 1;
-    o->nvfp4_block = MXS_NVFP4_1X16; /* one default everywhere: docs/torch.md says why */
+    /* one NVFP4 default everywhere (convert() too): docs/torch.md says why */
+    o->nvfp4_block = MXS_NVFP4_1X16;
     opterr = 0; /* our own messages (bad_flag) */
     optind = 1;
     while ((c = getopt_long(argc, argv, ":h", longopts, NULL)) != -1) {
