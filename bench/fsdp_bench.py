@@ -11,7 +11,7 @@ fc2 h->d), a dense head; every block its own fully_shard, the root another,
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). Variants:
 
     fsdp-bf16      plain FSDP2: the weights travel as BF16
-    fsdp-mx-row    convert(fsdp=True): fc1 and fc2 row-only MXFP8
+    fsdp-mx-row    convert(): fc1 and fc2 row-only MXFP8
     fsdp-mx-both   fc1 "both", fc2 row-only
     fsdp-nv-row    fc1 and fc2 row-only NVFP4 1x16
     sharded-row    ShardedOptimizer, fc1 and fc2 row-only MXFP8Linear (memory only)
@@ -78,11 +78,11 @@ def build(variant, args, device):
     torch.manual_seed(0)
     m = Model(args.vocab, args.hidden, args.ffn, args.blocks).to(device)
     if variant == "fsdp-mx-row":
-        mxt.convert(m, {"blocks.*.fc*": "row"}, fsdp=True)
+        mxt.convert(m, {"blocks.*.fc*": "row"})
     elif variant == "fsdp-mx-both":
-        mxt.convert(m, {"blocks.*.fc1": "both", "blocks.*.fc2": "row"}, fsdp=True)
+        mxt.convert(m, {"blocks.*.fc1": "both", "blocks.*.fc2": "row"})
     elif variant == "fsdp-nv-row":
-        mxt.convert(m, {"blocks.*.fc*": "row"}, format="nvfp4", fsdp=True)
+        mxt.convert(m, {"blocks.*.fc*": "row"}, format="nvfp4")
     elif variant == "sharded-row":
         m = m.to(torch.bfloat16)
         mxt.convert(m, {"blocks.*.fc*": "row"})

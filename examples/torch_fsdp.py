@@ -9,7 +9,7 @@ torch.optim and DCP as usual; the weights travel as MXFP8 bytes.
 
 The recipe (the model is an ordinary nn.Module with fp32 parameters):
 
-    mxt.convert(model, {"blocks.*.fc1": "both", "blocks.*.fc2": "row"}, fsdp=True)
+    mxt.convert(model, {"blocks.*.fc1": "both", "blocks.*.fc2": "row"})
     for block in model.blocks: fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=...)     # any torch.optim optimizer, schedulers as usual
@@ -117,7 +117,7 @@ def train(args, device):
 
     model = TinyLM(args.vocab, args.window, args.d, args.hidden, args.blocks).to(device)   # fp32 masters
     mxt.convert(model, {"blocks.*.fc1": "both", "blocks.*.fc2": "row", "mix": "row"}, format=args.format,
-                layout=args.layout, fsdp=True)
+                layout=args.layout)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     mesh = init_device_mesh(device.type, (world,))   # explicit: FSDP2's default is the GPU's if there is one
     for b in model.blocks:

@@ -78,12 +78,12 @@ def run(args):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # every rank builds the same initial model
 
-    # a bf16 model (MXFP8Linear computes and returns compute_dtype, bf16 by default);
-    # the optimizer keeps FP32 masters of everything
+    # a bf16 model (a converted linear computes in compute_dtype, bf16 by default, and returns its
+    # input's dtype); the optimizer keeps FP32 masters of everything
     model = WindowLM(args.vocab, args.window, args.d, args.hidden, args.blocks).to(device, torch.bfloat16)
     mxt.convert(model, {"blocks.*.up": "both", "blocks.*": "row", "inp": "row"}, layout=args.layout)
+    # the converted weights are Parameters like any other: one list names them all
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "emb" not in n]
-    decay += [m for m in model.modules() if mxt.is_mxfp8(m)]
     opt = mxt.ShardedOptimizer(
         model, lambda groups: torch.optim.AdamW(groups, lr=args.lr, weight_decay=0.0),
         param_groups=[{"params": decay, "weight_decay": 0.05}],

@@ -56,9 +56,22 @@ class TiedLM(nn.Module):
 
 
 def converted(seed, fmt, block, planes, layout, tied=True):
+    """A converted model whose linears hold their primaries as byte buffers: ShardedOptimizer's
+    storage (adopt_param_linears, what its construction does), the modules a byte load targets."""
+    return as_byte_linears(param_converted(seed, fmt, block, planes, layout, tied))
+
+
+def param_converted(seed, fmt, block, planes, layout, tied=True):
+    """convert()'s model: MXFP8ParamLinear / NVFP4ParamLinear (weight = the master)."""
     kw = {"block": block} if fmt == "nvfp4" else {}
     return mxt.convert(TiedLM(seed, tied=tied), planes, format=fmt, layout=layout, skip="head",
                        compute_dtype=torch.float32, **kw)
+
+
+def as_byte_linears(model):
+    from mxshard.torch._optim_adopt import adopt_param_linears
+    adopt_param_linears(model, [])
+    return model
 
 
 def u8(t):
@@ -192,14 +205,24 @@ def test_load_safetensors_rejects_other_options_before_writing(tmp_path):
     assert tuple(load_safetensors(path, lm, strict=False)) == (["extra.weight", "extra.bias"], [])
 
 
-def test_dense_file_into_converted_model_says_load_before_convert(tmp_path):
+def test_dense_file_into_converted_model(tmp_path):
+    """A dense file loads into a convert()ed model as it is (the masters); into ShardedOptimizer's
+    byte-buffer linears it raises, the fix first and once, then the weights it concerns."""
     path = str(tmp_path / "dense.safetensors")
     export_safetensors(path, TiedLM(0))
+    conv = param_converted(1, "mxfp8", None, "row", "padded")
+    assert tuple(load_safetensors(path, conv)) == ([], [])
+    conv.load_state_dict(st.load_file(path), strict=False)
+    assert torch.equal(conv.up.weight, TiedLM(0).up.weight)
     dst = converted(1, "mxfp8", None, "row", "padded")
-    with pytest.raises(CheckpointMismatchError, match=r"before mxshard.torch.convert\(\)"):
+    with pytest.raises(CheckpointMismatchError, match=r"^load_safetensors: load the file before ShardedOptimizer"):
         load_safetensors(path, dst)
-    with pytest.raises(RuntimeError, match=r"up.weight: a dense weight for a MXFP8Linear.*set_master_"):
+    with pytest.raises(RuntimeError) as ei:
         dst.load_state_dict(st.load_file(path), strict=False)
+    msg = str(ei.value).split("\n\t")
+    assert msg[1].startswith("Load dense weights into the model before ShardedOptimizer") and "set_master_" in msg[1]
+    assert [m.split()[0] for m in msg[2:]] == ["up.weight", "down.weight"]
+    assert len(str(ei.value)) < 600 and str(ei.value).count("load_safetensors") == 1
     plain = TiedLM(2)
     load_safetensors(path, plain)    # a dense file into a plain model: as load_state_dict
     assert_same_state(plain, TiedLM(0))

@@ -64,14 +64,15 @@ def test_fsdp_features_train_and_stay_exact(phase_a):
 
 def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "failure", (2,))
-    assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised"}, out
-    assert out[(2, 1)] == {"partial": "local", "mismatch": "raised"}, out
+    assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised", "policy": "raised"}, out
+    assert out[(2, 1)] == {"partial": "local", "mismatch": "raised", "policy": "raised"}, out
 
 
 def test_unsupported_configurations_fail_clearly(phase_a):
     out = H.case_results(phase_a, "unsupported", (2,))
     for o in out.values():
         assert o["shard1"] == o["sharded"] == o["replaced"] == o["own_groups"] == o["ranks"] == "ok", o
+        assert o["convert_late"] == o["data_write"] == o["data_write_after"] == "ok", o
         # CPUOffloadPolicy on CPU tensors gathers the shard itself (nothing is copied): it works; on a
         # GPU the device copy FSDP2 gathers is rejected (MXS_FSDP_DEVICE=cuda, scripts/gpu-fsdp.sh)
         assert o["offload"] == ("ok" if os.environ.get("MXS_FSDP_DEVICE") == "cuda" else "no error"), o
@@ -103,3 +104,12 @@ def test_sharded_optimizer_and_fsdp2_hold_the_same_bytes(phase_a):
     torch.optim.AdamW: every plane FSDP2 gathers equals ShardedOptimizer's primary, every step."""
     out = H.case_results(phase_a, "vs_sharded", (2,))
     assert all(o["compared"] == 3 * 2 * 3 for o in out.values()), out
+
+
+def test_fsdp2_model_exports_the_bytes_its_forward_gathers(phase_a):
+    """export_safetensors on every rank of an FSDP2 model: the file's planes are the ones FSDP2
+    gathers for the forward after the step, byte for byte (MXFP8 and NVFP4, every layout)."""
+    import torch_fsdp_cases as F
+    out = H.case_results(phase_a, "export", (2,))
+    for o in out.values():
+        assert o.get("skipped") or o["checked"] == len(F.MODULES), o

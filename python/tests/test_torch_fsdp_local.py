@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""MXFP8ParamLinear (convert(..., fsdp=True)) without FSDP2, in this process:
+"""MXFP8ParamLinear (convert(...)) without FSDP2, in this process:
 what a torch user does to an nn.Linear and its weight Parameter works, the
 forward reads exactly the whole-tensor quantize of the master, and what
 cannot work fails with a message that says what to do. Skips without torch
@@ -25,7 +25,7 @@ def _model(torch, planes="row", layout="padded", dtype=None, **kw):
     if dtype is not None:
         m = m.to(dtype)
     import mxshard.torch as mxt
-    return mxt.convert(m, {"0": planes, "2": "row"}, fsdp=True, layout=layout, compute_dtype=torch.float32, **kw)
+    return mxt.convert(m, {"0": planes, "2": "row"}, layout=layout, compute_dtype=torch.float32, **kw)
 
 
 def _whole(torch, mxshard, lin, plane="row"):
@@ -139,7 +139,7 @@ def test_convert_strict_rejects_patterns_that_match_nothing():
         mxt.convert(m, "row", skip="nothing.*")
     assert mxt.convert(m, {"block.*.mlp": "row"}, strict=False) is m     # nothing converted, allowed
     assert type(m.blocks[0]["mlp"]) is nn.Linear
-    mxt.convert(m, {"blocks.*.mlp": "row"}, fsdp=True)
+    mxt.convert(m, {"blocks.*.mlp": "row"})
     assert all(mxt.is_param_linear(b["mlp"]) for b in m.blocks)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from conftest import cuda_or_skip  # noqa: E402
 from mxshard.torch import _gemm  # noqa: E402
+import mxshard.torch as mxt  # noqa: E402
 from mxshard.torch.linear import MXFP8Linear, is_mxfp8  # noqa: E402
 from mxshard.torch.convert import convert  # noqa: E402
 
@@ -80,8 +81,9 @@ def test_forward_is_linear_of_row_plane(layout, planes, dtype):
         y = m(x)
         w = deq(m, "row", dtype)
         b = m.bias.to(dtype) if m.bias is not None else None
-        assert y.shape == (*lead, outf) and y.dtype == dtype
-        assert same(y, F.linear(x.to(dtype), w, b)), (inf, outf, lead)
+        # computed in the compute dtype, returned in the input's (as nn.Linear; issue 34 item 12)
+        assert y.shape == (*lead, outf) and y.dtype == x.dtype
+        assert same(y, F.linear(x.to(dtype), w, b).to(x.dtype)), (inf, outf, lead)
         ref = torch.matmul(x.to(torch.float64), w.double().t()) + (b.double() if b is not None else 0)
         tol = 1e-5 if dtype == torch.float32 else 3e-2
         assert torch.allclose(y.double(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item()))
@@ -96,8 +98,11 @@ def test_forward_casts_and_validates():
     m = make(40, 24, "row", "padded", torch.bfloat16, 0)
     x = torch.randn(4, 40, dtype=torch.float16)
     y = m(x)
-    assert y.dtype == torch.bfloat16
-    assert same(y, F.linear(x.to(torch.bfloat16), deq(m, "row", torch.bfloat16), m.bias.to(torch.bfloat16)))
+    assert y.dtype == torch.float16   # the input's dtype, as nn.Linear returns
+    assert same(y, F.linear(x.to(torch.bfloat16), deq(m, "row", torch.bfloat16),
+                            m.bias.to(torch.bfloat16)).to(torch.float16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):   # inside autocast: autocast's dtype, as nn.Linear
+        assert m(x).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="in_features=40"):
         m(torch.randn(4, 41))
     with pytest.raises(ValueError, match="last dim"):
@@ -376,6 +381,11 @@ def linear_names(model):
             for n, m in model.named_modules() if isinstance(m, (nn.Linear, MXFP8Linear))}
 
 
+def pdeq(m, dtype):
+    """The row plane a convert()ed linear (MXFP8ParamLinear) multiplies by."""
+    return mxt.dequantized_weight(m, dtype)
+
+
 def test_convert_policies():
     torch.manual_seed(0)
     net = Net()
@@ -419,23 +429,22 @@ def test_convert_forward_and_master_init():
             lin = orig.get_submodule(name)
             assert (mod.in_features, mod.out_features, mod.layout, mod.rounding, mod.compute_dtype) == \
                 (lin.in_features, lin.out_features, "compact", "floor", dtype)
-            assert same(mod.master_init(), lin.weight.detach())  # the original fp32 weight, bitwise
+            assert same(mod.weight.detach()._data, lin.weight.detach())  # the master: the original weight, bitwise
             assert (mod.bias is None) == (lin.bias is None)
             if lin.bias is not None:
                 assert same(mod.bias.detach(), lin.bias.detach())
             ref = copy.deepcopy(lin).to(dtype)
             with torch.no_grad():
-                ref.weight.copy_(deq(mod, "row", dtype))
+                ref.weight.copy_(pdeq(mod, dtype))
             x = torch.randn(2, 3, lin.in_features)
-            assert same(mod(x), ref(x.to(dtype))), name
-            mod.release_master_init()
-            assert same(mod.master_init(), deq(mod, "row", torch.float32))
-    # the model trains end to end: every MXFP8 weight gets a main_grad
+            assert same(mod(x), ref(x.to(dtype)).float()), name
+    # the model trains end to end: every MXFP8 weight is a Parameter and gets its .grad
     model = convert(copy.deepcopy(net), {"blocks.*": "both", "*": "row"}, compute_dtype=torch.float32)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in net.parameters())
     model(torch.randn(4, 7)).sum().backward()
     for mod in model.modules():
         if is_mxfp8(mod):
-            assert mod.main_grad is not None and mod.main_grad.abs().sum() > 0
+            assert mod.weight.grad is not None and mod.weight.grad.abs().sum() > 0
 
 
 def test_convert_same_bias_parameter_and_edge_cases():
@@ -447,7 +456,7 @@ def test_convert_same_bias_parameter_and_edge_cases():
     # the root itself
     root = nn.Linear(4, 4)
     new = convert(root, "row")
-    assert is_mxfp8(new) and same(new.master_init(), root.weight.detach())
+    assert is_mxfp8(new) and same(new.weight.detach()._data, root.weight.detach())
     assert convert(root, "dense") is root
     # a module used under two names stays one module
     shared = nn.Linear(4, 4)
@@ -483,7 +492,7 @@ def test_module_to_keeps_planes_and_fp32_master():
     assert m.bias.dtype == torch.float16 and m.master_init().dtype == torch.float32
     x = torch.randn(2, 40)
     y = m(x)
-    assert same(y, F.linear(x.to(torch.bfloat16), deq(m, "row", torch.bfloat16), m.bias.to(torch.bfloat16)))
+    assert same(y, F.linear(x.to(torch.bfloat16), deq(m, "row", torch.bfloat16), m.bias.to(torch.bfloat16)).float())
     assert m.primary.row_data is m.row_data
 
 

@@ -60,7 +60,7 @@ class Net(nn.Module):
 
 
 def build(seed=0, modules=MODULES, dense=True):
-    """One nn.Linear (no bias: see the module doc) per entry, converted with fsdp=True, plus a dense
+    """One nn.Linear (no bias: see the module doc) per entry, converted, plus a dense
     nn.Linear "f" with a bias (a plain FSDP2 parameter beside them)."""
     torch.manual_seed(seed)
     m = Net()
@@ -71,7 +71,7 @@ def build(seed=0, modules=MODULES, dense=True):
     m = m.to(dev())
     for name, fmt, planes, layout, opt, _ in modules:
         kw = {"rounding": opt} if fmt == "mxfp8" else {"block": opt}
-        mxt.convert(m, {name: planes}, format=fmt, layout=layout, fsdp=True, **kw)
+        mxt.convert(m, {name: planes}, format=fmt, layout=layout, **kw)
     return m
 
 
@@ -258,7 +258,7 @@ class Toy(nn.Module):
 def toy(seed=0, ac=False, fmt="mxfp8"):
     torch.manual_seed(seed)
     m = Toy(ac=ac).to(dev())
-    mxt.convert(m, {"blocks.*.up": "both", "blocks.*.down": "row"}, format=fmt, fsdp=True)
+    mxt.convert(m, {"blocks.*.up": "both", "blocks.*.down": "row"}, format=fmt)
     return m
 
 
@@ -353,6 +353,16 @@ def case_failure(rank, world):
     except mxshard.PlanMismatchError as e:
         assert "different model" in str(e), e
         out["mismatch"] = "raised"
+    # a policy that differs between ranks where only one rank's weight shares scale entries (issue
+    # 34: rank 0 "row" has nothing to reduce, rank 1 "both" 96x80 cut mid-block): every rank raises
+    one = [("p", "mxfp8", "row" if rank == 0 else "both", "padded", "ceil", (80, 96))]
+    m3 = shard_all(build(modules=one, dense=False))
+    try:
+        loss_of(m3, one, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+        out["policy"] = "none"
+    except mxshard.PlanMismatchError as e:
+        assert "different model" in str(e), e
+        out["policy"] = "raised"
     return out
 
 
@@ -400,6 +410,29 @@ def case_unsupported(rank, world):
     fsdp(m.a, mesh=DeviceMesh.from_group(alone, dev().type))
     fsdp(m)
     expect("ranks", lambda: m(xs), NotImplementedError, ["different sets of ranks", "one data-parallel mesh"])
+    # convert after fully_shard: says to convert first (issue 34 item 6)
+    late = Net()
+    late.a = nn.Linear(48, 40, bias=False).to(dev())
+    fsdp(late)
+    expect("convert_late", lambda: mxt.convert(late, "row"), ValueError, ["call convert(model, ...) before fully_shard"])
+    # writes through .data after a forward (HF-style init, issue 34 item 9): a weight whose bytes
+    # need the reduction ("both" b, cut mid-block at 2 ranks) raises on every rank naming
+    # masters_changed; after masters_changed the next forward uses the new masters
+    m = shard_all(build(modules=MODULES[:2], dense=False))
+    xs = {"a": torch.eye(48, dtype=torch.bfloat16, device=dev()), "b": torch.eye(40, dtype=torch.bfloat16, device=dev())}
+    with torch.no_grad():
+        y0 = m(xs)
+        for c in (m.a, m.b):
+            c.weight.data.neg_()
+        expect("data_write", lambda: m(xs), RuntimeError, ["call mxshard.torch.masters_changed(model) on every rank"])
+        mxt.masters_changed(m)
+        with record_planes() as seen:
+            y1 = m(xs)
+    masters = full_masters(m)
+    for name, plane, got in seen:
+        want = plane_bytes(quantize_whole(getattr(m, name).spec, masters[f"{name}.weight"].to(dev())), plane)
+        assert all(torch.equal(got[k].cpu(), want[k].cpu()) for k in got), (name, plane)
+    out["data_write_after"] = "ok" if (torch.equal(y1["a"], -y0["a"]) and len(seen) == 2) else "stale"
     return out
 
 
@@ -416,7 +449,7 @@ def case_bytes(rank, world):
         m.a = nn.Linear(C, R, bias=False)
         m = m.to(dev())
         if kind != "bf16":
-            mxt.convert(m, "row", format=kind, fsdp=True)
+            mxt.convert(m, "row", format=kind)
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
         fsdp(m.a, mp_policy=mp)
         fsdp(m, mp_policy=mp)
@@ -521,6 +554,34 @@ def case_vs_sharded(rank, world, steps=3):
     return {"compared": compared}
 
 
+def case_export(rank, world, root):
+    """export_safetensors of an FSDP2 model after a step (every rank calls it, rank 0 writes): per
+    converted linear the file holds exactly the row plane the next forward gathers (data, scales,
+    NVFP4's amax), and no master."""
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        return {"skipped": "safetensors is not installed"}
+    m = shard_all(build())
+    o = _adamw(m.parameters())
+    _world_free_step(m, o, 0)
+    path = os.path.join(root, "fsdp-export.safetensors")
+    mxt.export_safetensors(path, m)
+    dist.barrier()
+    with torch.no_grad(), record_planes() as seen:
+        loss_of(m, MODULES, 1, lambda n, sh: grad_for(n, sh, 1, 0))
+    f = load_file(path)
+    checked = 0
+    for name, plane, got in seen:
+        assert f"{name}.weight" not in f, name          # the bytes, not the master
+        for k in got:
+            key = f"{name}.{plane}_{k}" if k != "amax" else f"{name}.amax"
+            want = got[k].cpu().reshape(-1).view(torch.uint8)
+            assert torch.equal(f[key].reshape(-1).view(torch.uint8), want), (name, plane, k)
+        checked += 1
+    return {"checked": checked}
+
+
 def only_at(world_needed, case):
     """`case` at one world size; the other groups of the same plan skip it."""
     def run(rank, world, **kw):
@@ -532,7 +593,8 @@ def plan_a(root):
     """Groups of 2, 3 and 4: the exact case everywhere; the rest at 2 (and its checkpoint)."""
     return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2}),
             ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
-            ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {})]
+            ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {}),
+            ("export", "export@2", {"root": root})]
 
 
 def plan_b(root):
@@ -544,7 +606,7 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "bytes": case_bytes, "dcp_save": case_dcp_save, "dcp_load": case_dcp_load,
          "features@2": only_at(2, case_features), "failure@2": only_at(2, case_failure),
          "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save),
-         "vs_sharded@2": only_at(2, case_vs_sharded)}
+         "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export)}
 
 
 def worker(rank, world, port, q, plan=None):

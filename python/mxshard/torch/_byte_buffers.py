@@ -104,11 +104,15 @@ def _byte_load_pre_hook(module, state_dict, prefix, local_metadata, strict, miss
             state_dict[key] = buf.detach()   # nothing of the wrong kind goes in
     dense = prefix + "weight"
     if not given and isinstance(state_dict.get(dense), torch.Tensor):
-        error_msgs.append(f"{dense}: a dense weight for a {type(module).__name__}, whose weight is the byte buffers "
-                          f"{', '.join(prefix + n for n in module._BUFS if module._buffers.get(n) is not None)}: "
-                          f"load dense weights before mxshard.torch.convert(), or call "
-                          f"{prefix or 'module.'}set_master_(weight); a file of export_safetensors loads with "
-                          f"mxshard.torch.load_safetensors(path, model)")
+        if _DENSE_FIX not in error_msgs:  # the fix once, first; then one short line per weight
+            error_msgs.append(_DENSE_FIX)
+        error_msgs.append(f"  {dense} (the module holds {', '.join(n for n in module._BUFS if module._buffers.get(n) is not None)})")
+
+
+_DENSE_FIX = ("Load dense weights into the model before ShardedOptimizer takes it over (a convert()ed model loads "
+              "them as it is), or call module.set_master_(weight) then opt.masters_from_model(); a file of "
+              "export_safetensors loads with mxshard.torch.load_safetensors(path, model). These dense weights "
+              "were given for byte-buffer linears:")
 
 
 def _register_byte_load_hook(module):

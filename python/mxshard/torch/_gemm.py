@@ -62,7 +62,7 @@ from .. import _lib as L
 from ..nvfp4 import NVFP4Weight, dequantize_nvfp4
 from ..ops import dequantize as _mx_dequantize
 
-__all__ = ["dequant", "linear_fwd", "linear_dgrad", "linear_wgrad", "plane_operand", "choose_path", "forced_path",
+__all__ = ["dequant", "output_dtype", "linear_fwd", "linear_dgrad", "linear_wgrad", "plane_operand", "choose_path", "forced_path",
            "path_counts", "RULE", "RULE_ELEMS", "RULE_TOKENS", "CHUNK_BYTES"]
 
 _CODES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
@@ -385,6 +385,13 @@ def _count(op, path, reason):
 
 
 # ---- the GEMMs ----------------------------------------------------------------------------
+
+def output_dtype(x):
+    """The dtype nn.Linear returns for input x: autocast's inside autocast, else x's own (a
+    converted linear computes in its compute dtype and hands back this one)."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
 
 def linear_fwd(x, primary, b, dt):
     """x @ deq(row)^T + b; x and b already in dt."""

@@ -24,6 +24,8 @@ from ..writeback import BucketWriteback
 from . import _optim_compat as compat
 from . import layout as LY
 from ._optim_grads import GRAD_DTYPES, dense_hook, mx_hook, owned_hook
+from ._optim_adopt import adopt_param_linears
+from .fsdp_linear import _ParamLinear
 from .linear import _QuantLinear, is_quantized
 
 __all__ = ["Item", "Bucket", "plain", "Construction", "DTYPES", "TORCH_DTYPE"]
@@ -177,8 +179,9 @@ class Construction:
         return d
 
     @staticmethod
-    def _resolve_groups(param_groups, items, names):
-        """Group index per item and the options of each group."""
+    def _resolve_groups(param_groups, items, names, aliases=None):
+        """Group index per item and the options of each group. aliases: {id(a converted linear or
+        its weight Parameter before adopt_param_linears): the module that replaced it}."""
         if param_groups is None:
             return [{}]
         if isinstance(param_groups, dict) or not isinstance(param_groups, (list, tuple)):
@@ -186,6 +189,8 @@ class Construction:
         by_id = {}
         for it in items:
             by_id[id(it.module if it.module is not None else it.param)] = it
+        for k, new in (aliases or {}).items():
+            by_id[k] = by_id.get(id(new))
         assigned = {}
         options = []
         for gi, g in enumerate(param_groups):
@@ -200,7 +205,7 @@ class Construction:
                 if isinstance(e, str):
                     it = names.get(e)
                     what = f"name {e!r}"
-                elif isinstance(e, (torch.Tensor, _QuantLinear)):
+                elif isinstance(e, (torch.Tensor, _QuantLinear, _ParamLinear)):
                     it = by_id.get(id(e))
                     what = f"a {type(e).__name__}" + (f" of shape {tuple(e.shape)}" if isinstance(e, torch.Tensor)
                                                       else "")
@@ -224,9 +229,10 @@ class Construction:
         return options
 
     def _build(self, model, factory, param_groups, assume_elementwise):
+        aliases = adopt_param_linears(model, self._undo)
         items, names = self._collect(model)
         device = self._check_devices(items)
-        options = self._resolve_groups(param_groups, items, names)
+        options = self._resolve_groups(param_groups, items, names, aliases)
         self._items, self.device = items, device
         roundings = {}
         for it in items:

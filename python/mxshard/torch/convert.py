@@ -1,28 +1,32 @@
 # SPDX-License-Identifier: MIT
 """convert(model, policy): swap a model's nn.Linear modules for quantized ones.
 
-    convert(model, "row")                                   MXFP8Linear (weights as uint8 buffers:
-                                                            for ShardedOptimizer)
-    convert(model, {"*.mlp.*": "row"}, format="nvfp4")      NVFP4Linear
-    convert(model, {"*.mlp.*": "row", "*.qkv": "both"}, fsdp=True)
-                                                            MXFP8ParamLinear / NVFP4ParamLinear:
-                                                            the weight is an nn.Parameter (the
-                                                            master), for fully_shard, torch.optim, DCP
+    convert(model, "row")                                   MXFP8ParamLinear
+    convert(model, {"*.mlp.*": "row"}, format="nvfp4")      NVFP4ParamLinear
+    convert(model, {"*.mlp.*": "row", "*.qkv": "both"})     per module
+
+One converted linear for every training loop: its `weight` is an
+nn.Parameter holding the master, the quantized primary is derived from it.
+The same model then trains in one process under any torch.optim optimizer,
+under FSDP2 (fully_shard), or under ShardedOptimizer (which takes the
+linears' storage over at its construction, mxshard.torch._optim_adopt).
+`fsdp=` is accepted and ignored (a DeprecationWarning): both of its values
+used to select one of two module kinds.
 
 One decision per module (policy, skip), every check before the first swap.
 """
 from __future__ import annotations
 
 import fnmatch
+import warnings
 
 import torch
 import torch.nn as nn
 
 from .fsdp_group import FSDPGroup
 from .fsdp_linear import MXFP8ParamLinear, NVFP4ParamLinear, _ParamLinear, make_spec
-from .linear import (_LAYOUTS, _ROUNDINGS, MXFP8Linear, _check_choice, _check_compute_dtype, _check_device,
-                     _require_library)
-from .nvfp4_linear import _BLOCKS, NVFP4Linear
+from .linear import _LAYOUTS, _ROUNDINGS, _check_choice, _check_compute_dtype, _check_device, _require_library
+from .nvfp4_linear import _BLOCKS
 
 __all__ = ["convert"]
 
@@ -102,8 +106,23 @@ def _group_of(model):
     return FSDPGroup()
 
 
+def _transposed_linears(model):
+    """{qualified name: module} of the model's Hugging Face transformers Conv1D modules (GPT-2's
+    linears, weight stored [in, out]): convert leaves them dense and says so."""
+    return {n: m for n, m in model.named_modules()
+            if type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) is not None}
+
+
+def _is_dtensor(t):
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without torch.distributed
+        return False
+    return isinstance(t, DTensor)
+
+
 def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dtype=torch.bfloat16, rounding=None,
-            block=None, skip=None, fsdp=False, round_through="bf16", strict=True):
+            block=None, skip=None, fsdp=None, round_through="bf16", strict=True):
     """Swaps the nn.Linear submodules of `model` in place for quantized linears.
 
     policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the qualified module
@@ -117,12 +136,13 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     allows it. Everything is decided and checked before the first swap. Returns the model (the
     new module when `model` itself is a converted nn.Linear).
 
-    fsdp=False: MXFP8Linear / NVFP4Linear, the weight held only as the quantized primary's uint8
-    buffers (the module keeps an fp32 copy as its initial master) - for ShardedOptimizer.
-    fsdp=True: MXFP8ParamLinear / NVFP4ParamLinear, nn.Linear subclasses whose `weight` is an
-    nn.Parameter holding the master (the linear's own values and dtype) - for FSDP2
-    `fully_shard`, any torch.optim optimizer and DCP; round_through ('bf16', TE's master cast, or
-    None) is how the master is rounded before quantizing.
+    Every converted linear is an MXFP8ParamLinear / NVFP4ParamLinear: an nn.Linear subclass
+    whose `weight` is an nn.Parameter holding the master (the linear's own values and dtype),
+    for any torch.optim optimizer, FSDP2 `fully_shard` (convert first, then shard), DCP and
+    ShardedOptimizer alike; round_through ('bf16', TE's master cast, or None) is how the master
+    is rounded before quantizing. fsdp= is ignored (DeprecationWarning). Hugging Face
+    transformers' Conv1D modules (GPT-2's transposed linears) are not converted: a policy that
+    would convert one is a ValueError under strict (a warning with strict=False).
 
     Format options: rounding ('ceil' by default, or 'floor') is MXFP8's, block ('1x16' by
     default, or '16x16') NVFP4's; giving the other format's option is a ValueError. layout and
@@ -135,22 +155,25 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     fmt, rounding, block = _format_options(format, rounding, block)
     _check_choice("layout", layout, _LAYOUTS, "convert")
     _check_compute_dtype(compute_dtype, "convert")
-    if not isinstance(fsdp, bool):
-        raise TypeError(f"convert: fsdp must be a bool, got {type(fsdp).__name__}")
+    if fsdp is not None:
+        if not isinstance(fsdp, bool):
+            raise TypeError(f"convert: fsdp must be a bool, got {type(fsdp).__name__}")
+        warnings.warn("convert: drop fsdp=: it is ignored. Every converted linear now serves every training "
+                      "loop (torch.optim, fully_shard, ShardedOptimizer)", DeprecationWarning, stacklevel=2)
     if round_through not in _ROUND_THROUGH:
         raise ValueError(f"convert: round_through={round_through!r} is not 'bf16' or None")
-    if not fsdp and round_through != "bf16":
-        raise ValueError("convert: round_through applies to fsdp=True (ShardedOptimizer takes its own "
-                         "round_through=)")
     # a module reachable under several names is converted once and set at every name
     names = {}
     for name, mod in model.named_modules(remove_duplicate=False):
         if type(mod) is nn.Linear:
             names.setdefault(id(mod), (mod, []))[1].append(name)
     all_names = [n for _, ns in names.values() for n in ns]
+    conv1d_all = _transposed_linears(model)
     if strict:
-        for kind, pats in (("policy pattern", pol_pats), ("skip pattern", skips)):
-            bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in all_names)]
+        # (a skip pattern may name Conv1D modules: that is how they are left dense on purpose)
+        for kind, pats, among in (("policy pattern", pol_pats, all_names),
+                                  ("skip pattern", skips, all_names + list(conv1d_all))):
+            bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in among)]
             if bad:
                 raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names))
     uses = {}  # parameter -> how many distinct modules own it
@@ -170,25 +193,30 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         if uses.get(id(mod.weight), 0) > 1:
             raise ValueError(f"convert: the weight of {mod_names[0] or '<root>'} is shared with another module "
                              f"(tied); keep it dense (policy or skip)")
+        if _is_dtensor(mod.weight):
+            raise ValueError(f"convert: call convert(model, ...) before fully_shard: {mod_names[0] or '<root>'}"
+                             f".weight is already sharded (a DTensor)")
         dev = _check_device(mod.weight.device, "convert")
-        if fsdp:
-            _require_library(dev, "convert(fsdp=True)")
-        else:
-            (MXFP8Linear if fmt == "mxfp8" else NVFP4Linear)._require(dev)
+        _require_library(dev, "convert")
         todo.append((mod, mod_names, v))
+    conv1d = [n for n, m in conv1d_all.items()
+              if not any(fnmatch.fnmatchcase(n, p) for p in skips) and decide(n, m) != "dense"]
+    if conv1d:
+        shown = ", ".join(conv1d[:4]) + (f", ... ({len(conv1d)} in all)" if len(conv1d) > 4 else "")
+        msg = (f"convert: add the Conv1D modules to skip= (or pass strict=False) to convert the nn.Linear modules "
+               f"alone: {shown} are Hugging Face Conv1D modules (GPT-2's transposed linears, weight [in, out]), "
+               f"which convert leaves dense")
+        if strict:
+            raise ValueError(msg)
+        warnings.warn(msg, stacklevel=2)
     if strict and not todo and policy != "dense":
         raise ValueError(f"convert: the policy converts no nn.Linear of the model (its nn.Linear modules: "
                          f"{', '.join(all_names[:6]) or 'none'}); pass strict=False to allow it")
-    group = _group_of(model) if fsdp else None
+    group = _group_of(model)
+    cls = MXFP8ParamLinear if fmt == "mxfp8" else NVFP4ParamLinear
     for mod, mod_names, v in todo:
-        if fsdp:
-            spec = make_spec(fmt, v, layout, rounding, block, compute_dtype, _ROUND_THROUGH[round_through])
-            cls = MXFP8ParamLinear if fmt == "mxfp8" else NVFP4ParamLinear
-            new = cls.from_linear(mod, spec, mod_names[0], group)
-        elif fmt == "mxfp8":
-            new = MXFP8Linear._from_linear(mod, compute_dtype, planes=v, layout=layout, rounding=rounding)
-        else:
-            new = NVFP4Linear._from_linear(mod, compute_dtype, planes=v, layout=layout, block=block)
+        spec = make_spec(fmt, v, layout, rounding, block, compute_dtype, _ROUND_THROUGH[round_through])
+        new = cls.from_linear(mod, spec, mod_names[0], group)
         for name in mod_names:
             if name == "":
                 return new

@@ -38,12 +38,15 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import torch
 from torch import nn
 
 from ._byte_buffers import as_buffer_bytes, stored_dtype
 from ._ckpt_errors import CheckpointError, CheckpointMismatchError
+from .fsdp_linear import is_param_linear
+from .fsdp_units import WeightUnit
 from .linear import is_quantized
 
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
@@ -72,7 +75,12 @@ def _check_args(path, model, who):
 # ---- pure helpers ------------------------------------------------------------------
 
 def _module_info(m):
-    """A quantized module as the metadata describes it."""
+    """A quantized module (MXFP8Linear / NVFP4Linear, or convert()'s MXFP8ParamLinear /
+    NVFP4ParamLinear through its spec) as the metadata describes it."""
+    if is_param_linear(m):
+        s = m.spec
+        m = types.SimpleNamespace(format=s.format, out_features=m.out_features, in_features=m.in_features,
+                                  planes=s.planes, layout=s.layout, rounding=s.rounding, block=s.block)
     if m.format == "mxfp8":
         return {"shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
                 "rounding": m.rounding, "block": 32, "data": "F8_E4M3", "scale": "E8M0 as U8"}
@@ -123,22 +131,62 @@ def _options_difference(info, m):
 
 # ---- export ------------------------------------------------------------------------
 
+def _param_linear_buffers(m, master):
+    """{buffer name: tensor} of convert()'s linear `m` quantized from its full master: the library's
+    writeback of a world of one, so the bytes equal the whole-tensor quantize of the master as the
+    spec rounds it, which are the bytes the forward multiplies by (in one process, and gathered
+    under FSDP2)."""
+    from .fsdp_master import QuantMaster
+    data = master._data if isinstance(master, QuantMaster) else master
+    u = WeightUnit(m.meta, data.detach(), 1, 0)
+    u.partial()
+    u.apply(data._version)
+    prim = u.local_primary()
+    names = _BUFS[m.spec.format]
+    return {b: getattr(prim, b) for b in names if (m.spec.planes == "both" or not b.startswith("col_"))
+            and getattr(prim, b, None) is not None}
+
+
+def _sharded(model):
+    from torch.distributed.tensor import DTensor
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
 def export_safetensors(path, model):
     """A single-file safetensors of the whole model for inference (the module
-    doc: names, dtypes, aliases, metadata). No collectives: global rank 0
-    writes (atomically, through a temporary file), the other ranks return.
-    Needs the `safetensors` package."""
+    doc: names, dtypes, aliases, metadata). convert()'s linears are written
+    as the bytes their forward multiplies by (their primaries, quantized from
+    the masters), not as the masters. Global rank 0 writes (atomically,
+    through a temporary file). A model under FSDP2 (fully_shard): every rank
+    calls it (the full state dict is gathered, a collective), rank 0 writes;
+    otherwise no collectives and the other ranks return at once. Needs the
+    `safetensors` package."""
     _check_args(path, model, "export_safetensors")
     st = _safetensors("export_safetensors")
     import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized() and dist.get_rank() != 0:
-        return
+    dist_on = dist.is_available() and dist.is_initialized()
+    if _sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist_on and dist.get_rank() != 0:
+            return
+    else:
+        if dist_on and dist.get_rank() != 0:
+            return
+        full = model.state_dict()
     mx, fmt_of = {}, {}
     for name, m in model.named_modules(remove_duplicate=False):
-        if is_quantized(m):
+        if is_quantized(m) or is_param_linear(m):
             mx[name] = _module_info(m)
-            fmt_of[name] = m.format
-    full = model.state_dict()
+            fmt_of[name] = m.spec.format if is_param_linear(m) else m.format
+        if is_param_linear(m):
+            key = f"{name}.weight" if name else "weight"
+            master = full.pop(key, None)
+            if master is None:
+                raise RuntimeError(f"export_safetensors: {key} is not in the model's state dict; export the model "
+                                   f"whose linears convert() made")
+            for b, t in _param_linear_buffers(m, master).items():
+                full[f"{name}.{b}" if name else b] = t
     for key, t in full.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"export_safetensors: {key} is a {type(t).__name__} (a module's extra state?), not a "
@@ -251,9 +299,10 @@ def _plan(model, tensors, mx, aliases, strict, who):
         out.update(_quantized_entries(name, info, mod, get, who))
     for name, mod in modules.items():
         if is_quantized(mod) and name not in mx and f"{name}.weight" in tensors:
-            raise CheckpointMismatchError(f"{who}: the file has a dense {name}.weight, the model's {name} is a "
-                                          f"{type(mod).__name__}: load the file before mxshard.torch.convert() (or "
-                                          f"into an unconverted model)")
+            raise CheckpointMismatchError(f"{who}: load the file before ShardedOptimizer takes the model over (a "
+                                          f"convert()ed model loads a dense file as it is): the file has a dense "
+                                          f"{name}.weight, the model's {name} is ShardedOptimizer's "
+                                          f"{type(mod).__name__} (byte buffers)")
     out.update({k: t for k, t in tensors.items() if k not in used})
     ties = []
     for alias, name in aliases.items():

@@ -10,8 +10,9 @@ small collective per step that their bytes need.
       ONE all_reduce(MAX, int32) of the shared entries    skipped when no weight has one
          + a status entry (a rank that failed: all raise) (row-only MXFP8 evenly sharded:
                                                             nothing to reduce, no collective)
-      (before the first reduction at a world size: one all_gather of the entry count and a
-       fingerprint of the converted model: ranks that differ all raise PlanMismatchError)
+      (at the first refresh at a world size: one all_gather of the entry count and a
+       fingerprint of the converted model, whether or not any entry is shared: ranks that
+       differ all raise PlanMismatchError, none goes on to a collective the others skip)
       apply                                               fragments + scales, per unit
 
     then each FSDP2 all-gather moves one plane's bytes (pre_all_gather -> send,
@@ -145,7 +146,7 @@ class FSDPGroup:
         counts = [shared_entry_count(l._meta.spec, l._meta.rows, l._meta.cols, world) for _, l, _ in masters]
         n = sum(counts)
         dev = masters[0][1].device if masters else torch.device("cpu")
-        if n > 0 and self._agreed != world:
+        if self._agreed != world:  # whatever the policy: only then is every rank's next step the same
             self._agree(pg, world, n, _fingerprint(masters, world), dev)
         wire = torch.zeros(n + 1, dtype=torch.int32, device=dev)
         units, err = [], None
@@ -240,11 +241,10 @@ class FSDPGroup:
         if u.matches(local._data, world, rank) or u.local.shape != local._data.shape or \
                 not torch.equal(u.local, local._data):
             raise RuntimeError(
-                f"mxshard: {meta.name}: its master changed since the last optimizer step / load_state_dict through "
-                f"a tensor mxshard does not see (weight.data writes, an in-place dcp.load into a state_dict). Its "
-                f"bytes need the ranks' one reduction, so every rank must know: call "
-                f"mxshard.torch.masters_changed(model) on every rank after such writes (set_model_state_dict and "
-                f"load_state_dict do it for you)")
+                f"mxshard: call mxshard.torch.masters_changed(model) on every rank after writing masters outside an "
+                f"optimizer step (weight.data writes, an in-place dcp.load into a state_dict; load_state_dict and "
+                f"set_model_state_dict call it for you). {meta.name}'s master changed since its bytes were made, and "
+                f"they need the ranks' one reduction, so every rank must know")
         new = WeightUnit(meta, local._data, world, rank)  # FSDP2 moved the shard (same values): redo here
         new.partial()
         new.set_entries(u.reduced)

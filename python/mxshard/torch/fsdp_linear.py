@@ -109,6 +109,25 @@ class _ParamLinear(nn.Linear):
         group.add(name, m)
         return m
 
+    # the options, named as on ShardedOptimizer's MXFP8Linear / NVFP4Linear (read-only: the spec)
+    format = property(lambda self: self.spec.format, doc="'mxfp8' or 'nvfp4'")
+    planes = property(lambda self: self.spec.planes, doc="'row' or 'both'")
+    layout = property(lambda self: self.spec.layout, doc="the primary's scale layout")
+    rounding = property(lambda self: self.spec.rounding, doc="MXFP8's E8M0 rounding ('nearest' for NVFP4)")
+    block = property(lambda self: self.spec.block, doc="NVFP4's block ('1x32' for MXFP8)")
+    compute_dtype = property(lambda self: self.spec.compute_dtype, doc="the GEMMs' dtype")
+
+    @property
+    def primary(self):
+        """The quantized primary the forward multiplies by (every plane of the spec in one process;
+        the gathered planes inside an FSDP2 forward): an mxshard.MXFP8Weight / NVFP4Weight, read
+        only. Between FSDP2 steps the weight is sharded and this raises, as dequantized_weight."""
+        w = self._parameters.get("weight")
+        if _is_dtensor(w):
+            raise RuntimeError(f"mxshard: {self.meta.name}: the weight is sharded (FSDP2, between steps): its "
+                               f"quantized bytes exist while FSDP2 holds it unsharded")
+        return _primary(self, _check_weight(self), "row")
+
     def reset_parameters(self):
         # nn.Linear's initialisation of the master, in place (the bytes follow at the next use)
         if getattr(self, "meta", None) is not None:
@@ -128,7 +147,9 @@ class _ParamLinear(nn.Linear):
             raise ValueError(f"{who}: input on {x.device}, the weight on {w.device}")
         dt = self.spec.compute_dtype
         b = self.bias.to(dt) if self.bias is not None else None
-        return _ParamLinearFn.apply(x.to(dt), b, w, self)
+        y = _ParamLinearFn.apply(x.to(dt), b, w, self)
+        out = _gemm.output_dtype(x)
+        return y if y.dtype == out else y.to(out)
 
     def extra_repr(self):
         s = self.spec

@@ -17,9 +17,11 @@ tensors, except the ones FSDP2 and nn.Module need to keep the subclass (views,
 detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`).
 
 Every write into a master (an in-place op through this class, or a write into
-its storage through a plain alias) raises its inner tensor's version counter;
-the quantized bytes are derived from the master at a known version and
-recomputed when it moved (fsdp_units.WeightUnit, FSDPGroup.refresh).
+its storage through a plain alias) raises its inner tensor's version counter,
+and a write through this class (also through `weight.data`, whose alias has a
+version counter of its own) counts in its WeightMeta's `writes`; the
+quantized bytes are derived from the master at a known (version, writes) and
+recomputed when either moved (fsdp_units.WeightUnit, FSDPGroup.refresh).
 """
 from __future__ import annotations
 
@@ -51,10 +53,13 @@ class WeightMeta:
     FSDP2's padded shard, device copies): its spec, its qualified name, the full [rows, cols]
     shape, and the FSDPGroup of the model (None until convert() made one)."""
 
-    __slots__ = ("spec", "name", "rows", "cols", "group")
+    __slots__ = ("spec", "name", "rows", "cols", "group", "writes")
 
     def __init__(self, spec, name, rows, cols, group=None):
         self.spec, self.name, self.rows, self.cols, self.group = spec, name, rows, cols, group
+        # in-place writes through any QuantMaster of this weight: `.data` hands out an alias with
+        # a version counter of its own, so the inner tensor's _version alone misses its writes
+        self.writes = 0
 
     def __repr__(self):
         return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"
@@ -126,6 +131,7 @@ class QuantMaster(torch.Tensor):
         out = func(*uargs, **ukwargs)
         for w in written:  # a write into the master: the quantized bytes derived from it are stale
             torch.autograd.graph.increment_version(w._data)
+            w._meta.writes += 1
         if written:
             # in-place / out= ops return (aliases of) the arguments they wrote: give back the wrappers
             inner = {id(w._data): w for w in written}

@@ -233,8 +233,9 @@ class WeightUnit:
         return (world, rank) == (self.world, self.rank) and self._storage_key(local) == self._key
 
     def fresh(self, local):
-        """The bytes were made from the master's current values."""
-        return self.version is not None and self.version == local._version
+        """The bytes were made from the master's current values (its version counter, and the
+        writes counted on its WeightMeta: see fsdp_master)."""
+        return self.version is not None and self.version == (local._version, self.meta.writes)
 
     # -- the entries that travel
 
@@ -296,7 +297,7 @@ class WeightUnit:
             sc = self.scales[p]
             win = (sc[:, b0:b1] if self.spec.format == "nvfp4" and p == "col" else sc[b0:b1]).contiguous().view(-1)
             buf[:win.numel()].copy_(win)
-        self.version = version
+        self.version = (version, self.meta.writes)
         self.cached = None
 
     # -- the all-gather of one plane

@@ -33,6 +33,7 @@ import torch.nn as nn
 from .. import _arrays as A
 from .. import _lib as L
 from . import _gemm
+from .fsdp_linear import MXFP8ParamLinear
 from ..ops import dequantize as _mx_dequantize
 from ..ops import quantize as _mx_quantize
 from ..weight import MXFP8Weight
@@ -348,7 +349,9 @@ class _QuantLinear(nn.Module):
         anchor = None
         if torch.is_grad_enabled() and not xc.requires_grad and not (b is not None and b.requires_grad):
             anchor = torch.empty(0, device=dev, requires_grad=True)
-        return _QuantLinearFn.apply(xc, b, anchor, self)
+        y = _QuantLinearFn.apply(xc, b, anchor, self)
+        out = _gemm.output_dtype(x)
+        return y if y.dtype == out else y.to(out)
 
     def _apply(self, fn, *args, **kwargs):
         # buffers of a fixed dtype (NVFP4's fp32 amax) follow device moves only
@@ -466,8 +469,9 @@ class MXFP8Linear(_QuantLinear):
 
 
 def is_mxfp8(module) -> bool:
-    """True for an MXFP8Linear."""
-    return isinstance(module, MXFP8Linear)
+    """True for a linear whose weight is MXFP8: convert()'s MXFP8ParamLinear, or the MXFP8Linear
+    ShardedOptimizer holds its storage in."""
+    return isinstance(module, (MXFP8Linear, MXFP8ParamLinear))
 
 
 def is_quantized(module) -> bool:

@@ -27,6 +27,7 @@ import torch
 
 from .. import _lib as L
 from ..nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
+from .fsdp_linear import NVFP4ParamLinear
 from .linear import _LAYOUTS, _PLANES, _QuantLinear, _check_choice, _dtype_code, _require_library
 
 __all__ = ["NVFP4Linear", "is_nvfp4"]
@@ -103,5 +104,6 @@ class NVFP4Linear(_QuantLinear):
 
 
 def is_nvfp4(module) -> bool:
-    """True for an NVFP4Linear."""
-    return isinstance(module, NVFP4Linear)
+    """True for a linear whose weight is NVFP4: convert()'s NVFP4ParamLinear, or the NVFP4Linear
+    ShardedOptimizer holds its storage in."""
+    return isinstance(module, (NVFP4Linear, NVFP4ParamLinear))

@@ -403,11 +403,15 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             errs.append(f"gradient reduction: {e}")
         errs += self._hook_errors
         if self._late:
-            errs.append(f"gradients reported after their bucket's reduction had started ({', '.join(self._late)}); "
-                        f"accumulate over several backwards inside opt.no_sync(), or pass overlap=False for a "
-                        f"module used several times in one forward")
+            late = self._late
+            shown = ", ".join(late[:3]) + (f", ... ({len(late)} in all)" if len(late) > 3 else "")
+            errs.append(f"accumulate over several backwards inside `with opt.no_sync():` (or pass overlap=False for "
+                        f"a module used several times in one forward). Gradients arrived after their bucket's "
+                        f"reduction had started: {shown}")
         errs += self._check_storage()
-        if not errs and arrived:
+        if not errs:
+            # every rank's reduced shard counts, also where this rank wrote no gradient itself (it
+            # holds the others' sum): the norm must not depend on which ranks ran a backward
             try:
                 shards = self._fp32_shards()
                 for g in shards:
@@ -427,8 +431,6 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             raise L.remote_error("ShardedOptimizer.step (another rank failed)")
         if not any_arrived:
             return loss     # no rank wrote a gradient: nothing moves (as torch.optim with every .grad None)
-        if shards is None:  # another rank wrote gradients, this one none: its zeros still count
-            shards = self._fp32_shards()
         norm = math.sqrt(total)
         self.last_grad_norm = norm
         if self.max_grad_norm is not None:

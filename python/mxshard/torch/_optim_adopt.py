@@ -1,0 +1,81 @@
+# SPDX-License-Identifier: MIT
+"""ShardedOptimizer's side of convert()'s one converted linear.
+
+convert(model, policy) makes every converted linear an MXFP8ParamLinear /
+NVFP4ParamLinear: its `weight` is an nn.Parameter holding the master, so the
+model trains as it is under any torch.optim optimizer, under FSDP2 and
+with DCP. ShardedOptimizer (ZeRO-1: fp32 master SHARDS, replicated
+primaries) keeps no full master on any rank, so at its construction each
+such module becomes the MXFP8Linear / NVFP4Linear whose planes the optimizer
+owns, quantized as the module's spec says (planes, layout, rounding / block,
+compute dtype), its master the module's weight:
+
+    before   model.fc: MXFP8ParamLinear   weight = Parameter(master [out, in])
+    after    model.fc: MXFP8Linear        row_data / row_scale (/ col_*) views of the
+                                          optimizer's buckets; the master: this rank's shard
+
+A model under fully_shard is refused (FSDP2 and ShardedOptimizer are two
+ways to shard the same masters: use one), and so is a frozen converted
+weight (ShardedOptimizer trains every converted weight). From then on the
+optimizer's writeback quantizes the masters, rounded through its own
+round_through= (the module's spec.round_through served its own quantization
+only). The swap is undone when the construction fails, so a failed
+ShardedOptimizer leaves the model as it was.
+"""
+from __future__ import annotations
+
+import types
+
+from .fsdp_linear import _ParamLinear
+from .linear import MXFP8Linear
+from .nvfp4_linear import NVFP4Linear
+
+__all__ = ["adopt_param_linears"]
+
+
+def _check_adoptable(name, m):
+    from torch.distributed.tensor import DTensor
+    if isinstance(m._parameters.get("weight"), DTensor):
+        raise ValueError(f"ShardedOptimizer: {name} is sharded by FSDP2 (fully_shard). Use one of the two: "
+                         f"fully_shard with any torch.optim optimizer, or ShardedOptimizer on a model that is "
+                         f"not fully_shard'ed; they shard the same masters two ways")
+    if not m.weight.requires_grad:
+        raise ValueError(f"ShardedOptimizer: {name}.weight is frozen (requires_grad=False). Keep frozen linears "
+                         f"dense (convert(..., skip=...)) or unfreeze them: ShardedOptimizer trains every "
+                         f"converted weight")
+
+
+def adopt_param_linears(model, undo):
+    """Swaps every MXFP8ParamLinear / NVFP4ParamLinear of `model` for the MXFP8Linear / NVFP4Linear
+    ShardedOptimizer owns (checked first, swapped after). Appends to `undo` the functions that put
+    the modules back. Returns {id(old module) or id(its weight Parameter): new module}, so that
+    param_groups may name what the user saw before the swap."""
+    found = []
+    for name, m in model.named_modules(remove_duplicate=False):
+        if isinstance(m, _ParamLinear):
+            _check_adoptable(name or "<root>", m)
+            found.append((name, m))
+    if found and found[0][0] == "":
+        raise ValueError("ShardedOptimizer: the model is itself a converted linear; wrap it in an nn.Module "
+                         "(nn.Sequential(model)) so that its optimizer can swap its storage")
+    new_of, aliases = {}, {}
+    for name, m in found:
+        if id(m) not in new_of:
+            s = m.spec
+            lin = types.SimpleNamespace(in_features=m.in_features, out_features=m.out_features,
+                                        weight=m.weight._data, bias=m.bias, training=m.training)
+            if s.format == "mxfp8":
+                new = MXFP8Linear._from_linear(lin, s.compute_dtype, planes=s.planes, layout=s.layout,
+                                               rounding=s.rounding)
+            else:
+                new = NVFP4Linear._from_linear(lin, s.compute_dtype, planes=s.planes, layout=s.layout,
+                                               block=s.block)
+            new_of[id(m)] = new
+            aliases[id(m)] = new
+            aliases[id(m.weight)] = new
+    for name, m in found:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, new_of[id(m)])
+        undo.append(lambda parent=parent, child=child, m=m: setattr(parent, child, m))
+    return aliases

@@ -1,0 +1,257 @@
+# SPDX-License-Identifier: MIT
+"""One converted weight for every training loop (issue 34), in one process:
+convert() makes MXFP8ParamLinear / NVFP4ParamLinear whatever else the user
+writes next, and each habit either trains correctly or raises at once with
+what to do. The multi-process halves (FSDP2, ShardedOptimizer on gloo
+ranks) are in torch_fsdp_cases.py and torch_dist_cases.py."""
+import copy
+import warnings
+
+import pytest
+
+from conftest import torch_lib_or_skip
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import mxshard  # noqa: E402
+import mxshard.torch as mxt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _lib():
+    torch_lib_or_skip()
+
+
+class Net(nn.Module):
+    def __init__(self, d=40, h=72, out=24):
+        super().__init__()
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, out, bias=False)
+        self.head = nn.Linear(out, 5)
+
+    def forward(self, x):
+        return self.head(F.gelu(self.down(F.gelu(self.up(x)))))
+
+
+def build(seed=0, policy=None, **kw):
+    torch.manual_seed(seed)
+    return mxt.convert(Net(), policy or {"up": "both", "down": "row"}, **kw)
+
+
+def u8(t):
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def whole_quantize(m):
+    """The whole-tensor quantize of module m's master rounded through bf16 (its spec)."""
+    master = m.weight.detach()._data
+    src = master.to(torch.bfloat16)
+    s = m.spec
+    if s.format == "mxfp8":
+        w = mxshard.MXFP8Weight.empty(*master.shape, planes=s.planes, layout=s.layout, device="cpu")
+        return mxshard.quantize(w, src, rounding=s.rounding)
+    w = mxshard.NVFP4Weight.empty(*master.shape, planes=s.planes, block=s.block, layout=s.layout, device="cpu")
+    return mxshard.quantize_nvfp4(w, src)
+
+
+def assert_primary_is_whole_quantize(m):
+    p, want = m.primary, whole_quantize(m)
+    for b in ("row_data", "row_scale", "col_data", "col_scale"):
+        if getattr(want, b, None) is not None:
+            assert torch.equal(u8(getattr(p, b)), u8(getattr(want, b))), b
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_plain_torch_optim_trains_every_converted_weight(fmt):
+    """Item 1: convert, then torch.optim.AdamW(model.parameters()): every converted weight is a
+    Parameter, moves, and its primary follows (the whole-tensor quantize of the new master)."""
+    ref = Net()
+    model = build(format=fmt)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in ref.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(16, 40), torch.randn(16, 5)
+    before = {n: u8(m.primary.row_data).clone() for n, m in model.named_modules() if mxt.is_param_linear(m)}
+    losses = []
+    for _ in range(8):
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)   # sees every gradient
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+    for n, m in model.named_modules():
+        if mxt.is_param_linear(m):
+            assert not torch.equal(u8(m.primary.row_data), before[n]), n
+            assert_primary_is_whole_quantize(m)
+
+
+def test_fsdp_flag_is_a_deprecated_no_op():
+    """Item 3 / 13: fsdp= selects nothing any more (a DeprecationWarning), so the two old modes give
+    one module and one quantization."""
+    with pytest.warns(DeprecationWarning, match="drop fsdp="):
+        a = build(fsdp=False)
+    with pytest.warns(DeprecationWarning):
+        b = build(fsdp=True)
+    c = build()
+    for m in (a, b, c):
+        assert isinstance(m.up, mxt.MXFP8ParamLinear) and isinstance(m.down, mxt.MXFP8ParamLinear)
+    for name in ("up", "down"):
+        for x in (a, b):
+            assert torch.equal(u8(getattr(x, name).primary.row_data), u8(getattr(c, name).primary.row_data))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_sharded_optimizer_takes_a_converted_model_and_quantizes_it_the_same_way(fmt):
+    """Items 3 and 13: convert() then ShardedOptimizer (a world of one): the optimizer takes the
+    linears' storage over, its primaries equal the bytes the converted model computed with, and
+    a step moves them; param_groups may name the weights as the Parameters the user saw."""
+    model = build(format=fmt)
+    want = {n: copy.deepcopy(m.primary) for n, m in model.named_modules() if mxt.is_param_linear(m)}
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    opt = mxt.ShardedOptimizer(model, lambda g: torch.optim.AdamW(g, lr=1e-2),
+                               param_groups=[{"params": decay, "weight_decay": 0.1}])
+    try:
+        for n, w in want.items():
+            held = model.get_submodule(n)
+            assert not mxt.is_param_linear(held) and (mxt.is_mxfp8(held) or mxt.is_nvfp4(held))
+            for b in ("row_data", "row_scale", "col_data", "col_scale"):
+                if getattr(w, b, None) is not None:
+                    assert torch.equal(u8(getattr(held, b)), u8(getattr(w, b))), (n, b)
+        assert opt.param_groups[0]["weight_decay"] == 0.1
+        x = torch.randn(8, 40)
+        model(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        assert not torch.equal(u8(model.up.row_data), u8(want["up"].row_data))
+    finally:
+        opt.close()
+
+
+def test_sharded_optimizer_refuses_a_frozen_converted_weight_and_leaves_the_model():
+    model = build()
+    model.down.weight.requires_grad_(False)
+    with pytest.raises(ValueError, match=r"^ShardedOptimizer: down.weight is frozen"):
+        mxt.ShardedOptimizer(model, lambda g: torch.optim.SGD(g, lr=0.1))
+    assert isinstance(model.up, mxt.MXFP8ParamLinear) and isinstance(model.down, mxt.MXFP8ParamLinear)
+
+
+def test_frozen_converted_weight_under_torch_optim():
+    """requires_grad_(False) on a converted weight: it gets no gradient and does not move."""
+    model = build()
+    model.up.weight.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    before = u8(model.up.primary.row_data).clone()
+    model(torch.randn(4, 40)).sum().backward()
+    assert model.up.weight.grad is None and model.down.weight.grad is not None
+    opt.step()
+    assert torch.equal(u8(model.up.primary.row_data), before)
+
+
+def test_output_dtype_is_nn_linears():
+    """Item 12: a converted model run in fp32 without autocast returns fp32 (nn.Linear's rule), so
+    attention's q, k and v agree; inside autocast it returns autocast's dtype."""
+    model = build()
+    x = torch.randn(3, 40)
+    assert model.up(x).dtype == torch.float32 and model(x).dtype == torch.float32
+    assert model.up(x.to(torch.float16)).dtype == torch.float16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.up(x).dtype == torch.bfloat16
+    q = model.up(x).view(1, 1, 3, 72)
+    k = (torch.randn(1, 1, 3, 72) * 1.0).float()
+    F.scaled_dot_product_attention(q, k, k)   # no "same dtype" error
+
+
+def test_writes_through_data_and_load_state_dict_reach_the_primary():
+    """HF-style init through .data, copy_ under no_grad, a load_state_dict round trip: the next
+    forward uses the new master (one process)."""
+    model = build()
+    x = torch.randn(4, 40)
+    y0 = model(x)
+    for m in (model.up, model.down):
+        m.weight.data.neg_()
+    y1 = model(x)
+    assert not torch.equal(y0, y1)
+    assert_primary_is_whole_quantize(model.up)
+    with torch.no_grad():
+        model.up.weight.copy_(torch.randn(72, 40))
+    assert_primary_is_whole_quantize(model.up)
+    sd = copy.deepcopy(model.state_dict())
+    assert type(sd["up.weight"]) is torch.Tensor       # plain tensors: torch.save, HF, safetensors
+    other = build(seed=3)
+    other.load_state_dict(sd)
+    assert torch.equal(other(x), model(x))
+    model.zero_grad()
+
+
+def test_ema_copy_of_a_converted_model():
+    """torch.optim.swa_utils.AveragedModel (an EMA copy): it averages the masters and its forward
+    uses their quantization."""
+    model = build()
+    ema = torch.optim.swa_utils.AveragedModel(model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 40)
+    ema.update_parameters(model)                 # the first update copies the model
+    w1 = model.up.weight.detach()._data.clone()
+    model(x).sum().backward()
+    opt.step()
+    ema.update_parameters(model)                 # then ema = 0.9 ema + 0.1 model
+    e = ema.module
+    want = 0.9 * w1 + 0.1 * model.up.weight.detach()._data
+    torch.testing.assert_close(e.up.weight.detach()._data, want)
+    assert_primary_is_whole_quantize(e.up)
+    assert not torch.equal(ema(x), model(x))
+
+
+class Conv1D(nn.Module):
+    """Shaped like Hugging Face transformers' GPT-2 Conv1D (weight [in, out], y = x @ W + b)."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.randn(nx, nf) * 0.02)
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(*x.shape[:-1], self.nf)
+
+
+def test_conv1d_is_named_not_skipped_silently():
+    """Item 14: a GPT-2-style model: convert(model, "row") would convert only lm_head; it raises
+    naming the Conv1D modules (strict), warns with strict=False, and skip= takes them out."""
+    m = nn.ModuleDict({"c_attn": Conv1D(12, 4), "c_proj": Conv1D(4, 12), "lm_head": nn.Linear(4, 10)})
+    with pytest.raises(ValueError, match=r"^convert: add the Conv1D modules to skip=.*c_attn, c_proj"):
+        mxt.convert(copy.deepcopy(m), "row")
+    with pytest.warns(UserWarning, match="Conv1D"):
+        out = mxt.convert(copy.deepcopy(m), "row", strict=False)
+    assert isinstance(out["lm_head"], mxt.MXFP8ParamLinear)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = mxt.convert(copy.deepcopy(m), "row", skip=["c_*"])
+    assert isinstance(out["lm_head"], mxt.MXFP8ParamLinear) and type(out["c_attn"]) is Conv1D
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_export_holds_the_bytes_the_forward_used_and_a_plain_model_reproduces_it(fmt, tmp_path):
+    """Item 10: export_safetensors of a convert()ed model writes the primaries (not the masters),
+    and load_safetensors into a plain model reproduces the converted model's outputs."""
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+    model = build(format=fmt, policy={"up": "both", "down": "row"}, compute_dtype=torch.float32)
+    path = str(tmp_path / "m.safetensors")
+    mxt.export_safetensors(path, model)
+    f = load_file(path)
+    assert "up.weight" not in f and "down.weight" not in f and "head.weight" in f
+    for n in ("up", "down"):
+        p = getattr(model, n).primary
+        for b in ("row_data", "row_scale", "col_data", "col_scale"):
+            if getattr(p, b, None) is not None:
+                assert torch.equal(u8(f[f"{n}.{b}"]), u8(getattr(p, b))), (n, b)
+    plain = Net()
+    mxt.load_safetensors(path, plain)
+    for n in ("up", "down"):
+        assert torch.equal(getattr(plain, n).weight, mxt.dequantized_weight(getattr(model, n)))
+    x = torch.randn(6, 40)
+    torch.testing.assert_close(plain(x), model(x), rtol=1e-6, atol=1e-6)
