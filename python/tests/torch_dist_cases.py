@@ -107,10 +107,11 @@ class Reference:
     """ONE process's plain optimizer over the full fp32 vectors (one per param
     group) with the summed or mean gradients of every rank."""
 
-    def __init__(self, m, factory, use_groups, world, grad_reduce="mean", max_grad_norm=None):
+    def __init__(self, m, factory, use_groups, world, grad_reduce="mean", max_grad_norm=None, idle=None):
         self.table = item_table(m)
         init = initial_values(m)
         self.world, self.grad_reduce, self.max_grad_norm = world, grad_reduce, max_grad_norm
+        self.idle = idle  # a rank that runs no backward: its gradients count as zeros
         if use_groups:
             opts = groups_of(m)
             names = {}
@@ -143,9 +144,10 @@ class Reference:
         for v, mem in zip(self.vecs, self.members):
             parts = []
             for n in mem:
-                acc = grad_for(n, shapes[n], step, 0).reshape(-1).to(v.device)
-                for r in range(1, self.world):
-                    acc += grad_for(n, shapes[n], step, r).reshape(-1).to(v.device)
+                acc = torch.zeros(int(torch.Size(shapes[n]).numel()), device=v.device)
+                for r in range(self.world):
+                    if r != self.idle:
+                        acc += grad_for(n, shapes[n], step, r).reshape(-1).to(v.device)
                 if self.grad_reduce == "mean" and self.world > 1:
                     acc /= self.world
                 parts.append(acc)
@@ -288,19 +290,22 @@ def _expect_raise(f, rank, bad_rank, local_exc, local_match=None):
 
 def case_exact(rank, world, layout="padded", opt="adamw", foreach=False, groups=True, bucket_size=2500,
                max_grad_norm=None, grad_reduce="mean", planes_c="both", align=128, steps=3, extra=0,
-               device="cpu", direct=False, grad_dtype=torch.float32):
+               device="cpu", direct=False, grad_dtype=torch.float32, idle=False):
     """Injected dyadic gradients; masters bit-identical to the one-process
     reference (also with bf16 gradient buffers: the dyadic gradients and
     their sums over <= 3 ranks are exact in bf16); primaries and dense params
     == whole-tensor quantize / cast of the master on every rank; collective
-    counts as documented."""
+    counts as documented. idle=True: the last rank (of 2 or more) runs no
+    backward in any step; its gradients count as zeros, in the norm and the
+    clipping too (issue 34 item 8)."""
+    idle_rank = world - 1 if idle and world > 1 else None
     def build():
         torch.manual_seed(7)
         ex = torch.randn(extra) if extra else None
         return build_model(layout, planes_c, extra_dense=ex, device=device)
     m = build()
     factory = FACTORIES[opt](foreach)
-    ref = Reference(build(), factory, groups, world, grad_reduce, max_grad_norm)
+    ref = Reference(build(), factory, groups, world, grad_reduce, max_grad_norm, idle_rank)
     with direct_collectives(direct):
         o = ShardedOptimizer(m, factory, bucket_size=bucket_size, param_groups=groups_of(m) if groups else None,
                              max_grad_norm=max_grad_norm, grad_reduce=grad_reduce, align=align, grad_dtype=grad_dtype)
@@ -313,7 +318,8 @@ def case_exact(rank, world, layout="padded", opt="adamw", foreach=False, groups=
                 if bs.has_mx and not any(n for p, _, n, _ in LY.item_shards(bs, r) if p.end <= bs.row[1]))
     with count_dist_calls() as calls:
         for s in range(steps):
-            inject(m, s, rank)
+            if rank != idle_rank:
+                inject(m, s, rank)
             o.step()
             ref.step(s)
             o.zero_grad()
@@ -614,6 +620,9 @@ PLAN = [
                                                "align": 8, "bucket_size": 1800}),
     ("exact_sgd_clip_padded", "exact", {"layout": "padded", "opt": "sgd", "foreach": False, "max_grad_norm": 0.05,
                                         "grad_reduce": "sum", "planes_c": "row"}),
+    ("exact_sgd_clip_idle_rank", "exact", {"layout": "padded", "opt": "sgd", "max_grad_norm": 0.05,
+                                           "grad_reduce": "sum", "idle": True}),
+    ("exact_adamw_clip_idle_rank_mean", "exact", {"max_grad_norm": 0.05, "idle": True, "bucket_size": 1800}),
     ("exact_sgd_foreach_compact_onegroup", "exact", {"layout": "compact", "opt": "sgd", "foreach": True,
                                                      "groups": False, "bucket_size": 10 ** 6}),
     ("exact_adamw_default_group_rank_without_mx", "exact", {"bucket_size": 10 ** 6, "extra": 20000}),
