@@ -113,3 +113,11 @@ def test_fsdp2_model_exports_the_bytes_its_forward_gathers(phase_a):
     out = H.case_results(phase_a, "export", (2,))
     for o in out.values():
         assert o.get("skipped") or o["checked"] == len(F.MODULES), o
+
+
+def test_a_model_built_on_meta_then_sharded_then_materialised(phase_a):
+    """meta device -> convert -> fully_shard -> to_empty -> load values (torchtitan's order), on 2, 3
+    and 4 ranks: the masters hold the loaded values and every gathered plane is their quantize."""
+    import torch_fsdp_cases as F
+    for o in H.case_results(phase_a, "meta").values():
+        assert o["checked"] == 2 * len(F.MODULES), o

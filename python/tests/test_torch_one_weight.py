@@ -255,3 +255,50 @@ def test_export_holds_the_bytes_the_forward_used_and_a_plain_model_reproduces_it
         assert torch.equal(getattr(plain, n).weight, mxt.dequantized_weight(getattr(model, n)))
     x = torch.randn(6, 40)
     torch.testing.assert_close(plain(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_whole_model_pickle_and_assign_loads():
+    """torch.save(model) / torch.load of a converted model (the group's derived bytes are rebuilt),
+    load_state_dict(assign=True) into a converted model built on the meta device (the master takes
+    the loaded tensor) and into a materialised one (its values)."""
+    import io
+    model = build()
+    x = torch.randn(5, 40)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    assert torch.equal(back(x), model(x))
+    sd = model.state_dict()
+    with torch.device("meta"):
+        meta = Net()
+    meta = mxt.convert(meta, {"up": "both", "down": "row"})
+    meta.load_state_dict(sd, assign=True)
+    assert isinstance(meta.up.weight.detach(), mxt.QuantMaster) and meta.up.weight.device.type == "cpu"
+    assert meta.up.weight.detach()._data.data_ptr() == sd["up.weight"].data_ptr()   # assigned, not copied
+    assert torch.equal(meta(x), model(x))
+    other = build(seed=5)
+    other.load_state_dict(sd, assign=True)
+    assert isinstance(other.up.weight.detach(), mxt.QuantMaster) and torch.equal(other(x), model(x))
+
+
+def test_meta_device_then_to_empty_then_init():
+    """torchtitan's order in one process: build on meta, convert, to_empty, initialise in place."""
+    with torch.device("meta"):
+        model = Net()
+    model = mxt.convert(model, {"up": "both", "down": "row"})
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    for m in (model.up, model.down, model.head):
+        m.reset_parameters()
+    assert isinstance(model.up.weight.detach(), mxt.QuantMaster)
+    assert_primary_is_whole_quantize(model.up)
+    assert_primary_is_whole_quantize(model.down)
+    assert torch.isfinite(model(torch.randn(3, 40))).all()
+
+
+def test_replaced_weight_says_what_to_do_first():
+    model = build()
+    model.down.weight = nn.Parameter(torch.randn(24, 72))
+    with pytest.raises(RuntimeError, match=r"^mxshard: keep a converted weight's Parameter: load values into it"):
+        model(torch.randn(2, 40))

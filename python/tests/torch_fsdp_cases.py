@@ -59,16 +59,18 @@ class Net(nn.Module):
         return {n: getattr(self, n)(x) for n, x in xs.items()}
 
 
-def build(seed=0, modules=MODULES, dense=True):
+def build(seed=0, modules=MODULES, dense=True, meta=False):
     """One nn.Linear (no bias: see the module doc) per entry, converted, plus a dense
     nn.Linear "f" with a bias (a plain FSDP2 parameter beside them)."""
     torch.manual_seed(seed)
-    m = Net()
-    for name, fmt, planes, layout, opt, (cin, cout) in modules:
-        setattr(m, name, nn.Linear(cin, cout, bias=False))
-    if dense:
-        m.f = nn.Linear(9, 4)
-    m = m.to(dev())
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        m = Net()
+        for name, fmt, planes, layout, opt, (cin, cout) in modules:
+            setattr(m, name, nn.Linear(cin, cout, bias=False))
+        if dense:
+            m.f = nn.Linear(9, 4)
+    if not meta:
+        m = m.to(dev())
     for name, fmt, planes, layout, opt, _ in modules:
         kw = {"rounding": opt} if fmt == "mxfp8" else {"block": opt}
         mxt.convert(m, {name: planes}, format=fmt, layout=layout, **kw)
@@ -582,6 +584,27 @@ def case_export(rank, world, root):
     return {"checked": checked}
 
 
+def case_meta(rank, world):
+    """torchtitan's order: the model built on the meta device, converted, fully_shard'ed, then
+    to_empty() and initialised (here: the values of a model built normally, through
+    load_state_dict): the masters are those values and every plane the first forward and
+    backward gather is their whole-tensor quantize."""
+    m = shard_all(build(meta=True))
+    m.to_empty(device=dev())
+    ref = build()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    set_model_state_dict(m, ref.state_dict(), options=StateDictOptions(full_state_dict=True))
+    masters = full_masters(m)
+    for name, _, _, _, _, _ in MODULES:
+        assert torch.equal(masters[f"{name}.weight"].cpu(), ref.get_submodule(name).weight.detach()._data.cpu()), name
+    with record_planes() as seen:
+        loss_of(m, MODULES, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    for name, plane, got in seen:
+        want = plane_bytes(quantize_whole(getattr(m, name).spec, masters[f"{name}.weight"].to(dev())), plane)
+        assert all(torch.equal(got[k].cpu(), want[k].cpu()) for k in got), (name, plane)
+    return {"checked": len(seen)}
+
+
 def only_at(world_needed, case):
     """`case` at one world size; the other groups of the same plan skip it."""
     def run(rank, world, **kw):
@@ -594,7 +617,7 @@ def plan_a(root):
     return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2}),
             ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
             ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {}),
-            ("export", "export@2", {"root": root})]
+            ("export", "export@2", {"root": root}), ("meta", "meta", {})]
 
 
 def plan_b(root):
@@ -606,7 +629,7 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "bytes": case_bytes, "dcp_save": case_dcp_save, "dcp_load": case_dcp_load,
          "features@2": only_at(2, case_features), "failure@2": only_at(2, case_failure),
          "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save),
-         "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export)}
+         "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export), "meta": case_meta}
 
 
 def worker(rank, world, port, q, plan=None):

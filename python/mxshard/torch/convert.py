@@ -196,8 +196,8 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         if _is_dtensor(mod.weight):
             raise ValueError(f"convert: call convert(model, ...) before fully_shard: {mod_names[0] or '<root>'}"
                              f".weight is already sharded (a DTensor)")
-        dev = _check_device(mod.weight.device, "convert")
-        _require_library(dev, "convert")
+        if mod.weight.device.type != "meta":  # a model built on meta (torchtitan): to_empty() later
+            _require_library(_check_device(mod.weight.device, "convert"), "convert")
         todo.append((mod, mod_names, v))
     conv1d = [n for n, m in conv1d_all.items()
               if not any(fnmatch.fnmatchcase(n, p) for p in skips) and decide(n, m) != "dense"]

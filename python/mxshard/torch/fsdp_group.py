@@ -96,7 +96,21 @@ class FSDPGroup:
 
     def add(self, name, module):
         self.members.append((name, module))
-        module.register_load_state_dict_post_hook(lambda mod, keys: self.masters_changed())
+        module.register_load_state_dict_post_hook(self._loaded)
+
+    def _loaded(self, module, incompatible_keys):
+        self.masters_changed()
+
+    # torch.save(model) / copy.deepcopy pickle the group with its modules: the units (the bytes
+    # derived from the masters, and the library objects behind them) are rebuilt at the next use
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.update(units={}, _agreed=None, refreshed=0, generation=self.generation + 1)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _install_step_hook()
 
     def masters_changed(self):
         """The masters were written: the next all-gather refreshes every weight's bytes (call it on
@@ -330,6 +344,6 @@ def _after_optimizer_step(optimizer, args, kwargs):
 
 
 def _replaced_message(name, w):
-    return (f"mxshard: {name}.weight is a {type(w).__name__}, not the module's QuantMaster: it was replaced "
-            f"(a tied weight, load_state_dict(assign=True), a new Parameter?). Keep the converted weight: load "
-            f"values with load_state_dict(..., assign=False) / weight.data.copy_(...), and keep tied weights dense")
+    return (f"mxshard: keep a converted weight's Parameter: load values into it (load_state_dict, "
+            f"weight.data.copy_(...)) and keep tied weights dense. {name}.weight is a {type(w).__name__}, not the "
+            f"module's QuantMaster: it was replaced (a tie, a new Parameter?)")

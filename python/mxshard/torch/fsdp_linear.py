@@ -77,9 +77,9 @@ def _check_weight(module):
             f"mxshard: {module.meta.name}: the weight is still sharded (a DTensor): FSDP2 unshards it in the forward "
             f"of the module fully_shard was applied to. Call that module (or the root), not this submodule alone")
     raise RuntimeError(
-        f"mxshard: {module.meta.name}.weight is a {type(w).__name__}, not its QuantMaster: it was replaced (a tied "
-        f"weight, load_state_dict(assign=True), a new Parameter?). Load values with load_state_dict(assign=False) "
-        f"or weight.data.copy_(...); keep tied weights dense")
+        f"mxshard: keep a converted weight's Parameter: load values into it (load_state_dict, "
+        f"weight.data.copy_(...)) and keep tied weights dense. {module.meta.name}.weight is a {type(w).__name__}, "
+        f"not its QuantMaster: it was replaced (a tie, a new Parameter?)")
 
 
 class _ParamLinear(nn.Linear):
@@ -127,6 +127,39 @@ class _ParamLinear(nn.Linear):
             raise RuntimeError(f"mxshard: {self.meta.name}: the weight is sharded (FSDP2, between steps): its "
                                f"quantized bytes exist while FSDP2 holds it unsharded")
         return _primary(self, _check_weight(self), "row")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """load_state_dict(assign=True) (meta-device loading, Hugging Face's low_cpu_mem_usage): the
+        weight stays this module's QuantMaster Parameter; a master on the meta device takes the
+        loaded tensor as its storage (assign's meaning), any other one its values (a copy). The
+        bias is assigned as usual."""
+        key = prefix + "weight"
+        w = self._parameters.get("weight")
+        if not (local_metadata.get("assign_to_params_buffers", False) and key in state_dict
+                and isinstance(w, QuantMaster) and isinstance(state_dict[key], torch.Tensor)):
+            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                                 unexpected_keys, error_msgs)
+        t = state_dict[key]
+        if tuple(t.shape) != tuple(w.shape):
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(t.shape)} from "
+                              f"checkpoint, the shape in current model is {tuple(w.shape)}.")
+            return
+        with torch.no_grad():
+            if w.is_meta:
+                if type(t) not in (torch.Tensor, nn.Parameter):
+                    error_msgs.append(f"{key}: load_state_dict(assign=True) into a converted weight on the meta "
+                                      f"device takes a plain tensor, got a {type(t).__name__}")
+                    return
+                data = t.detach().contiguous()
+                self.weight = nn.Parameter(QuantMaster(data, self.meta), requires_grad=w.requires_grad)
+            else:
+                w.copy_(t)
+        rest = {k: v for k, v in state_dict.items() if k != key}
+        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if key in missing_keys:
+            missing_keys.remove(key)
 
     def reset_parameters(self):
         # nn.Linear's initialisation of the master, in place (the bytes follow at the next use)

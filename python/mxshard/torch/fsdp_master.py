@@ -14,7 +14,8 @@ Everything a torch user does to a parameter works on the master: torch.optim
 `weight.data.normal_()`, DCP (the state dict holds plain tensors, see
 state_dict_hooks in fsdp_linear). Ops that create a new tensor return plain
 tensors, except the ones FSDP2 and nn.Module need to keep the subclass (views,
-detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`).
+detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`, empty_like for
+`to_empty(device=...)` of a model built on the meta device).
 
 Every write into a master (an in-place op through this class, or a write into
 its storage through a plain alias) raises its inner tensor's version counter,
@@ -77,6 +78,7 @@ _VIEWS = {
 _NEW = {
     torch.ops.aten.new_zeros.default, torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
     torch.ops.aten._to_copy.default, torch.ops.aten.clone.default,
+    torch.ops.aten.empty_like.default,   # module.to_empty(device=...) of a model built on meta
 }
 
 
