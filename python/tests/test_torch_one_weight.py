@@ -302,3 +302,26 @@ def test_replaced_weight_says_what_to_do_first():
     model.down.weight = nn.Parameter(torch.randn(24, 72))
     with pytest.raises(RuntimeError, match=r"^mxshard: keep a converted weight's Parameter: load values into it"):
         model(torch.randn(2, 40))
+
+
+@pytest.mark.parametrize("zero", ["opt", "model", "none"])
+def test_sharded_optimizer_any_zero_grad_habit_trains_alike(zero):
+    """opt.zero_grad(), model.zero_grad() (HF Trainer's habit, which cannot reach ShardedOptimizer's
+    buffers) or none: step() consumes the gradients, so the three loops give the same bytes."""
+    def run(mode):
+        model = build()
+        opt = mxt.ShardedOptimizer(model, lambda g: torch.optim.SGD(g, lr=0.1))
+        try:
+            for s in range(3):
+                g = torch.Generator().manual_seed(s)
+                model(torch.randn(8, 40, generator=g)).pow(2).mean().backward()
+                opt.step()
+                if mode == "opt":
+                    opt.zero_grad()
+                elif mode == "model":
+                    model.zero_grad()
+            return u8(model.up.row_data).clone(), u8(model.down.row_data).clone()
+        finally:
+            opt.close()
+    want, got = run("opt"), run(zero)
+    assert all(torch.equal(a, b) for a, b in zip(want, got))

@@ -23,7 +23,7 @@ from ..weight import MXFP8Weight
 from ..writeback import BucketWriteback
 from . import _optim_compat as compat
 from . import layout as LY
-from ._optim_grads import GRAD_DTYPES, dense_hook, mx_hook, owned_hook
+from ._optim_grads import GRAD_DTYPES, dense_hook, mx_hook, owned_hook, zero_pending_hook
 from ._optim_adopt import adopt_param_linears
 from .fsdp_linear import _ParamLinear
 from .linear import _QuantLinear, is_quantized
@@ -285,6 +285,17 @@ class Construction:
         for b, bs in zip(self._buckets, plan.buckets):
             b.spec = bs
         self._attach()
+        self._hook_forwards(model, items)
+
+    def _hook_forwards(self, model, items):
+        """zero_pending_hook on every module that owns a trainable item (undone by _rollback)."""
+        ref = weakref.ref(self)
+        params = {id(it.param) for it in items if it.param is not None}
+        for m in model.modules():
+            if is_quantized(m) or any(id(p) in params for p in m.parameters(recurse=False)):
+                h = m.register_forward_pre_hook(zero_pending_hook(ref))
+                self._handles.append(h)
+                self._undo.append(h.remove)
 
     def _alloc(self, bs, device):
         b = Bucket(bs)

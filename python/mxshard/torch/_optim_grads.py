@@ -49,6 +49,17 @@ def owned_hook(hook):
     return ref is not None and ref() is not None
 
 
+def zero_pending_hook(ref):
+    """Forward pre-hook of every module that owns a trainable item: the first forward with grad
+    enabled after a step() that no zero_grad() followed zeroes the gradient buffers first."""
+    def hook(module, args):
+        o = ref()
+        if o is not None and o._zero_pending and torch.is_grad_enabled():
+            o._zero_grads(True)
+    hook._mxs_owner = ref
+    return hook
+
+
 def dense_hook(ref, b, pos, gview):
     """A dense parameter's post-accumulate-grad hook: add .grad into the bucket, drop it."""
     def hook(p):
@@ -169,6 +180,7 @@ class Gradients:
         """Every gradient buffer zeroed (they stay: main_grad views stay); a
         dense parameter's .grad (only ever there when set outside the hooks)
         set to None or zeroed in place, as torch.optim does."""
+        self._zero_pending = False
         for bk in self._buckets:
             if bk.work is not None:
                 bk.work.wait()

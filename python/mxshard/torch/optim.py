@@ -279,6 +279,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         self._view_at = []        # per view: (bucket index, shard lo, shard hi, group)
         self._hook_errors = []
         self._late = []
+        self._zero_pending = False  # a step() consumed the gradients, no zero_grad() since
         self._sync = True
         self._next = 0
         self._handles = []
@@ -368,7 +369,10 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         """Zero every gradient buffer (the buffers and main_grad views stay),
         reset the readiness of the buckets; a dense parameter's .grad (there
         only when set outside the hooks) becomes None (set_to_none=True) or is
-        zeroed in place (False)."""
+        zeroed in place (False). After a successful step() the next forward
+        with grad enabled zeroes the buffers if this was not called: a loop
+        that calls model.zero_grad() instead (which cannot reach these
+        buffers), or nothing, trains the same."""
         self._zero_grads(set_to_none)
 
     # ---- the step -------------------------------------------------------------------
@@ -387,9 +391,15 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             with torch.enable_grad():
                 loss = closure()
         try:
-            return self._step(loss)
+            out = self._step(loss)
         finally:
             self._grads_seen = self._grad_versions()
+        # the step consumed the gradients (the reduced buffers cannot take another backward on top):
+        # the next forward with grad enabled zeroes them first unless zero_grad() came before it
+        # (_optim_grads.zero_pending_hook), so that model.zero_grad() (which cannot reach these
+        # buffers) or no zero_grad() at all trains as opt.zero_grad() does
+        self._zero_pending = True
+        return out
 
     def _step(self, loss):
         errs = []
