@@ -325,3 +325,32 @@ def test_sharded_optimizer_any_zero_grad_habit_trains_alike(zero):
             opt.close()
     want, got = run("opt"), run(zero)
     assert all(torch.equal(a, b) for a, b in zip(want, got))
+
+
+def test_clip_grad_norm_under_sharded_optimizer_says_what_to_use():
+    """Item 4: torch.nn.utils.clip_grad_norm_(model.parameters()) under ShardedOptimizer raises,
+    naming max_grad_norm (it used to return 0 and clip nothing); gradient accumulation through the
+    same .grad still adds into the bucket, and the masters match a loop without the failed clip."""
+    def run(try_clip):
+        model = build()
+        opt = mxt.ShardedOptimizer(model, lambda g: torch.optim.SGD(g, lr=0.1), max_grad_norm=0.5)
+        try:
+            for s in range(2):
+                g = torch.Generator().manual_seed(s)
+                with opt.no_sync():
+                    model(torch.randn(8, 40, generator=g)).pow(2).mean().backward()
+                model(torch.randn(8, 40, generator=g)).pow(2).mean().backward()
+                if try_clip:
+                    with pytest.raises(RuntimeError, match=r"^ShardedOptimizer: clip with ShardedOptimizer\(\.\.\., "
+                                                           r"max_grad_norm=\.\.\.\)"):
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    with pytest.raises(RuntimeError, match="opt.last_grad_norm"):
+                        model.head.bias.grad.norm()
+                opt.step()
+                opt.zero_grad()
+                assert model.head.bias.grad is None
+            return u8(model.up.row_data).clone(), u8(model.head.bias.detach()).clone(), opt.last_grad_norm
+        finally:
+            opt.close()
+    a, b = run(False), run(True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]

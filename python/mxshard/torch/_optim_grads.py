@@ -5,7 +5,8 @@ zeroing, and whether any gradient arrived at all.
 
     backward:  MXFP8Linear / NVFP4Linear wgrad -> main_grad (a view of the bucket's
                gradient buffer) -> _mx_hook; dense p.grad -> _dense_hook adds it into
-               the buffer, sets p.grad = None
+               the buffer, sets p.grad = HeldGrad (_optim_held_grad: a later backward's
+               gradient goes into the buffer through it, a read of it raises)
                -> _report: a bucket whose items all reported is launched (in bucket order)
     step():    _flush (dense .grad set outside the hooks), grads_arrived, _reduce_all
                (launch the rest, wait), fp32_shards (upcast a bf16 shard; "mean": / world)
@@ -27,6 +28,8 @@ needed (gradients written straight into main_grad count too).
 from __future__ import annotations
 
 import torch
+
+from ._optim_held_grad import HeldGrad
 
 __all__ = ["mx_hook", "dense_hook", "owned_hook", "sum_squares", "GRAD_DTYPES", "Gradients"]
 
@@ -61,18 +64,21 @@ def zero_pending_hook(ref):
 
 
 def dense_hook(ref, b, pos, gview):
-    """A dense parameter's post-accumulate-grad hook: add .grad into the bucket, drop it."""
+    """A dense parameter's post-accumulate-grad hook: add .grad into the bucket, leave a HeldGrad
+    in its place (it raises, saying what to use, where .grad would be read)."""
     def hook(p):
         g = p.grad
         opt = ref()
         if g is None or opt is None:  # an optimizer that is gone leaves the gradient alone
             return
-        try:
-            gview.add_(g.reshape(gview.shape))
-        except Exception as e:  # noqa: BLE001 - surfaces in step(), never inside backward
-            opt._hook_errors.append(f"{opt._items[opt.plan.buckets[b].items[pos].item].name}: {e}")
-            return
-        p.grad = None
+        if not isinstance(g, HeldGrad):  # (a HeldGrad took this backward's gradient itself)
+            name = opt._items[opt.plan.buckets[b].items[pos].item].name
+            try:
+                gview.add_(g.reshape(gview.shape))
+            except Exception as e:  # noqa: BLE001 - surfaces in step(), never inside backward
+                opt._hook_errors.append(f"{name}: {e}")
+                return
+            p.grad = HeldGrad(p, gview, name)
         opt._report(b, pos)
     hook._mxs_owner = ref
     return hook
@@ -115,7 +121,7 @@ class Gradients:
         goes into the gradient buffers of the buckets not launched yet."""
         late = []
         for it, view, gview in self._expect:
-            if it.param is None or it.param.grad is None:
+            if it.param is None or it.param.grad is None or isinstance(it.param.grad, HeldGrad):
                 continue
             b, _ = self._where[id(it)]
             if self._buckets[b].work is not None:
@@ -191,7 +197,7 @@ class Gradients:
             p = it.param
             if p is None or p.grad is None:
                 continue
-            if set_to_none:
+            if set_to_none or isinstance(p.grad, HeldGrad):
                 p.grad = None
             else:
                 if p.grad.grad_fn is not None:

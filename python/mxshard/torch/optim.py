@@ -58,11 +58,11 @@ dense parameter's its value; the inner state is kept) or
 ``model_from_masters()`` (undo the write, e.g. after evaluating EMA
 weights); restore a whole training state with mxt.load_checkpoint or
 load_state_dict(). Do not wrap the model in DistributedDataParallel (refused
-at construction): ShardedOptimizer reduces the gradients itself. Dense
-parameters' ``.grad`` is None after each backward (the gradient is in the
-bucket buffer): clip with ``max_grad_norm``, not
-torch.nn.utils.clip_grad_norm_ (which finds no gradient and returns 0);
-the norm is ``last_grad_norm``. ``step(closure)`` evaluates the closure
+at construction): ShardedOptimizer reduces the gradients itself. A dense
+parameter's ``.grad`` is a HeldGrad placeholder after each backward (the
+gradient is in the bucket buffer; _optim_held_grad): clip with
+``max_grad_norm``; torch.nn.utils.clip_grad_norm_ raises, saying so; the
+norm is ``last_grad_norm``. ``step(closure)`` evaluates the closure
 (with grad enabled) first.
 
 step(), in order:

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: MIT
+"""HeldGrad: what a dense parameter's `.grad` is under ShardedOptimizer once
+its gradient went into the optimizer's bucket.
+
+    backward   p.grad (autograd) -> dense_hook adds it into the bucket -> p.grad = HeldGrad
+    backward   (no_sync, another micro-batch) autograd's p.grad += new  ->  added into the bucket
+    anything else on it (clip_grad_norm_, p.grad.norm(), an optimizer of your own)
+               -> RuntimeError: clip with ShardedOptimizer(max_grad_norm=...)
+
+The gradient a parameter shows would be this rank's local, unreduced one,
+and only for the dense parameters (the converted weights are no Parameters
+under ShardedOptimizer), so a norm or a clip computed from `.grad` would be
+silently wrong (torch.nn.utils.clip_grad_norm_ used to return 0 and clip
+nothing). It holds no storage: its shape, dtype and device are the
+parameter's. opt.zero_grad(), model.zero_grad() and the next forward after
+a step drop it (set it to None).
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["HeldGrad"]
+
+_aten = torch.ops.aten
+_ACCUMULATE = {_aten.add_.Tensor, _aten.add.Tensor}
+_KEEP = {_aten.zero_.default, _aten.detach_.default, _aten.detach.default, _aten.alias.default}
+
+
+class HeldGrad(torch.Tensor):
+    """The .grad of dense parameter `name` whose gradient ShardedOptimizer holds in `gview`."""
+
+    @staticmethod
+    def __new__(cls, param, gview, name):
+        return torch.Tensor._make_wrapper_subclass(cls, param.shape, dtype=param.dtype, device=param.device)
+
+    def __init__(self, param, gview, name):
+        self._gview, self._name = gview, name
+
+    def __repr__(self, *, tensor_contents=None):
+        return f"HeldGrad({self._name!r}: held in ShardedOptimizer's gradient bucket)"
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        me = args[0] if args and isinstance(args[0], HeldGrad) else None
+        if me is not None and func in _ACCUMULATE and len(args) >= 2 and isinstance(args[1], torch.Tensor) \
+                and not isinstance(args[1], HeldGrad):
+            # autograd accumulating another backward's gradient (grad += new, or grad + new)
+            me._gview.add_(args[1].reshape(me._gview.shape), alpha=kwargs.get("alpha", 1))
+            return me
+        if me is not None and func in _KEEP:
+            return me   # zero_grad(set_to_none=False): the bucket is zeroed by the optimizer
+        names = sorted({t._name for t in _held_in((args, kwargs))})
+        raise RuntimeError(
+            f"ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...) and read the norm from "
+            f"opt.last_grad_norm: the optimizer holds the gradients in its buckets (reduced over the ranks in "
+            f"step()), so {func} cannot run on the .grad of {', '.join(names[:3])}"
+            f"{', ...' if len(names) > 3 else ''}")
+
+
+def _held_in(tree):
+    out = []
+
+    def walk(x):
+        if isinstance(x, HeldGrad):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+    walk(tree)
+    return out
