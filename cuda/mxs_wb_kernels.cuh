@@ -1,23 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/* cuda/mxs_wb_kernels.cuh - the writeback work list and its kernels
- * (partial / apply), shared by mxs_writeback.cu (which builds the list and
- * launches them).
+/* cuda/mxs_wb_kernels.cuh - the writeback kernels (partial / apply) over
+ * the work list of mxs_wb_list.cuh, and their launchers. Included by the
+ * kernel translation units alone (mxs_wb_general.cu, mxs_wb_scales.cu,
+ * mxs_wb_interior_*.cu), each of which explicitly instantiates the
+ * launchers of its kernels; mxs_writeback.cu builds the list and calls the
+ * launchers.
  *
- * A prepared bucket is a table of WbItem in the caller's device workspace,
- * one per batch item and phase (built once by mxs_cuda_wb_prepare). Each
- * item owns a contiguous range of work units:
- *
- *   units   | item 0: tiles | zero-fill/scales | item 1: tiles | ... |
- *           ^unit_begin(0)                     ^unit_begin(1)
- *
- * general-kernel tiles (run_tile, mxs_tile.cuh) first, then the partial's
- * zero-fill of the packed buffer outside the touched groups (kZeroChunk
- * units, mxs_scales.cuh); apply's scale writes (ScaleWrite units,
- * mxs_scale_write.cuh) are numbered apart (int_begin) for their own kernel. A CTA finds the item of its unit with one
- * binary search over unit_begin (find_item). The interior tiles of a fused partial
- * - the whole 128-column tiles of every touched group on the vector path,
- * masked in the groups a shard edge cuts - have their own unit range
- * (int_begin) and go to the lean interior kernel.
+ * A CTA finds the item of its unit with one binary search over unit_begin
+ * (find_item; int_begin for the interior and scale units).
  *
  * Template parameters: MIS, some item's vector loads are only
  * element-aligned (ld_vec8); EDGES (interior kernel), some item has masked
@@ -39,50 +29,9 @@
 #ifndef MXSHARD_CUDA_WB_KERNELS_CUH
 #define MXSHARD_CUDA_WB_KERNELS_CUH
 
-#include "mxs_scale_write.cuh"
-#include "mxs_scales.cuh"
-#include "mxs_tile.cuh"
-#include "mxs_wb_edges.cuh"
+#include "mxs_wb_list.cuh"
 
 namespace mxs__cu {
-
-/* One item of a phase's work list (device copy in the workspace). */
-struct WbItem {
-    mxs__job job;
-    int64_t unit_begin; /* first work unit of this item in the launch */
-    int64_t tile_units, extra_units;
-    int64_t T;               /* tile columns: ceil(cols/128) */
-    int64_t g_first, g_last; /* the groups the shard touches (general-kernel tiles) */
-    /* Partial: groups [ga, gb) lie wholly inside the shard. On the vector
-     * path (fused, cols >= 128) the first T_int tile columns of EVERY
-     * touched group [g_first, g_last] are whole 32 x 128 tiles (in a last
-     * group of fewer than 32 rows: its rows x 128) and go to the interior
-     * kernel (int_units of them, from int_begin), masked (interior_tile
-     * MASK) in the groups outside [ga, gb), where the shard's edges cut.
-     * The general kernel takes the tile columns >= T_int (cols % 128 != 0).
-     * Without interior tiles T_int = 0 and ga = gb = g_last + 1.
-     * Apply: int_units / int_begin number the item's scale-write units
-     * (sw[0] then sw[1]) and edge units (span[0] then span[1]) for
-     * wb_scales_kernel instead. */
-    int64_t ga, gb, T_int, int_units, int_begin;
-    /* Local interior numbering: [0, wide_from) the groups' tiles, g_first
-     * + local / T_int; [wide_from, int_units) the short last group gb - 1
-     * (at most kTY rows, wholly inside) in units of 4 tile columns
-     * (interior_wide_tile, kWideShortGroups); wide_from = int_units: none.
-     * wide_rpt: rows per thread of those units (1: at most 8 rows, in
-     * units of 4 tile columns; 2: 9..16 rows, units of 2). */
-    int64_t wide_from, wide_rpt;
-    /* apply (fused): the (0, 1 or 2) edge spans holding the blocks that
-     * straddle a shard edge (mxs_wb_edges.cuh); an unused one is all 0 */
-    EdgeSpan span[2];
-    /* partial: up to 4 packed byte ranges to zero (outside the touched groups) */
-    uint8_t *zero_ptr[4];
-    int64_t zero_len[4];
-    /* apply: the reduced exponents into the primary's scale planes
-     * (mxs_scale_write.cuh) */
-    ScaleWrite sw[2];
-};
-static_assert(sizeof(WbItem) % 8 == 0, "WbItem tables are stored back to back, 8-byte aligned");
 
 /* The one search: the last item whose first unit (unit_begin, or int_begin
  * for the interior units) is <= u. Probes go through the read-only path, so
@@ -123,27 +72,6 @@ __device__ __forceinline__ void wb_unit(const WbItem &it, int64_t local, TileSme
     }
     local -= it.tile_units;
     if (MODE == MXS__JOB_PARTIAL) zero_unit(it, local); /* apply: its units are tiles only */
-}
-
-/* apply's scale writes and straddling blocks: units [0, units) in the
- * int_begin numbering (the item's ScaleWrite units of its two planes, then
- * the units of its edge spans, in order), in a kernel without run_tile, so
- * at the scale writer's own registers. */
-__global__ void __launch_bounds__(kThreads)
-    wb_scales_kernel(const WbItem *MXS_RESTRICT items, int64_t n_items, int64_t units) {
-    __shared__ uint32_t sw[kThreads * 9];
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
-        const int64_t a = find_item<true>(items, n_items, u);
-        const WbItem &it = items[a];
-        const int64_t local = u - it.int_begin, s0 = it.sw[0].units, s1 = it.sw[1].units;
-        if (local >= s0 + s1) {
-            const int64_t e = local - s0 - s1, e0 = edge_span_units(it.span[0]);
-            edge_span_unit(it.job, it.span[e < e0 ? 0 : 1], e < e0 ? e : e - e0);
-        } else if (local >= s0)
-            scale_write_unit(it.sw[1], local - s0, sw);
-        else
-            scale_write_unit(it.sw[0], local, sw);
-    }
 }
 
 /* Interior tile `local` of item `it`. PLANES = 0 (a bucket with both
@@ -246,20 +174,14 @@ __global__ void __launch_bounds__(kThreads, interior_ctas_per_sm<PLANES, MIS, ED
     }
 }
 
-/* Kernel parameters may take 32764 bytes (CUDA 12.1+, Volta+): the work
- * list travels to the workspace in parameter blocks of kStoreItems items
- * (no pageable host copy, no host buffer that must outlive the call). */
-constexpr int kStoreItems = (int)(30000 / sizeof(WbItem));
-static_assert(kStoreItems >= 1, "one item per parameter block at least");
-struct WbStore {
-    WbItem items[kStoreItems];
-};
-static_assert(sizeof(WbItem) % 4 == 0, "WbItem is copied as 32-bit words");
-__global__ void __launch_bounds__(kThreads) table_store(const __grid_constant__ WbStore P, WbItem *dst, int64_t n) {
-    const uint32_t *src = reinterpret_cast<const uint32_t *>(P.items);
-    uint32_t *out = reinterpret_cast<uint32_t *>(dst);
-    const int64_t words = n * (int64_t)(sizeof(WbItem) / 4);
-    for (int64_t k = threadIdx.x; k < words; k += kThreads) out[k] = src[k];
+/* The launchers (declared in mxs_wb_list.cuh), one kernel each. */
+template <unsigned PLANES, bool MIS, bool EDGES, bool WCOL> void wb_interior_launch(const WbLaunch &L) {
+    wb_interior_kernel<PLANES, MIS, EDGES, WCOL>
+        <<<L.grid, kThreads, 0, L.stream>>>(L.items, L.n_items, L.units, L.zero_units, L.status);
+}
+
+template <int MODE, unsigned PLANES, bool MIS> void wb_general_launch(const WbLaunch &L) {
+    wb_kernel<MODE, PLANES, MIS><<<L.grid, kThreads, 0, L.stream>>>(L.items, L.n_items, L.units, L.status);
 }
 
 } /* namespace mxs__cu */

@@ -12,7 +12,10 @@
  *              ^16-byte aligned
  *
  * The phase calls read nothing but the bucket and launch the kernels of
- * mxs_wb_kernels.cuh on that list. No state outside the caller's objects.
+ * mxs_wb_kernels.cuh on that list, through the launchers of mxs_wb_list.cuh:
+ * this unit compiles no writeback kernel (the mxs_wb_*.cu units do, in
+ * parallel), only the copy kernel of prepare (table_store). No state outside
+ * the caller's objects.
  */
 #include <cuda_runtime.h>
 
@@ -21,9 +24,22 @@
 #include <mxshard/cuda.h>
 
 #include "mxs_launch.cuh"
-#include "mxs_wb_kernels.cuh"
+#include "mxs_wb_list.cuh"
 
 using namespace mxs__cu;
+
+namespace mxs__cu {
+
+/* The work list's way to the workspace: kStoreItems records per launch, as
+ * 32-bit words from the kernel's parameter block (mxs_wb_list.cuh). */
+__global__ void __launch_bounds__(kThreads) table_store(const __grid_constant__ WbStore P, WbItem *dst, int64_t n) {
+    const uint32_t *src = reinterpret_cast<const uint32_t *>(P.items);
+    uint32_t *out = reinterpret_cast<uint32_t *>(dst);
+    const int64_t words = n * (int64_t)(sizeof(WbItem) / 4);
+    for (int64_t k = threadIdx.x; k < words; k += kThreads) out[k] = src[k];
+}
+
+} /* namespace mxs__cu */
 
 namespace {
 
@@ -329,8 +345,9 @@ mxs_status bucket_ready(const mxs_cuda_wb_bucket *bk, int phase) {
     return MXS_OK;
 }
 
-/* One phase's launches (see mxs_wb_kernels.cuh). status: the group status
- * byte the partial zeroes (NULL for apply). */
+/* One phase's launches (see mxs_wb_kernels.cuh), through the launchers of
+ * mxs_wb_list.cuh. status: the group status byte the partial zeroes (NULL
+ * for apply). */
 template <int MODE, unsigned PLANES, bool MIS, bool EDGES, bool WCOL = false>
 void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t units, int64_t tile_units,
                uint8_t *status, cudaStream_t stream) {
@@ -340,22 +357,21 @@ void wb_launch(const WbItem *dev, int64_t n_items, int64_t int_units, int64_t un
          * keep the interior kernel's registers (one kernel for both would
          * run them at run_tile's 128); the zero-fill goes with the general
          * kernel's units */
-        wb_interior_kernel<PLANES, MIS, EDGES, WCOL>
-            <<<grid_for(int_units), kThreads, 0, stream>>>(dev, n_items, int_units, 0, status);
-        wb_kernel<MODE, PLANES, MIS><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, nullptr);
+        wb_interior_launch<PLANES, MIS, EDGES, WCOL>({grid_for(int_units), stream, dev, n_items, int_units, 0, status});
+        wb_general_launch<MODE, PLANES, MIS>({grid_for(units), stream, dev, n_items, units, 0, nullptr});
         return;
     }
     if (int_units > 0) {
         /* no general-kernel tiles: the zero-fill units ride along in the
          * interior launch */
         const int64_t zu = MODE == MXS__JOB_PARTIAL && tile_units == 0 ? units : 0;
-        wb_interior_kernel<PLANES, MIS, EDGES, WCOL>
-            <<<grid_for(int_units + zu), kThreads, 0, stream>>>(dev, n_items, int_units, zu, status);
-        units -= zu;
-        status = nullptr;
+        wb_interior_launch<PLANES, MIS, EDGES, WCOL>(
+            {grid_for(int_units + zu), stream, dev, n_items, int_units, zu, status});
+        if (units == zu) return;
+        wb_general_launch<MODE, PLANES, MIS>({grid_for(units - zu), stream, dev, n_items, units - zu, 0, nullptr});
+        return;
     }
-    if (units == 0) return;
-    wb_kernel<MODE, PLANES, MIS><<<grid_for(units), kThreads, 0, stream>>>(dev, n_items, units, status);
+    if (units > 0) wb_general_launch<MODE, PLANES, MIS>({grid_for(units), stream, dev, n_items, units, 0, status});
 }
 
 /* The kernels of the bucket's kind: row-only or not, misaligned loads or
@@ -415,7 +431,7 @@ mxs_status bucket_run(const mxs_cuda_wb_bucket *bk, int phase, cudaStream_t stre
         /* the scale writes and the straddling blocks (edge spans) in a
          * kernel of their own (no run_tile: its registers, not run_tile's
          * 128); a non-fused apply's tiles in the general kernel after it */
-        if (int_units > 0) wb_scales_kernel<<<grid_for(int_units), kThreads, 0, stream>>>(dev, bk->n_items, int_units);
+        if (int_units > 0) wb_scales_launch({grid_for(int_units), stream, dev, bk->n_items, int_units, 0, nullptr});
         if (units > 0) phase_launch<MXS__JOB_APPLY>(bk, dev, 0, units, tile_units, nullptr, stream);
     }
     return launch_end();

@@ -1,0 +1,17 @@
+/* SPDX-License-Identifier: MIT */
+/* cuda/mxs_wb_interior_mixed_wide.cu - the interior kernel of buckets with
+ * a column-wise plane whose items have wide column units (the short last
+ * group, interior_wide_tile) and aligned loads, no masked tiles:
+ * wb_interior_kernel<0, false, false, true>.
+ *
+ * A translation unit of its own so that it compiles in parallel with the
+ * other interior kernels (mxs_wb_interior_mixed.cu says why); launched by
+ * mxs_writeback.cu (mixed_launch) through wb_interior_launch.
+ */
+#include "mxs_wb_kernels.cuh"
+
+namespace mxs__cu {
+
+template void wb_interior_launch<0, false, false, true>(const WbLaunch &);
+
+} /* namespace mxs__cu */
