@@ -23,10 +23,11 @@ import numpy as np
 
 from . import _arrays as A
 from . import _lib as L
+from . import collectives as C
 from .nvfp4 import NVFP4Weight, _packed_bytes, _weight_arrs, nvfp4_fragment_bytes, nvfp4_struct
 from .weight import _zeros
 from .writeback import BucketWriteback as _MX
-from .writeback import (_WithClose, _add_region, _build_then_setup, _dist, _item_shard, _merged_regions,
+from .writeback import (_WithClose, _add_region, _build_then_setup, _item_shard, _merged_regions,
                         _run_group_protocol)
 
 __all__ = ["NVFP4BucketWriteback", "NVFP4WritebackItem"]
@@ -107,7 +108,6 @@ class NVFP4BucketWriteback(_WithClose):
     # the group setup and the byte gathers are BucketWriteback's, unchanged:
     # they only see this class's _plane_regions() byte intervals
     _setup_group = _MX._setup_group
-    _allgather_i64 = staticmethod(_MX._allgather_i64)
     _schedule = _MX._schedule
     _gather = _MX._gather
     gather = _MX.gather
@@ -395,11 +395,10 @@ class NVFP4BucketWriteback(_WithClose):
     def all_reduce(self, group=None):
         """Step 3 through torch.distributed: ONE all_reduce(MAX) of the packed
         entries (see _wire_plan for the element type on the wire)."""
-        dist = _dist()
         wire, narrow = self._wire_tensors()
         if narrow is not None:
             wire.copy_(narrow)
-        dist.all_reduce(wire, op=dist.ReduceOp.MAX, group=group)
+        C.all_reduce_max(wire, group)
         if narrow is not None:
             narrow.copy_(wire)
 

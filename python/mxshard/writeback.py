@@ -27,18 +27,14 @@ import numpy as np
 
 from . import _arrays as A
 from . import _lib as L
+from . import collectives as C
 from .weight import MXFP8Weight, tensor_struct
 
 WritebackItem = namedtuple("WritebackItem", "primary master start length row_fragment col_fragment",
                            defaults=(None, None, None))
 
 
-def _dist():
-    t = A.torch_mod()
-    if t is None:
-        return None
-    import torch.distributed as dist
-    return dist if dist.is_available() else None
+_dist = C.dist
 
 
 def _as_item(x, i):
@@ -442,8 +438,7 @@ class BucketWriteback(_WithClose):
     def all_reduce(self, group=None):
         """Step 3 through torch.distributed: ONE all_reduce(MAX) of the whole
         packed buffer (uint8)."""
-        dist = _dist()
-        dist.all_reduce(self._comm_packed(), op=dist.ReduceOp.MAX, group=group)
+        C.all_reduce_max(self._comm_packed(), group)
 
     def run(self, group=None, gather=None, error=None):
         """partial -> all_reduce(MAX, group) -> status check -> apply -> one
@@ -507,26 +502,22 @@ class BucketWriteback(_WithClose):
         fp = int(self.plan.fingerprint) if ok else 0
         fp = fp - (1 << 64) if fp >= (1 << 63) else fp
         n_iv = sum(len(r["iv"]) for r in regions)
-        head = [1 if ok else 0, fp, self.packed_bytes if ok else 0, len(regions), n_iv]
-        heads = self._allgather_i64(head, world, comm_dev, group)
+        extras = C.agree(ok, [fp, self.packed_bytes if ok else 0, len(regions)], "BucketWriteback setup", group,
+                         comm_dev, extra=[n_iv],
+                         remote=lambda bad: f"BucketWriteback setup (ranks {bad} failed to build the bucket)",
+                         mismatch=lambda bad: "BucketWriteback setup (ranks differ in plan fingerprint, packed size "
+                                              "or plane buffers)")
         if local_error is not None:
             raise local_error
-        if not all(h[0] for h in heads):
-            bad = [r for r, h in enumerate(heads) if not h[0]]
-            raise L.remote_error(f"BucketWriteback setup (ranks {bad} failed to build the bucket)")
-        if len({(h[1], h[2], h[3]) for h in heads}) != 1:
-            raise L.status_error(L.host_lib().codes.get("MXS_ERR_PLAN_MISMATCH", 9),
-                                 "BucketWriteback setup (ranks differ in plan fingerprint, packed size or "
-                                 "plane buffers)")
         body = []
         for r in regions:
             body += [r["first"], _nbytes(r["flat"]), len(r["iv"])]
         for r in regions:
             for lo, hi in r["iv"]:
                 body += [lo, hi]
-        width = max(3 * len(regions) + 2 * max(h[4] for h in heads), 1)
+        width = max(3 * len(regions) + 2 * max(e[0] for e in extras), 1)
         body += [0] * (width - len(body))
-        bodies = self._allgather_i64(body, world, comm_dev, group)
+        bodies = C.all_gather_i64(body, group, comm_dev)
         sched = []
         for g, r in enumerate(regions):
             metas = [(b[3 * g], b[3 * g + 1], b[3 * g + 2]) for b in bodies]
@@ -542,15 +533,6 @@ class BucketWriteback(_WithClose):
         setup = {"group": group, "sched": sched, "world": world, "rank": rank, "list": "gloo" in backend}
         self._setups[_gkey(group)] = setup
         return setup
-
-    @staticmethod
-    def _allgather_i64(vals, world, dev, group):
-        dist = _dist()
-        t = A.torch_mod()
-        x = t.tensor(vals, dtype=t.int64, device=dev)
-        out = [t.empty_like(x) for _ in range(world)]
-        dist.all_gather(out, x, group=group)
-        return [o.cpu().tolist() for o in out]
 
     def _schedule(self, region, per_rank, rank, world):
         t = A.torch_mod()
@@ -587,7 +569,6 @@ class BucketWriteback(_WithClose):
                 "unpack": unpack}
 
     def _gather(self, setup, group):
-        dist = _dist()
         for s in setup["sched"]:
             if s is None:
                 continue
@@ -597,10 +578,7 @@ class BucketWriteback(_WithClose):
                 for dst, src in s["pack"]:
                     dst.copy_(src)
                 out, inp = s["recv"], s["send"]
-            if setup["list"]:
-                dist.all_gather(s["chunks"], inp, group=group)
-            else:
-                dist.all_gather_into_tensor(out, inp, group=group)
+            C.all_gather_bytes(out, inp, group, s["chunks"] if setup["list"] else None)
             if s["kind"] == "padded":
                 for dst, src in s["unpack"]:
                     dst.copy_(src)

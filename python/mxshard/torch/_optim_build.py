@@ -432,20 +432,21 @@ class Construction:
 
     def _agree(self, err):
         """The one collective of the checks: every rank's [ok, fingerprint]."""
-        heads = self.comm.all_gather_i64([0 if err is not None else 1, self.fingerprint], "all_gather_setup")
+        differs = None
+        try:
+            self.comm.agree(err is None, [self.fingerprint], "ShardedOptimizer construction", "all_gather_setup")
+        except L.PlanMismatchError as e:
+            differs = e.ranks[0]  # (raised below, outside this block: no frame <-> traceback cycle through e)
+        if differs is not None:
+            # every rank is here: one more gather says what differs (plan descriptions)
+            lines = self.comm.all_gather_object(LY.describe(self.plan), "all_gather_setup")
+            raise compat.plan_mismatch(differs, LY.first_difference(lines[0], lines[differs]))
         if err is not None:
             self._rollback()
             try:
                 raise err
             finally:
                 err = None  # no frame <-> traceback cycle keeps the optimizer (and its group) alive
-        bad = [r for r, h in enumerate(heads) if not h[0]]
-        if bad:
-            raise L.remote_error(f"ShardedOptimizer construction (ranks {bad} failed)")
-        if len({h[1] for h in heads}) != 1:
-            lines = self.comm.all_gather_object(LY.describe(self.plan), "all_gather_setup")
-            ref_r = next(r for r, h in enumerate(heads) if h[1] != heads[0][1])
-            raise compat.plan_mismatch(ref_r, LY.first_difference(lines[0], lines[ref_r]))
 
     def _shard_items(self, b, weights, kinds):
         """(weight, master view, start, length) of the bucket's items of `kinds`, in bucket order."""

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""The collectives of ShardedOptimizer, counted by kind, with the gloo
-fallbacks:
+"""The collectives of ShardedOptimizer over its group (through
+mxshard.collectives, where every collective of mxshard is issued), counted
+by kind, with the gloo fallbacks:
 
 - gradient reduction: ``reduce_scatter_tensor`` (NCCL and any backend that
   has it) into a separate shard; gloo has none, so the whole bucket is
@@ -17,6 +18,8 @@ from __future__ import annotations
 from collections import Counter
 
 import torch
+
+from .. import collectives as C
 
 
 def _dist():
@@ -77,22 +80,17 @@ class Comm:
         buf[rank*S:(rank+1)*S]). Returns a handle with wait()."""
         if not self.active:
             return Done()
-        d = self.dist
         if self.has_reduce_scatter:
-            self.count("reduce_scatter")
-            w = d.reduce_scatter_tensor(shard, buf, op=d.ReduceOp.SUM, group=self.group, async_op=async_op)
+            w = C.reduce_scatter(shard, buf, self.group, self.counts, "reduce_scatter", async_op)
         else:
-            self.count("all_reduce_grad")
-            w = d.all_reduce(buf, op=d.ReduceOp.SUM, group=self.group, async_op=async_op)
+            w = C.all_reduce_sum(buf, self.group, self.counts, "all_reduce_grad", async_op)
         return w if w is not None else Done()
 
     def all_reduce(self, t, kind, op="sum"):
         """In-place all_reduce (SUM or MAX) of a small tensor, synchronous."""
         if not self.active:
             return t
-        d = self.dist
-        self.count(kind)
-        d.all_reduce(t, op=d.ReduceOp.SUM if op == "sum" else d.ReduceOp.MAX, group=self.group)
+        (C.all_reduce_sum if op == "sum" else C.all_reduce_max)(t, self.group, self.counts, kind)
         return t
 
     def all_gather_into(self, out, inp, kind):
@@ -102,29 +100,23 @@ class Comm:
             if out.data_ptr() != inp.data_ptr():
                 out[:inp.numel()].copy_(inp)
             return
-        d = self.dist
-        self.count(kind)
-        if self.gloo:
-            d.all_gather(list(out.chunk(self.world)), inp, group=self.group)
-        else:
-            d.all_gather_into_tensor(out, inp, group=self.group)
+        C.all_gather_bytes(out, inp, self.group, list(out.chunk(self.world)) if self.gloo else None, self.counts,
+                           kind)
 
     def all_gather_i64(self, vals, kind):
         """Every rank's list of ints (same length everywhere)."""
         if not self.active:
             return [list(vals)]
-        d = self.dist
-        x = torch.tensor(list(vals), dtype=torch.int64, device=self.small_device())
-        out = [torch.empty_like(x) for _ in range(self.world)]
-        self.count(kind)
-        d.all_gather(out, x, group=self.group)
-        return [o.cpu().tolist() for o in out]
+        return C.all_gather_i64(list(vals), self.group, self.small_device(), self.counts, kind)
+
+    def agree(self, ok, key, what, kind, **kw):
+        """mxshard.collectives.agree over this group (a world of one: nothing to agree on)."""
+        if not self.active:
+            return [[]]
+        return C.agree(ok, key, what, self.group, self.small_device(), counts=self.counts, kind=kind, **kw)
 
     def all_gather_object(self, obj, kind):
         """Every rank's picklable object (only on error paths)."""
         if not self.active:
             return [obj]
-        out = [None] * self.world
-        self.count(kind)
-        self.dist.all_gather_object(out, obj, group=self.group)
-        return out
+        return C.all_gather_object(obj, self.group, self.counts, kind)

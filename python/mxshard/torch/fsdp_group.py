@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _lib as L
+from .. import collectives as C
 from .fsdp_gathered import GatheredWeight, _Box
 from .fsdp_master import QuantMaster
 from .fsdp_units import WeightUnit, scratch_bytes, shared_entry_count
@@ -182,8 +183,7 @@ class FSDPGroup:
             wire.zero_()
             wire[n] = 1
         if n > 0:
-            dist.all_reduce(wire, op=dist.ReduceOp.MAX, group=pg)
-            self.collectives["refresh_all_reduce"] += 1
+            C.all_reduce_max(wire, pg, self.collectives, "refresh_all_reduce")
         if err is not None:
             raise err
         if n > 0 and int(wire[n]) != 0:
@@ -201,17 +201,10 @@ class FSDPGroup:
         """Once per world size, before the first reduction: one all_gather of (entry count,
         fingerprint of names, shapes and options); ranks that differ all raise PlanMismatchError
         (a reduction of unequal buffers would hang or mix unrelated entries)."""
-        mine = torch.tensor([n] + fp, dtype=torch.int64, device=dev)
-        out = torch.empty(world * mine.numel(), dtype=torch.int64, device=dev)
-        dist.all_gather_into_tensor(out, mine, group=pg)
-        self.collectives["setup_all_gather"] += 1
-        rows = out.view(world, -1).cpu()
-        if not torch.equal(rows, rows[:1].expand_as(rows)):
-            bad = [r for r in range(world) if not torch.equal(rows[r], rows[0])]
-            raise L.status_error(L.status_code("MXS_ERR_PLAN_MISMATCH"),
-                                 f"mxshard FSDP2: ranks {bad} converted a different model than rank 0 (names, shapes, "
-                                 f"formats, planes or options of the quantized linears); build and convert the same "
-                                 f"model on every rank")
+        C.agree(True, [n] + fp, "mxshard FSDP2 refresh", pg, dev, counts=self.collectives, kind="setup_all_gather",
+                mismatch=lambda bad: f"mxshard FSDP2: build and convert the same model on every rank: ranks {bad} "
+                                     f"converted a different model than rank 0 (names, shapes, formats, planes or "
+                                     f"options of the quantized linears)")
         self._agreed = world
 
     # ---- FSDP2's hooks -------------------------------------------------------------------
@@ -295,8 +288,7 @@ class FSDPGroup:
         ins = u.send(plane)
         flat = torch.cat([t.reshape(-1) for t in ins])
         outb = torch.empty(u.world * flat.numel(), dtype=torch.uint8, device=flat.device)
-        dist.all_gather_into_tensor(outb, flat, group=pg)
-        self.collectives["fetch_all_gather"] += 1
+        C.all_gather_bytes(outb, flat, pg, counts=self.collectives, kind="fetch_all_gather")
         g = outb.view(u.world, -1)
         outs, at = [], 0
         for t in ins:
