@@ -16,7 +16,9 @@
 #   6. bench/cuda_bench --cases dp1,dp8 on two shapes -> $OUT/bench.md: a
 #      sanity number for the kernels, not a tuning run
 # Everything printed goes to $OUT/build-time.log; `meson test`'s log to
-# $OUT/testlog.txt. Steps 4-6 can be skipped: MXS_BUILDTIME_ONLY=1.
+# $OUT/testlog.txt. Steps 4-6 can be skipped: MXS_BUILDTIME_ONLY=1; extra
+# meson options: MXS_BUILDTIME_ARGS (e.g. -Dgpu_code=check for a dry run of
+# this script on a machine without a GPU).
 # Exit status nonzero if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -30,8 +32,9 @@ jobs=$(nproc)
 } | tee -a "$log"
 
 rm -rf "$b"
+# shellcheck disable=SC2086
 step configure meson setup "$b" -Dsm_archs=90 -Dtests=auto -Dcuda=enabled -Dnccl=disabled \
-  --buildtype=release || exit 1
+  --buildtype=release ${MXS_BUILDTIME_ARGS:-} || exit 1
 t0=$(date +%s.%N)
 step lib-build meson compile -C "$b" -j "$jobs" mxshard_host mxshard_cuda
 t1=$(date +%s.%N)
@@ -48,7 +51,18 @@ for lib in "$b"/cuda/libmxshard_cuda.so.*.*.*; do
 done
 
 if [ "${MXS_BUILDTIME_ONLY:-0}" != 1 ]; then
-  tests=$(cd "$b" && ninja -t targets all | sed -n 's|^\(tests/cuda/test_cuda_[a-z0-9_]*\): .*_LINKER$|\1|p')
+  # the programs of the cuda suite (tests/cuda, examples): the ninja targets among the tests' commands
+  tests=$(cd "$b" && meson introspect --tests . | python3 -c '
+import json, os, subprocess, sys
+targets = {l.split(":")[0] for l in subprocess.run(["ninja", "-t", "targets", "all"], capture_output=True,
+                                                   text=True).stdout.splitlines()}
+b = os.getcwd()
+for t in json.load(sys.stdin):
+    if "cuda" in (s.split(":")[-1] for s in t["suite"]):
+        for c in t["cmd"]:
+            c = os.path.relpath(c, b) if os.path.isabs(c) else c
+            if c in targets:
+                print(c)')
   # shellcheck disable=SC2086
   step build-rest ninja -C "$b" -j "$jobs" $tests bench/cuda_bench
   step suite-cuda meson test -C "$b" --suite cuda --no-rebuild --print-errorlogs --num-processes 1
