@@ -185,7 +185,7 @@ def memory_rank(variant, args):
             grads = _bytes(p.grad for p in m.parameters())
         opt.step()
     if variant == "sharded-row":
-        bk = opt._buckets  # the optimizer's own buffers (mxshard.torch._optim_build)
+        bk = opt._buckets  # the optimizer's own buffers (mxshard.torch.zero.build)
         masters = _bytes(b.master for b in bk)
         grads = _bytes([b.grad for b in bk] + [b.grad_shard for b in bk if not b.shard_is_view])
         state = _bytes(t for st in opt.inner.state.values() for t in st.values()

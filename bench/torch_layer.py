@@ -27,7 +27,7 @@ Parts:
            CPU time per op (self, µs per fwd+bwd) of each code variant.
   sweep    the dequantize tile candidates, then the GEMMs alone on a grid of weight sizes x
            token counts, per path (fused / chunked / dequant), host and GPU µs per call: the
-           measured rule of mxshard/torch/_gemm.py (printed as the RULE literal).
+           measured rule of mxshard/torch/gemm/paths.py (printed as the RULE literal).
   models   examples/train's parity model ("small") fwd+bwd and the ~1B model's step
            (ShardedOptimizer), bf16 vs MXFP8 in the three code variants.
   warm     compile the Triton kernels of the other parts in parallel processes first.
@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 
 import mxshard.torch as mxt
-from mxshard.torch import _gemm
+from mxshard.torch.gemm import paths as _gemm
 
 SHAPES = [((4096, 4096), (2048, 8192)), ((14336, 4096), (2048, 16384)), ((8192, 8192), (2048, 16384))]
 QUANT = [("MXFP8 row", "mxfp8", "row"), ("MXFP8 both", "mxfp8", "both"),

@@ -21,7 +21,7 @@ def _lib(name):
     f = getattr(mxt, name, None)
     if f is None:
         raise SystemExit(f"mxshard.torch.{name} is not available in this mxshard (the DCP checkpoint API, "
-                         f"python/mxshard/torch/checkpoint.py)")
+                         f"python/mxshard/torch/checkpoint/)")
     return f
 
 

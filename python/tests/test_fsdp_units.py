@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch.fsdp_units on simulated ranks (one process, no torch.distributed):
+"""mxshard.torch.fsdp.units on simulated ranks (one process, no torch.distributed):
 every rank's WeightUnit over its FSDP2 dim-0 shard, the MAX of their shared
 entries (what FSDPGroup.refresh's one all-reduce does), apply, the
 concatenated all-gather inputs (what FSDP2's all-gather does), assemble ->
@@ -16,8 +16,8 @@ from conftest import torch_lib_or_skip
 def _simulate(torch, spec, master, world, versions=1):
     """Every rank's unit, the reduction, apply; returns (units, {plane: per-rank send tuples})."""
     from mxshard import fsdp_geometry as G
-    from mxshard.torch.fsdp_master import WeightMeta
-    from mxshard.torch.fsdp_units import WeightUnit, shared_entry_count
+    from mxshard.torch.fsdp.master import WeightMeta
+    from mxshard.torch.fsdp.units import WeightUnit, shared_entry_count
     R, C = master.shape
     meta = WeightMeta(spec, "w", R, C)
     units = []
@@ -46,8 +46,8 @@ def _gather(torch, units, plane):
 def test_gathered_planes_equal_the_whole_tensor_quantize(seed):
     torch = torch_lib_or_skip()
     import mxshard
-    from mxshard.torch.fsdp_linear import make_spec
-    from mxshard.torch.fsdp_units import scratch_bytes
+    from mxshard.torch.fsdp.linear import make_spec
+    from mxshard.torch.fsdp.units import scratch_bytes
     rnd = random.Random(seed)
     R = rnd.choice([1, 2, 3, 31, 32, 33, 40, 64, 65, 96, 130])
     C = rnd.choice([1, 5, 17, 31, 32, 33, 64, 70])
@@ -88,8 +88,8 @@ def test_nvfp4_gathered_planes_equal_the_whole_tensor_quantize(seed):
     torch = torch_lib_or_skip()
     import mxshard
     from mxshard import fsdp_geometry as G
-    from mxshard.torch.fsdp_linear import make_spec
-    from mxshard.torch.fsdp_units import scratch_bytes
+    from mxshard.torch.fsdp.linear import make_spec
+    from mxshard.torch.fsdp.units import scratch_bytes
     rnd = random.Random(1000 + seed)
     while True:  # NVFP4 shards start at even elements: ceil(R/world) * C even
         R = rnd.choice([1, 2, 3, 15, 16, 17, 31, 33, 40, 64, 65, 96])
@@ -121,8 +121,8 @@ def test_nvfp4_gathered_planes_equal_the_whole_tensor_quantize(seed):
 
 def test_nvfp4_odd_shard_starts_are_refused_alike_on_every_rank():
     torch = torch_lib_or_skip()
-    from mxshard.torch.fsdp_linear import make_spec
-    from mxshard.torch.fsdp_units import check_supported
+    from mxshard.torch.fsdp.linear import make_spec
+    from mxshard.torch.fsdp.units import check_supported
     spec = make_spec("nvfp4", "row", "padded", None, "1x16", torch.bfloat16, "bf16")
     check_supported(spec, 36, 17, 2, "w")           # 18 x 17 elements per rank: even starts
     with pytest.raises(NotImplementedError, match="odd number of elements.*even in_features"):
@@ -133,8 +133,8 @@ def test_nvfp4_odd_shard_starts_are_refused_alike_on_every_rank():
 
 def test_evenly_sharded_row_only_weights_share_nothing():
     torch = torch_lib_or_skip()
-    from mxshard.torch.fsdp_linear import make_spec
-    from mxshard.torch.fsdp_units import shared_entry_count
+    from mxshard.torch.fsdp.linear import make_spec
+    from mxshard.torch.fsdp.units import shared_entry_count
     row = make_spec("mxfp8", "row", "padded", "ceil", None, torch.bfloat16, "bf16")
     both = make_spec("mxfp8", "both", "padded", "ceil", None, torch.bfloat16, "bf16")
     assert shared_entry_count(row, 4096, 4096, 8) == 0
@@ -146,7 +146,7 @@ def test_evenly_sharded_row_only_weights_share_nothing():
 
 def test_send_shapes_are_the_same_for_every_plane_and_padded_when_uneven():
     torch = torch_lib_or_skip()
-    from mxshard.torch.fsdp_linear import make_spec
+    from mxshard.torch.fsdp.linear import make_spec
     spec = make_spec("mxfp8", "both", "padded", "ceil", None, torch.bfloat16, "bf16")
     units = _simulate(torch, spec, torch.randn(33, 40), 4)   # uneven: rows 9, 9, 9, 6
     for u in units:

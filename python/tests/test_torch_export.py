@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch.export: export_safetensors and load_safetensors, and the
+"""mxshard.torch.checkpoint.export: export_safetensors and load_safetensors, and the
 quantized modules' load_state_dict pre-hook (bytes, not values), on a small
 language model with a tied embedding, for MXFP8 and NVFP4, every plane set,
 layout and NVFP4 block. One process, no torch.distributed. Skips without
@@ -69,7 +69,7 @@ def param_converted(seed, fmt, block, planes, layout, tied=True):
 
 
 def as_byte_linears(model):
-    from mxshard.torch._optim_adopt import adopt_param_linears
+    from mxshard.torch.zero.adopt import adopt_param_linears
     adopt_param_linears(model, [])
     return model
 

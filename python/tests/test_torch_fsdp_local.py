@@ -122,7 +122,7 @@ def test_what_cannot_work_fails_clearly():
     m = _model(torch)
     with pytest.raises(ValueError, match="in_features=40"):
         m[0](torch.randn(2, 39))
-    from mxshard.torch.fsdp_gathered import GatheredWeight, _Box
+    from mxshard.torch.fsdp.gathered import GatheredWeight, _Box
     gathered = GatheredWeight((33, 40), torch.float32, torch.device("cpu"), _Box(m[0].weight, None))
     with pytest.raises(NotImplementedError, match="holds quantized planes.*module\\(x\\)"):
         gathered.sum()

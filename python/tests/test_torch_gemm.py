@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch._gemm: the GEMM paths of the quantized linears.
+"""mxshard.torch.gemm.paths: the GEMM paths of the quantized linears.
 
-The Triton kernels (mxshard.torch._mxgemm_triton) run compiled on a GPU, else
+The Triton kernels (mxshard.torch.gemm.triton) run compiled on a GPU, else
 on CPU tensors in Triton's interpreter (TRITON_INTERPRET=1, set here before the
 kernels are imported). Skips without torch, the host library or Triton.
 
@@ -50,11 +50,11 @@ try:
 except mxshard.LibraryNotFoundError as e:  # pragma: no cover - depends on the machine
     pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}", allow_module_level=True)
 
-from mxshard.torch import _gemm  # noqa: E402
+from mxshard.torch.gemm import paths as _gemm  # noqa: E402
 
 K = _gemm._kernels()
 if K is None:  # pragma: no cover - depends on the machine
-    pytest.skip(f"mxshard.torch._mxgemm_triton does not load: {_gemm._kernels_err}", allow_module_level=True)
+    pytest.skip(f"mxshard.torch.gemm.triton does not load: {_gemm._kernels_err}", allow_module_level=True)
 if K.INTERPRET:  # the interpreter's check of every int32 add for overflow is half its time: off
     import dataclasses
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""ShardedOptimizer's bucket/shard geometry (mxshard/torch/layout.py): pure
+"""ShardedOptimizer's bucket/shard geometry (mxshard/torch/zero/layout.py): pure
 functions, tested without torch (the module is loaded from its file)."""
 import importlib.util
 import os
@@ -10,7 +10,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location(
-    "_mxs_torch_layout", os.path.join(os.path.dirname(HERE), "mxshard", "torch", "layout.py"))
+    "_mxs_torch_layout", os.path.join(os.path.dirname(HERE), "mxshard", "torch", "zero", "layout.py"))
 LY = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = LY  # dataclasses look their module up
 _spec.loader.exec_module(LY)

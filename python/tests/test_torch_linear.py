@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch.linear: MXFP8Linear (forward from the row plane, backward from
+"""mxshard.torch.zero.linear: MXFP8Linear (forward from the row plane, backward from
 the row or column-wise plane, wgrad into an fp32 main_grad: fp32 sums of the
 exact products), convert(), the master / storage calls. On CPU the GEMMs are
 the reference path (dequantize + torch); on CUDA they are compared within the
@@ -25,9 +25,9 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from conftest import cuda_or_skip  # noqa: E402
-from mxshard.torch import _gemm  # noqa: E402
+from mxshard.torch.gemm import paths as _gemm  # noqa: E402
 import mxshard.torch as mxt  # noqa: E402
-from mxshard.torch.linear import MXFP8Linear, is_mxfp8  # noqa: E402
+from mxshard.torch.zero.linear import MXFP8Linear, is_mxfp8  # noqa: E402
 from mxshard.torch.convert import convert  # noqa: E402
 
 LAYOUTS = ("compact", "padded", "swizzled")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch.nvfp4_linear: NVFP4Linear (forward from the row plane,
+"""mxshard.torch.zero.nvfp4_linear: NVFP4Linear (forward from the row plane,
 backward from the row or the transposed column-wise plane, wgrad into an fp32
 main_grad), its master / storage calls and convert(format='nvfp4'). Skips
 without torch or the host library; the CUDA case skips without a GPU and

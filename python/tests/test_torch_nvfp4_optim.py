@@ -88,7 +88,7 @@ def test_layout_even_offsets_and_shards():
     """NVFP4 items at even offsets (a gap after an odd one), shards a multiple of 2 even with an
     odd align; buckets without NVFP4 items are laid out as before (no gaps, padding to dp*align)."""
     gloo_or_skip()
-    from mxshard.torch import layout as LY
+    from mxshard.torch.zero import layout as LY
     items = [LY.ItemSpec("a", "mx_row", (3, 5), "mxfp8:padded:ceil"),
              LY.ItemSpec("b", "nv_both", (3, 3), "nvfp4:1x16:padded"),
              LY.ItemSpec("c", "nv_row", (5, 7), "nvfp4:16x16:compact"),

@@ -223,7 +223,7 @@ def _elementwise(cls, cut):
 
 def test_allowed_inner_optimizers_are_elementwise():
     torch = gloo_or_skip()
-    from mxshard.torch._optim_compat import ELEMENTWISE
+    from mxshard.torch.zero.compat import ELEMENTWISE
     assert len(ELEMENTWISE) >= 10
     for cls in ELEMENTWISE:
         assert _elementwise(cls, [10, 23]), f"{cls.__name__} is not elementwise on views"

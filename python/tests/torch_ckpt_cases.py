@@ -21,7 +21,7 @@ import torch_harness as H
 import torch_dist_cases as C
 from mxshard.torch import (CheckpointError, CheckpointMismatchError, ShardedOptimizer, export_safetensors,
                            load_checkpoint, save_checkpoint)
-from mxshard.torch import layout as LY
+from mxshard.torch.zero import layout as LY
 
 WAIT = 60.0      # seconds a loading group waits for the DP=2 group's marker
 SAVE_WORLD = 2

@@ -15,8 +15,8 @@ from torch import nn
 import mxshard
 import torch_harness as H
 from mxshard.torch import MXFP8Linear, ShardedOptimizer, is_mxfp8
-from mxshard.torch import layout as LY
-from mxshard.torch.linear import is_quantized
+from mxshard.torch.zero import layout as LY
+from mxshard.torch.zero.linear import is_quantized
 
 EPS32 = 2.0 ** -24
 
@@ -343,7 +343,7 @@ def direct_collectives(on=True):
     """The NCCL code path on gloo (torch >= 2.x gloo has reduce_scatter_tensor
     and all_gather_into_tensor on CPU): gradients reduce-scattered into a
     separate shard, dense gathers with all_gather_into_tensor."""
-    from mxshard.torch import comm
+    from mxshard.torch.zero import comm as comm
     if not on:
         yield
         return

@@ -19,7 +19,7 @@ from torch import nn
 import mxshard
 import torch_harness as H
 import mxshard.torch as mxt
-from mxshard.torch import fsdp_linear as FL
+from mxshard.torch.fsdp import linear as FL
 
 # where the cases run: "cpu" (CI) or "cuda" (scripts/gpu-fsdp.sh: every rank on GPU rank % count)
 DEV = os.environ.get("MXS_FSDP_DEVICE", "cpu")
@@ -328,7 +328,7 @@ def case_failure(rank, world):
     """A rank-local failure before the reduction (rank 1's partial raises): rank 1 raises its
     error, the others RemoteError, nobody hangs; then a model converted differently on rank 1:
     every rank raises PlanMismatchError before any reduction."""
-    from mxshard.torch import fsdp_units as FU
+    from mxshard.torch.fsdp import units as FU
     out = {}
     m = shard_all(build())
     orig = FU.WeightUnit.partial

@@ -14,8 +14,8 @@ import torch_dist_cases as C
 import torch_harness as H
 from mxshard.torch import (MXFP8Linear, NVFP4Linear, ShardedOptimizer, is_mxfp8, is_nvfp4, load_checkpoint,
                            save_checkpoint)
-from mxshard.torch import layout as LY
-from mxshard.torch.linear import is_quantized
+from mxshard.torch.zero import layout as LY
+from mxshard.torch.zero.linear import is_quantized
 
 # every plane set x block x layout, at odd and even shapes (in, out): rows*cols odd for some
 NV_MODULES = [

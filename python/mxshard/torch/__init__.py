@@ -1,34 +1,35 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch: MXFP8 and NVFP4 linears and a sharded optimizer for PyTorch models.
+"""mxshard.torch: MXFP8 and NVFP4 weights for PyTorch models, one converted weight for every loop.
 
     import torch, mxshard.torch as mxt
-    model = mxt.convert(model, policy="row")          # nn.Linear -> MXFP8Linear (weights as MXFP8 primaries)
-    opt = mxt.ShardedOptimizer(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3))
+    model = mxt.convert(model, {"*.mlp.*": "row", "*.attn.*": "both"})   # nn.Linear -> MXFP8ParamLinear
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)                 # one process, or after fully_shard
+    # or: opt = mxt.ShardedOptimizer(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3))   (ZeRO-1)
     for x, y in data:
-        loss = loss_fn(model(x), y)
-        loss.backward()                                # per-bucket gradient reductions start in the hooks
-        opt.step()                                     # sharded fp32 update, then the MXFP8 writeback
+        loss_fn(model(x), y).backward()
+        opt.step()
         opt.zero_grad()
+    mxt.export_safetensors("model.safetensors", model)   # the bytes the forward multiplied by
 
-convert(model, policy, format="nvfp4", block="1x16") makes NVFP4Linear
-modules instead (weights as NVFP4 primaries). Under torch.distributed (gloo
-or NCCL) every rank runs the same script; without it the optimizer is a
-world of one. MXFP8Linear and is_mxfp8 live in mxshard.torch.linear, convert
-in mxshard.torch.convert, NVFP4Linear and is_nvfp4 in
-mxshard.torch.nvfp4_linear, ShardedOptimizer in
-mxshard.torch.optim, the pure bucket geometry in mxshard.torch.layout,
-resharding DCP checkpoints in mxshard.torch.checkpoint, the safetensors
-export and its loader in mxshard.torch.export (both re-exported by
-mxshard.torch.checkpoint).
+The package, floor by floor (each imports only from the floors below it):
+
+    face        convert.py (convert), options.py (the options' checks), __init__.py
+    zero/       ShardedOptimizer and its MXFP8Linear / NVFP4Linear storage (ZeRO-1)
+    checkpoint/ ShardedOptimizer's resharding DCP checkpoints; export_safetensors / load_safetensors
+    fsdp/       MXFP8ParamLinear / NVFP4ParamLinear, QuantMaster, FSDP2's all-gather of the bytes
+    gemm/       the GEMM paths (dequantize reference, Triton kernels reading the planes)
+    below       mxshard (the formats, the writeback, mxshard.collectives: every collective)
+
+docs/architecture.md draws it.
 """
-from .linear import MXFP8Linear, is_mxfp8
-from .convert import convert
-from .fsdp_linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear, masters_changed
-from .fsdp_master import QuantMaster
-from .nvfp4_linear import NVFP4Linear, is_nvfp4
-from .optim import ShardedOptimizer
 from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint, load_safetensors,
                          save_checkpoint)
+from .convert import convert
+from .fsdp.linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear, masters_changed
+from .fsdp.master import QuantMaster
+from .zero.linear import MXFP8Linear, is_mxfp8
+from .zero.nvfp4_linear import NVFP4Linear, is_nvfp4
+from .zero.optim import ShardedOptimizer
 
 __all__ = ["MXFP8Linear", "NVFP4Linear", "MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
            "masters_changed",

@@ -9,7 +9,7 @@ One converted linear for every training loop: its `weight` is an
 nn.Parameter holding the master, the quantized primary is derived from it.
 The same model then trains in one process under any torch.optim optimizer,
 under FSDP2 (fully_shard), or under ShardedOptimizer (which takes the
-linears' storage over at its construction, mxshard.torch._optim_adopt).
+linears' storage over at its construction, mxshard.torch.zero.adopt).
 `fsdp=` is accepted and ignored (a DeprecationWarning): both of its values
 used to select one of two module kinds.
 
@@ -23,10 +23,9 @@ import warnings
 import torch
 import torch.nn as nn
 
-from .fsdp_group import FSDPGroup
-from .fsdp_linear import MXFP8ParamLinear, NVFP4ParamLinear, _ParamLinear, make_spec
-from .linear import _LAYOUTS, _ROUNDINGS, _check_choice, _check_compute_dtype, _check_device, _require_library
-from .nvfp4_linear import _BLOCKS
+from .fsdp.group import FSDPGroup
+from .fsdp.linear import MXFP8ParamLinear, NVFP4ParamLinear, _ParamLinear, make_spec
+from .options import _BLOCKS, _LAYOUTS, _ROUNDINGS, _check_choice, _check_compute_dtype, _check_device, _require_library
 
 __all__ = ["convert"]
 

@@ -7,7 +7,7 @@
 
 The file. Every tensor of model.state_dict() under its name, in its dtype,
 except the quantized modules' byte buffers, which go as the code they hold
-(_byte_buffers.stored_dtype, the checkpoint's rule):
+(zero.byte_buffers.stored_dtype, the checkpoint's rule):
 
     MXFP8Linear   <m>.row_data   F8_E4M3 [out, in]        <m>.row_scale  U8 (E8M0), the layout's shape
     NVFP4Linear   <m>.row_data   U8 (packed E2M1)         <m>.row_scale  F8_E4M3     <m>.amax  F32 [1]
@@ -23,7 +23,7 @@ planes, layout and rounding or block), "aliases" (JSON {alias: name}).
 Reading it back:
   - model.load_state_dict(safetensors.torch.load_file(path)) into a
     converted model is exact: the quantized modules' load_state_dict
-    pre-hook (_byte_buffers) takes the F8_E4M3 tensors as bytes. A tied
+    pre-hook (zero.byte_buffers) takes the F8_E4M3 tensors as bytes. A tied
     model lacks the alias keys: strict=True names them missing; use
     load_safetensors, safetensors.torch.load_model (which knows shared
     tensors), or strict=False (the tie loads them).
@@ -43,11 +43,11 @@ import types
 import torch
 from torch import nn
 
-from ._byte_buffers import as_buffer_bytes, stored_dtype
-from ._ckpt_errors import CheckpointError, CheckpointMismatchError
-from .fsdp_linear import is_param_linear
-from .fsdp_units import WeightUnit
-from .linear import is_quantized
+from ..zero.byte_buffers import as_buffer_bytes, stored_dtype
+from .errors import CheckpointError, CheckpointMismatchError
+from ..fsdp.linear import is_param_linear
+from ..fsdp.units import WeightUnit
+from ..zero.linear import is_quantized
 
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
 
@@ -136,7 +136,7 @@ def _param_linear_buffers(m, master):
     writeback of a world of one, so the bytes equal the whole-tensor quantize of the master as the
     spec rounds it, which are the bytes the forward multiplies by (in one process, and gathered
     under FSDP2)."""
-    from .fsdp_master import QuantMaster
+    from ..fsdp.master import QuantMaster
     data = master._data if isinstance(master, QuantMaster) else master
     u = WeightUnit(m.meta, data.detach(), 1, 0)
     u.partial()
@@ -234,9 +234,9 @@ def _read(p, st):
 
 def _dequantized(name, info, get, dtype):
     """The row plane of the file's quantized module `name` as a dense [out, in] weight of `dtype`."""
-    from ..nvfp4 import NVFP4Weight, dequantize_nvfp4
-    from ..ops import dequantize
-    from ..weight import MXFP8Weight
+    from ...nvfp4 import NVFP4Weight, dequantize_nvfp4
+    from ...ops import dequantize
+    from ...weight import MXFP8Weight
     rows, cols = info["shape"]
     bufs = {b: get(f"{name}.{b}") for b in _file_bufs(info)}
     bufs = {b: (t if b == "amax" else t.view(torch.uint8)) for b, t in bufs.items()}

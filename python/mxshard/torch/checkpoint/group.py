@@ -29,9 +29,9 @@ import time
 
 from torch import nn
 
-from .. import _lib as L
-from ._ckpt_errors import CheckpointError, CheckpointMismatchError
-from .optim import ShardedOptimizer
+from ... import _lib as L
+from .errors import CheckpointError, CheckpointMismatchError
+from ..zero.optim import ShardedOptimizer
 
 DEFAULT_TIMEOUT = 60.0   # seconds the first rank of a checkpoint call waits for the last
 

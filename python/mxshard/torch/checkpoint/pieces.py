@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from ._ckpt_errors import CheckpointError
+from .errors import CheckpointError
 
 MODULUS = (1 << 31) - 1     # the checksum's modulus (a Mersenne prime)
 _CHUNK = 1 << 22            # words per checksum chunk

@@ -5,12 +5,12 @@
     extra = load_checkpoint(path, model, opt, rng=True)                # every rank, any DP size
 
 The single-file safetensors export and its loader (export_safetensors,
-load_safetensors) live in mxshard.torch.export and are re-exported here;
-the DCP plumbing (planners, checksums) in _dcp_pieces, the group side of a
-call (argument checks, the every-rank rendezvous, verdicts) in _ckpt_group.
+load_safetensors) live in mxshard.torch.checkpoint.export (re-exported by the package);
+the DCP plumbing (planners, checksums) in pieces.py, the group side of a
+call (argument checks, the every-rank rendezvous, verdicts) in group.py.
 
 Every rank calls both. A call first meets every other rank of the
-optimizer's group through the process group's store (_ckpt_group): called
+optimizer's group through the process group's store (group.py): called
 on rank 0 only (torch.save's habit) it raises CheckpointError, saying
 "every rank", after `timeout` seconds (60 by default) instead of waiting
 in DCP for the process group's timeout (gloo: 30 minutes).
@@ -19,7 +19,7 @@ Representation. Every saved quantity is ONE global 1-D tensor of DCP,
 with a key per item (below), and each rank writes only its own pieces of
 it: a piece is one DCP chunk (ChunkStorageMetadata offsets=(o,),
 sizes=(n,)) of the global tensor (TensorStorageMetadata size=(numel,)).
-The pieces come from small custom planners (_dcp_pieces: _PieceSavePlanner /
+The pieces come from small custom planners (pieces.py: _PieceSavePlanner /
 _PieceLoadPlanner, subclasses of DCP's default planners that build
 WriteItems of type SHARD from a list of (key, offset, tensor) and read
 with DCP's own resharding helper, create_read_items_for_chunk_list).
@@ -48,7 +48,7 @@ Keys (item names as in opt.items, e.g. "b.weight"; N = numel of the item):
     extra/<k>                     the tensors of `extra` (rank 0's, whole)
     rng/<rank>/cpu|cuda<i>        uint8 RNG states of every rank (rng=True)
 
-(The dtypes of the primary keys are _byte_buffers.stored_dtype's, one rule
+(The dtypes of the primary keys are zero.byte_buffers.stored_dtype's, one rule
 with the export's.) The JSON (with its own sha256): format version, the configuration
 (item table: name, kind, shape, dtype with layout and rounding (NVFP4:
 block and layout), group;
@@ -88,14 +88,14 @@ import os
 
 import torch
 
-from . import _ckpt_group as G
-from . import _dcp_pieces as P
-from . import layout as LY
-from ._byte_buffers import stored_dtype
-from ._ckpt_errors import CheckpointError, CheckpointMismatchError
+from . import group as G
+from . import pieces as P
+from ..zero import layout as LY
+from ..zero.byte_buffers import stored_dtype
+from .errors import CheckpointError, CheckpointMismatchError
 from .export import EXPORT_FORMAT, export_safetensors, load_safetensors
-from .optim import FORMAT as _OPT_FORMAT
-from .optim import ShardedOptimizer, _plain
+from ..zero.optim import FORMAT as _OPT_FORMAT
+from ..zero.optim import ShardedOptimizer, _plain
 
 __all__ = ["save_checkpoint", "load_checkpoint", "export_safetensors", "load_safetensors", "CheckpointError",
            "CheckpointMismatchError", "FORMAT", "EXPORT_FORMAT"]

@@ -5,7 +5,7 @@ small collective per step that their bytes need.
     after opt.step() the masters' versions moved; the first all-gather of the next forward asks
     pre_all_gather for bytes, finds its unit stale, and refreshes EVERY weight of the model:
 
-      build / reuse units (fsdp_units.WeightUnit)        one per weight, this rank's rows
+      build / reuse units (units.WeightUnit)        one per weight, this rank's rows
       partial                                             the library, per unit, local
       ONE all_reduce(MAX, int32) of the shared entries    skipped when no weight has one
          + a status entry (a rank that failed: all raise) (row-only MXFP8 evenly sharded:
@@ -42,11 +42,11 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from .. import _lib as L
-from .. import collectives as C
-from .fsdp_gathered import GatheredWeight, _Box
-from .fsdp_master import QuantMaster
-from .fsdp_units import WeightUnit, scratch_bytes, shared_entry_count
+from ... import _lib as L
+from ... import collectives as C
+from .gathered import GatheredWeight, _Box
+from .master import QuantMaster
+from .units import WeightUnit, scratch_bytes, shared_entry_count
 
 __all__ = ["FSDPGroup"]
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from . import _gemm
-from .fsdp_gathered import GatheredWeight
-from .fsdp_master import QuantMaster, QuantSpec, WeightMeta
+from ..gemm import paths as _gemm
+from .gathered import GatheredWeight
+from .master import QuantMaster, QuantSpec, WeightMeta
 
 __all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight", "masters_changed"]
 

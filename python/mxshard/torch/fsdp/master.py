@@ -12,7 +12,7 @@ MXFP8 / NVFP4 bytes.
 Everything a torch user does to a parameter works on the master: torch.optim
 (foreach or not), clip_grad_norm_, load_state_dict, HF-style
 `weight.data.normal_()`, DCP (the state dict holds plain tensors, see
-state_dict_hooks in fsdp_linear). Ops that create a new tensor return plain
+state_dict_hooks in linear). Ops that create a new tensor return plain
 tensors, except the ones FSDP2 and nn.Module need to keep the subclass (views,
 detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`, empty_like for
 `to_empty(device=...)` of a model built on the meta device).
@@ -22,7 +22,7 @@ its storage through a plain alias) raises its inner tensor's version counter,
 and a write through this class (also through `weight.data`, whose alias has a
 version counter of its own) counts in its WeightMeta's `writes`; the
 quantized bytes are derived from the master at a known (version, writes) and
-recomputed when either moved (fsdp_units.WeightUnit, FSDPGroup.refresh).
+recomputed when either moved (units.WeightUnit, FSDPGroup.refresh).
 """
 from __future__ import annotations
 

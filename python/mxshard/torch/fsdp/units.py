@@ -31,14 +31,14 @@ import math
 
 import torch
 
-from .. import _arrays as A
-from ..nvfp4 import (NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes, nvfp4_scale_shape,
+from ... import _arrays as A
+from ...nvfp4 import (NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes, nvfp4_scale_shape,
                      nvfp4_stage_to_col)
-from ..nvfp4_writeback import NVFP4BucketWriteback
-from ..ops import convert_scales_built
-from ..weight import MXFP8Weight
-from ..writeback import BucketWriteback
-from .. import fsdp_geometry as G
+from ...nvfp4_writeback import NVFP4BucketWriteback
+from ...ops import convert_scales_built
+from ...weight import MXFP8Weight
+from ...writeback import BucketWriteback
+from ... import fsdp_geometry as G
 
 __all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported"]
 
@@ -234,7 +234,7 @@ class WeightUnit:
 
     def fresh(self, local):
         """The bytes were made from the master's current values (its version counter, and the
-        writes counted on its WeightMeta: see fsdp_master)."""
+        writes counted on its WeightMeta: see master)."""
         return self.version is not None and self.version == (local._version, self.meta.writes)
 
     # -- the entries that travel

@@ -17,7 +17,7 @@ counts what ran, with the reason):
 
     fused     Triton GEMM that loads the plane's E4M3 / packed E2M1 bytes and
               block scales and up-converts them in registers before bf16/f16
-              tensor-core MMAs (mxshard.torch._mxgemm_triton): no weight copy.
+              tensor-core MMAs (mxshard.torch.gemm.triton): no weight copy.
               CUDA, bf16/f16.
     chunked   the plane dequantized by the same Triton up-conversion, in one
               chunk when its compute-dtype copy fits in CHUNK_BYTES, else in
@@ -41,7 +41,7 @@ Host time: everything a path needs that depends only on the weight (the
 PlaneOperand, the chunk bounds, each chunk's prepared Triton launch and its
 specialisation key) is built once per (primary, plane, dtype) and kept while
 the primary's tensors are the same objects at the same addresses; Triton
-kernels are launched through their compiled handle (_mxgemm_triton's
+kernels are launched through their compiled handle (gemm.triton's
 FAST_LAUNCH).
 
 linear_wgrad accumulates in fp32 inside the GEMM: acc += gy^T x with the
@@ -58,9 +58,9 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from .. import _lib as L
-from ..nvfp4 import NVFP4Weight, dequantize_nvfp4
-from ..ops import dequantize as _mx_dequantize
+from ... import _lib as L
+from ...nvfp4 import NVFP4Weight, dequantize_nvfp4
+from ...ops import dequantize as _mx_dequantize
 
 __all__ = ["dequant", "output_dtype", "linear_fwd", "linear_dgrad", "linear_wgrad", "plane_operand", "choose_path", "forced_path",
            "path_counts", "RULE", "RULE_ELEMS", "RULE_TOKENS", "CHUNK_BYTES"]
@@ -177,11 +177,11 @@ _kernels_err = None
 
 
 def _kernels():
-    """mxshard.torch._mxgemm_triton, or None (the import error kept in _kernels_err)."""
+    """mxshard.torch.gemm.triton, or None (the import error kept in _kernels_err)."""
     global _kernels_mod, _kernels_err
     if _kernels_mod is None and _kernels_err is None:
         try:
-            from . import _mxgemm_triton as k
+            from . import triton as k
             _kernels_mod = k
         except Exception as e:  # no triton, or one that cannot load here
             _kernels_err = f"{type(e).__name__}: {e}"

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Triton kernels that read a quantized weight plane directly (mxshard.torch._gemm's fast paths).
+"""Triton kernels that read a quantized weight plane directly (mxshard.torch.gemm.paths' fast paths).
 
     plane_dequant(op, r0, r1, c0, c1, dtype)   P[r0:r1, c0:c1] dequantized (a chunk for cuBLAS)
     dequant_launch(op, r0, r1, c0, c1, dtype)  the same, prepared once: .run() allocates + launches
@@ -401,7 +401,7 @@ def plane_dequant(op: PlaneOperand, r0, r1, c0, c1, dtype, out=None):
 # Tile configurations (BM, BN, BK, warps, stages) by the number of rows of A: first choices,
 # not tuned (bench/RESULTS.md run 14: at 16-64 rows, 64 CTAs of 4 warps stream a 4096x4096
 # plane in ~145 µs, far from its ~5 µs of bytes; at 2048 rows the 128x128x64 tiles run 5.5x
-# cuBLAS's bf16 time). _gemm's measured rule decides where this kernel runs.
+# cuBLAS's bf16 time). gemm.paths' measured rule decides where this kernel runs.
 _CONFIGS = (
     (16, dict(BM=16, BN=64, BK=128, num_warps=4, num_stages=4)),
     (32, dict(BM=32, BN=64, BK=128, num_warps=4, num_stages=4)),

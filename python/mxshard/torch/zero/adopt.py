@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import types
 
-from .fsdp_linear import _ParamLinear
+from ..fsdp.linear import _ParamLinear
 from .linear import MXFP8Linear
 from .nvfp4_linear import NVFP4Linear
 

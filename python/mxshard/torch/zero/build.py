@@ -16,16 +16,16 @@ from collections import Counter
 import torch
 from torch import nn
 
-from .. import _lib as L
-from ..nvfp4 import NVFP4Weight
-from ..nvfp4_writeback import NVFP4BucketWriteback, _needs_stage
-from ..weight import MXFP8Weight
-from ..writeback import BucketWriteback
-from . import _optim_compat as compat
+from ... import _lib as L
+from ...nvfp4 import NVFP4Weight
+from ...nvfp4_writeback import NVFP4BucketWriteback, _needs_stage
+from ...weight import MXFP8Weight
+from ...writeback import BucketWriteback
+from . import compat as compat
 from . import layout as LY
-from ._optim_grads import GRAD_DTYPES, dense_hook, mx_hook, owned_hook, zero_pending_hook
-from ._optim_adopt import adopt_param_linears
-from .fsdp_linear import _ParamLinear
+from .grads import GRAD_DTYPES, dense_hook, mx_hook, owned_hook, zero_pending_hook
+from .adopt import adopt_param_linears
+from ..fsdp.linear import _ParamLinear
 from .linear import _QuantLinear, is_quantized
 
 __all__ = ["Item", "Bucket", "plain", "Construction", "DTYPES", "TORCH_DTYPE"]

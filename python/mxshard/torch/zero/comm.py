@@ -19,7 +19,7 @@ from collections import Counter
 
 import torch
 
-from .. import collectives as C
+from ... import collectives as C
 
 
 def _dist():

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from .. import _lib as L
+from ... import _lib as L
 
 __all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict",
            "dcp_error", "plan_mismatch"]

@@ -5,7 +5,7 @@ zeroing, and whether any gradient arrived at all.
 
     backward:  MXFP8Linear / NVFP4Linear wgrad -> main_grad (a view of the bucket's
                gradient buffer) -> _mx_hook; dense p.grad -> _dense_hook adds it into
-               the buffer, sets p.grad = HeldGrad (_optim_held_grad: a later backward's
+               the buffer, sets p.grad = HeldGrad (held_grad: a later backward's
                gradient goes into the buffer through it, a read of it raises)
                -> _report: a bucket whose items all reported is launched (in bucket order)
     step():    _flush (dense .grad set outside the hooks), grads_arrived, _reduce_all
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from ._optim_held_grad import HeldGrad
+from .held_grad import HeldGrad
 
 __all__ = ["mx_hook", "dense_hook", "owned_hook", "sum_squares", "GRAD_DTYPES", "Gradients"]
 

@@ -18,7 +18,7 @@ path is the one used and tested. `torch._scaled_mm` with MX block scales
 such a capability-gated fast path is future work and not implemented here.
 
 The autograd path, the fp32 initial master, main_grad and rebind_primary_
-live in _QuantLinear, which NVFP4Linear (mxshard.torch.nvfp4_linear) shares;
+live in _QuantLinear, which NVFP4Linear (mxshard.torch.zero.nvfp4_linear) shares;
 convert() builds either (format='mxfp8' | 'nvfp4').
 
 The user guide, with the interface ShardedOptimizer relies on: docs/torch.md.
@@ -30,65 +30,19 @@ import math
 import torch
 import torch.nn as nn
 
-from .. import _arrays as A
-from .. import _lib as L
-from . import _gemm
-from .fsdp_linear import MXFP8ParamLinear
-from ..ops import dequantize as _mx_dequantize
-from ..ops import quantize as _mx_quantize
-from ..weight import MXFP8Weight
+from ... import _arrays as A
+from ... import _lib as L
+from ..gemm import paths as _gemm
+from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_choice, _check_compute_dtype,
+                       _check_device, _check_features, _dtype_code, _require_library)
+from ..fsdp.linear import MXFP8ParamLinear
+from ...ops import dequantize as _mx_dequantize
+from ...ops import quantize as _mx_quantize
+from ...weight import MXFP8Weight
 
 __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight"]
 
-_PLANES = ("row", "both")
-_LAYOUTS = ("compact", "padded", "swizzled")
-_ROUNDINGS = ("ceil", "floor")
-_COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale")
-
-
-# ---- option checks (one definition each; `who` names the class in messages) -----
-
-def _check_features(name, v, who="MXFP8Linear"):
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}")
-    if v < 1:
-        raise ValueError(f"{who}: {name} must be >= 1, got {v}")
-    return v
-
-
-def _check_choice(name, v, allowed, who="MXFP8Linear"):
-    if not isinstance(v, str) or v not in allowed:
-        raise ValueError(f"{who}: {name}={v!r} is not one of {', '.join(map(repr, allowed))}")
-    return v
-
-
-def _check_compute_dtype(dt, who="MXFP8Linear"):
-    if dt not in _COMPUTE_DTYPES:
-        raise ValueError(f"{who}: compute_dtype={dt!r} is not torch.float32, torch.bfloat16 or "
-                         f"torch.float16")
-    return dt
-
-
-def _check_device(device, who="MXFP8Linear"):
-    device = torch.device(device) if device is not None else torch.empty(0).device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"{who}: device {device} is not supported (cpu or cuda tensors only)")
-    return device
-
-
-def _require_library(device, who="MXFP8Linear"):
-    """Loads the library `device`'s tensors need; a clear LibraryNotFoundError otherwise."""
-    which = "host library libmxshard_host (CPU tensors)" if device.type == "cpu" else \
-        "CUDA library libmxshard_cuda (CUDA tensors)"
-    try:
-        L.host_lib() if device.type == "cpu" else L.cuda_lib()
-    except L.LibraryNotFoundError as e:
-        raise L.LibraryNotFoundError(f"{who} on {device} needs the {which}:\n{e}") from e
-
-
-def _dtype_code(dt):
-    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dt]
 
 
 # ---- the autograd function -------------------------------------------------------
@@ -167,7 +121,7 @@ class _QuantLinear(nn.Module):
         w = self._empty_primary(device)
         for name in self._BUFS:
             self.register_buffer(name, getattr(w, name))
-        from ._byte_buffers import _register_byte_load_hook  # load_state_dict takes FP8 tensors as bytes
+        from .byte_buffers import _register_byte_load_hook  # load_state_dict takes FP8 tensors as bytes
         _register_byte_load_hook(self)
         self._primary = w
         self._master_init = None

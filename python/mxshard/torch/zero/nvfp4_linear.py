@@ -17,7 +17,7 @@ then decode to the same values). Dequantize: x' = e2m1(q) * (d * amax / 2688).
 
 Everything else - the autograd path (the dequantized weight is transient),
 the fp32 initial master, main_grad, rebind_primary_, .to() - is
-MXFP8Linear's (mxshard.torch.linear._QuantLinear). Quantize (set_master_,
+MXFP8Linear's (mxshard.torch.zero.linear._QuantLinear). Quantize (set_master_,
 construction) rounds through nothing; the optimizer's writeback rounds the
 master through bf16 by default (TE's master cast).
 """
@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import _lib as L
-from ..nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
-from .fsdp_linear import NVFP4ParamLinear
-from .linear import _LAYOUTS, _PLANES, _QuantLinear, _check_choice, _dtype_code, _require_library
+from ... import _lib as L
+from ...nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
+from ..fsdp.linear import NVFP4ParamLinear
+from ..options import _BLOCKS, _LAYOUTS, _PLANES, _check_choice, _dtype_code, _require_library
+from .linear import _QuantLinear
 
 __all__ = ["NVFP4Linear", "is_nvfp4"]
 
-_BLOCKS = ("1x16", "16x16")
 _BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale", "amax")
 
 

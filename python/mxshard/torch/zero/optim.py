@@ -24,7 +24,7 @@ What it owns (assigned once at construction, never moved afterwards):
   planes, the transposed column planes, E4M3 scales, one fp32 ``amax`` per
   weight), and one buffer per dense dtype whose views ARE the dense
   parameters' ``.data``. A bucket may mix MXFP8, NVFP4 and dense items
-  (mxshard.torch.layout: NVFP4 items at even offsets, even shard boundaries);
+  (mxshard.torch.zero.layout: NVFP4 items at even offsets, even shard boundaries);
 - the inner optimizer (an ELEMENTWISE torch.optim optimizer: SGD, Adam,
   AdamW, Adamax, NAdam, RAdam, Adagrad, Adadelta, RMSprop, ASGD, Rprop;
   built by ``optimizer_factory``) over views of the master shards: per
@@ -60,7 +60,7 @@ weights); restore a whole training state with mxt.load_checkpoint or
 load_state_dict(). Do not wrap the model in DistributedDataParallel (refused
 at construction): ShardedOptimizer reduces the gradients itself. A dense
 parameter's ``.grad`` is a HeldGrad placeholder after each backward (the
-gradient is in the bucket buffer; _optim_held_grad): clip with
+gradient is in the bucket buffer; held_grad): clip with
 ``max_grad_norm``; torch.nn.utils.clip_grad_norm_ raises, saying so; the
 norm is ``last_grad_norm``. ``step(closure)`` evaluates the closure
 (with grad enabled) first.
@@ -185,13 +185,13 @@ from collections import Counter, OrderedDict, namedtuple
 
 import torch
 
-from .. import _lib as L
-from . import _optim_compat as compat
+from ... import _lib as L
+from . import compat as compat
 from . import layout as LY
-from ._optim_build import Construction
-from ._optim_build import plain as _plain  # noqa: F401 - mxshard.torch.checkpoint imports it from here
-from ._optim_grads import Gradients, sum_squares
-from ._optim_writeback import PLANE_BUFFERS, Writeback
+from .build import Construction
+from .build import plain as _plain  # noqa: F401 - mxshard.torch.checkpoint imports it from here
+from .grads import Gradients, sum_squares
+from .writeback import PLANE_BUFFERS, Writeback
 from .comm import Comm
 
 __all__ = ["ShardedOptimizer", "FORMAT", "ItemRow"]
@@ -396,7 +396,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             self._grads_seen = self._grad_versions()
         # the step consumed the gradients (the reduced buffers cannot take another backward on top):
         # the next forward with grad enabled zeroes them first unless zero_grad() came before it
-        # (_optim_grads.zero_pending_hook), so that model.zero_grad() (which cannot reach these
+        # (grads.zero_pending_hook), so that model.zero_grad() (which cannot reach these
         # buffers) or no zero_grad() at all trains as opt.zero_grad() does
         self._zero_pending = True
         return out

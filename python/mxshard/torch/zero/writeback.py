@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _lib as L
+from ... import _lib as L
 from . import layout as LY
 
 __all__ = ["PLANE_BUFFERS", "Writeback"]

@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: MIT
+"""Checkpoints and export, whichever way the model trained.
+
+    save_checkpoint / load_checkpoint   ShardedOptimizer's resharding DCP checkpoints (zero.py;
+                                        group.py: the per-phase agreement, pieces.py: the pieces)
+    export_safetensors / load_safetensors
+                                        one safetensors file holding the bytes every converted
+                                        linear computes with (export.py)
+    CheckpointError, CheckpointMismatchError (errors.py)
+
+A model under FSDP2 or plain torch.optim checkpoints with plain DCP: its
+state dict holds the masters as ordinary tensors.
+"""
+from .errors import CheckpointError, CheckpointMismatchError
+from .export import EXPORT_FORMAT, export_safetensors, load_safetensors
+from .zero import FORMAT, load_checkpoint, save_checkpoint
+
+__all__ = ["save_checkpoint", "load_checkpoint", "export_safetensors", "load_safetensors", "EXPORT_FORMAT", "FORMAT",
+           "CheckpointError", "CheckpointMismatchError"]
