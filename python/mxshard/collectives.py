@@ -22,6 +22,7 @@ collective the failing rank skipped.
 """
 from __future__ import annotations
 
+from . import _arrays as A
 from . import _lib as L
 
 __all__ = ["dist", "initialized", "world_rank", "control_device", "agree", "all_gather_i64", "all_gather_object",
@@ -29,11 +30,11 @@ __all__ = ["dist", "initialized", "world_rank", "control_device", "agree", "all_
 
 
 def dist():
-    """torch.distributed, or None where there is no torch (numpy-only use) or it has none."""
-    try:
-        import torch.distributed as d
-    except ImportError:
+    """torch.distributed when torch is in use (imported: a torch caller), else None (numpy-only
+    use: no import attempted, so a call costs nothing where torch is absent)."""
+    if A.torch_mod() is None:
         return None
+    import torch.distributed as d
     return d if d.is_available() else None
 
 
