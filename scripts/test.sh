@@ -62,7 +62,9 @@ fi
 
 if [ "$quick" = 1 ]; then builddir=${MXS_BUILDDIR:-build-quick}; else builddir=${MXS_BUILDDIR:-build}; fi
 opts=(-Dtests=enabled -Ddefault_library=both --wrap-mode=nodownload)
-if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled -Dbench=false); else opts+=(-Dcuda=auto); fi
+# --quick: CUDA off, no benchmarks, and the test programs built as in the no-GPU compile check
+# (-Dgpu_code=check: -O1 unity builds, except the heavy ones; no kernel is compiled anyway)
+if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled -Dbench=false -Dgpu_code=check); else opts+=(-Dcuda=auto); fi
 # --quick leaves out the `slow` suite (meson test arguments given: those instead)
 quick_test=()
 [ "$quick" = 1 ] && [ ${#test_args[@]} -eq 0 ] && quick_test=(--no-suite slow)
