@@ -10,12 +10,13 @@
 #                                    linked (their tests skip without a GPU,
 #                                    and say so), packaging and examples
 #   scripts/test.sh --quick          CPU only, under a minute on 2 cores
-#                                    (-Dcuda=disabled -Dbench=false; build dir
-#                                    build-quick): no nvcc, no torch (the
+#                                    (-Dcuda=disabled, no benchmarks, no demo
+#                                    (scripts/demo.sh builds its own); build
+#                                    dir build-quick): no nvcc, no torch (the
 #                                    torch tests skip even where torch is
 #                                    installed), no `slow` suite (the 2^32
 #                                    E2M1 sweep, the rank simulation), no
-#                                    pip-install checks
+#                                    `packaging` suite, no pip-install checks
 #   scripts/test.sh --suite cpu      other arguments go to `meson test`
 #
 # torch is never installed by this script (a multi-GB download): without it
@@ -64,10 +65,10 @@ if [ "$quick" = 1 ]; then builddir=${MXS_BUILDDIR:-build-quick}; else builddir=$
 opts=(-Dtests=enabled -Ddefault_library=both --wrap-mode=nodownload)
 # --quick: CUDA off, no benchmarks, and the test programs built as in the no-GPU compile check
 # (-Dgpu_code=check: -O1 unity builds, except the heavy ones; no kernel is compiled anyway)
-if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled -Dbench=false -Dgpu_code=check); else opts+=(-Dcuda=auto); fi
+if [ "$quick" = 1 ]; then opts+=(-Dcuda=disabled -Dbench=false -Ddemo=false -Dgpu_code=check); else opts+=(-Dcuda=auto); fi
 # --quick leaves out the `slow` suite (meson test arguments given: those instead)
 quick_test=()
-[ "$quick" = 1 ] && [ ${#test_args[@]} -eq 0 ] && quick_test=(--no-suite slow)
+[ "$quick" = 1 ] && [ ${#test_args[@]} -eq 0 ] && quick_test=(--no-suite slow --no-suite packaging)
 if [ -n "${MXS_SM_ARCHS:-}" ]; then opts+=("-Dsm_archs=$MXS_SM_ARCHS"); fi
 if [ -n "${MXS_CUDA_CODE:-}" ]; then opts+=("-Dgpu_code=$MXS_CUDA_CODE"); fi
 
@@ -130,7 +131,7 @@ if [ -f scripts/test-python.sh ]; then
     say "torch: not installed, so the torch tests SKIP, each saying why; this script never installs it (a multi-GB download): python3 -m pip install 'torch==2.11.*' runs them (.ci/run does)"
   fi
 fi
-[ "$quick" = 1 ] && say "--quick: no \`slow\` suite (meson test --no-suite slow), no pip-install checks; scripts/test.sh runs everything"
+[ "$quick" = 1 ] && say "--quick: no demo, no \`slow\` or \`packaging\` suite (meson test --no-suite slow --no-suite packaging), no pip-install checks; scripts/test.sh runs everything"
 
 # ---- style (warning only unless MXS_FORMAT_CHECK=strict) --------------------
 format_rc=0
