@@ -8,6 +8,9 @@
 #   2. time `meson compile mxshard_host mxshard_cuda` with -j $(nproc): the
 #      wall time, and each translation unit's from .ninja_log, slowest first
 #      -> $OUT/tu-times.txt
+#      With MXS_BUILDTIME_SOLO=1 the slowest unit is then compiled again
+#      alone, with nvcc --time (-> $OUT/solo-time.csv): the floor of the
+#      build's wall time on any number of cores
 #   3. one line per kernel of the library's machine code (scripts/sass-digest.py)
 #      -> $OUT/sass-digest.txt: compare with a build made elsewhere with
 #      `scripts/sass-digest.py --diff`
@@ -28,7 +31,7 @@ b=${MXS_BUILDTIME_DIR:-build-gpu}
 jobs=$(nproc)
 
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1; nvcc --version | tail -2
-  echo "cores: $jobs"; git log -1 --format='commit %H %s' 2>/dev/null; git status --short 2>/dev/null | head -30
+  echo "cores: $jobs"; lscpu 2>/dev/null | grep -E '^(Model name|Thread|Core|Socket)'; git log -1 --format='commit %H %s' 2>/dev/null; git status --short 2>/dev/null | head -30
 } | tee -a "$log"
 
 rm -rf "$b"
@@ -46,6 +49,12 @@ wall=$(python3 -c "print(f'{$t1 - $t0:.1f}')")
   awk -F'\t' '!/^#/ { printf "%8.1f  %s\n", ($2 - $1) / 1000, $4 }' "$b/.ninja_log" | sort -rn
 } | tee "$out/tu-times.txt" | tee -a "$log"
 
+if [ "${MXS_BUILDTIME_SOLO:-0}" = 1 ]; then
+  slowest=$(awk -F'\t' '!/^#/ && $4 ~ /\.cu\.o$/ { print $2 - $1, $4 }' "$b/.ninja_log" | sort -rn | head -1 | cut -d' ' -f2)
+  # shellcheck disable=SC2317
+  solo() { (cd "$b" && eval "$(ninja -t commands "$slowest" | tail -1) --time '$out/solo-time.csv'"); }
+  step "solo-$(basename "$slowest")" solo
+fi
 for lib in "$b"/cuda/libmxshard_cuda.so.*.*.*; do
   [ -f "$lib" ] && step sass-digest sh -c "python3 scripts/sass-digest.py '$lib' > '$out/sass-digest.txt'"
 done
