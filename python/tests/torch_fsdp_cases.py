@@ -20,6 +20,7 @@ import mxshard
 import torch_harness as H
 import mxshard.torch as mxt
 from mxshard.torch.fsdp import linear as FL
+from mxshard.torch.fsdp import ops as FO
 
 # where the cases run: "cpu" (CI) or "cuda" (scripts/gpu-fsdp.sh: every rank on GPU rank % count)
 DEV = os.environ.get("MXS_FSDP_DEVICE", "cpu")
@@ -122,17 +123,17 @@ def plane_bytes(p, plane):
 def record_planes():
     """Every primary the linears use: [(module name, plane, bytes)]."""
     seen = []
-    orig = FL._primary
+    orig = FO._primary
 
     def spy(module, w, plane):
         p = orig(module, w, plane)
         seen.append((module.meta.name, plane, plane_bytes(p, plane)))
         return p
-    FL._primary = spy
+    FO._primary = spy
     try:
         yield seen
     finally:
-        FL._primary = orig
+        FO._primary = orig
 
 
 @contextlib.contextmanager

@@ -12,8 +12,10 @@ and no storage of its own: only the quantized plane(s) just gathered.
 
 Every alias FSDP2 makes of it (as_strided, the Parameter's detach) shares one
 _Box, so the planes FSDP2's later gathers write (post_all_gather with out=)
-are the planes every alias sees. Any other op raises: the tensor has no
-values to compute with.
+are the planes every alias sees. The converted linear's own ops
+(mxshard::param_linear and its backward, fsdp.ops) get a zero-size stand-in
+(they read the planes through the module's plan); any other op raises: the
+tensor has no values to compute with.
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ class GatheredWeight(torch.Tensor):
                     raise RuntimeError(f"mxshard: a gathered quantized weight {tuple(t.shape)} cannot be viewed "
                                        f"as {shape}")
             return GatheredWeight(t.shape, t.dtype, t.device, t._box)
+        if func.namespace == "mxshard":  # the converted linear's own ops (fsdp.ops) read the planes themselves
+            return func(*_stand_ins(args), **_stand_ins(kwargs or {}))
         name = args[0]._box.source._meta.name if args and isinstance(args[0], GatheredWeight) else "a weight"
         raise NotImplementedError(
             f"mxshard: {name} is an FSDP2-gathered MXFP8/NVFP4 weight: it holds quantized planes, not values, "
@@ -78,6 +82,13 @@ class GatheredWeight(torch.Tensor):
     def source(self):
         """The sharded master (QuantMaster) this rank owns."""
         return self._box.source
+
+
+def _stand_ins(tree):
+    """`tree` with every GatheredWeight replaced by a zero-size tensor of its dtype and device: the
+    mxshard ops find the planes through their plan (fsdp.ops), the tensor only names the weight."""
+    from torch.utils._pytree import tree_map_only
+    return tree_map_only(GatheredWeight, lambda g: torch.empty(0, dtype=g.dtype, device=g.device), tree)
 
 
 def is_gathered(t) -> bool:

@@ -24,62 +24,12 @@ import torch
 import torch.nn as nn
 
 from ..gemm import paths as _gemm
+from . import ops as _ops
 from .gathered import GatheredWeight
 from .master import QuantMaster, QuantSpec, WeightMeta
+from .ops import _check_weight, _primary
 
 __all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight", "masters_changed"]
-
-
-class _ParamLinearFn(torch.autograd.Function):
-    """y = x @ W^T (+ b); W's planes come from the unsharded GatheredWeight (FSDP2) or from the
-    module's own quantization of its master (no FSDP2). x and b arrive in compute_dtype."""
-
-    @staticmethod
-    def forward(ctx, x, b, w, module):
-        dt = module.spec.compute_dtype
-        y = _gemm.linear_fwd(x, _primary(module, w, "row"), b, dt)
-        ctx.module, ctx.w = module, w
-        ctx.has_bias = b is not None
-        ctx.save_for_backward(x)
-        return y
-
-    @staticmethod
-    def backward(ctx, gy):
-        (x,) = ctx.saved_tensors
-        m, w = ctx.module, ctx.w
-        plane = m.spec.dgrad_plane()
-        gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, ctx.needs_input_grad[0],
-                                                 ctx.has_bias and ctx.needs_input_grad[1],
-                                                 lambda: _primary(m, w, plane), plane)
-        gw = None
-        if ctx.needs_input_grad[2]:
-            gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=w.dtype)
-        return gx, gb, gw, None
-
-
-def _primary(module, w, plane):
-    """The primary holding `plane` for this use: the gathered one, one fetched on demand (used
-    once), or the module's own (no FSDP2)."""
-    if isinstance(w, GatheredWeight):
-        p = w.plane(plane)
-        return p if p is not None else module._group.fetch_plane(w, plane)
-    return module._group.local_primary(w)
-
-
-def _check_weight(module):
-    """The weight tensor the forward can use (GatheredWeight or QuantMaster), or a clear error."""
-    w = module._parameters.get("weight")
-    if isinstance(w, (GatheredWeight, QuantMaster)):
-        return w
-    from torch.distributed.tensor import DTensor
-    if isinstance(w, DTensor):
-        raise RuntimeError(
-            f"mxshard: {module.meta.name}: the weight is still sharded (a DTensor): FSDP2 unshards it in the forward "
-            f"of the module fully_shard was applied to. Call that module (or the root), not this submodule alone")
-    raise RuntimeError(
-        f"mxshard: keep a converted weight's Parameter: load values into it (load_state_dict, "
-        f"weight.data.copy_(...)) and keep tied weights dense. {module.meta.name}.weight is a {type(w).__name__}, "
-        f"not its QuantMaster: it was replaced (a tie, a new Parameter?)")
 
 
 class _ParamLinear(nn.Linear):
@@ -104,6 +54,7 @@ class _ParamLinear(nn.Linear):
         m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
         m.bias = lin.bias
         m.meta, m.spec, m._group = meta, spec, group
+        m._plan = _ops.register(m)
         m.train(lin.training)
         m._register_state_dict_hook(_plain_weight_in_state_dict)
         group.add(name, m)
@@ -166,8 +117,8 @@ class _ParamLinear(nn.Linear):
         if getattr(self, "meta", None) is not None:
             super().reset_parameters()
 
-    @torch.compiler.disable  # runs eagerly inside a torch.compile'd model (ctypes calls, tensor subclasses)
     def forward(self, x):
+        """The custom op mxshard::param_linear (fsdp.ops): torch.compile traces through it."""
         who = type(self).__name__
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{who}: input must be a torch.Tensor, got {type(x).__name__}")
@@ -180,9 +131,15 @@ class _ParamLinear(nn.Linear):
             raise ValueError(f"{who}: input on {x.device}, the weight on {w.device}")
         dt = self.spec.compute_dtype
         b = self.bias.to(dt) if self.bias is not None else None
-        y = _ParamLinearFn.apply(x.to(dt), b, w, self)
+        y = _ops.param_linear(x.to(dt), w, b, self._plan)
         out = _gemm.output_dtype(x)
         return y if y.dtype == out else y.to(out)
+
+    def __setstate__(self, state):
+        # a copy (copy.deepcopy: an EMA model) or an unpickled module: a plan of its own
+        super().__setstate__(state)
+        if "_plan" in state:
+            self._plan = _ops.register(self)
 
     def extra_repr(self):
         s = self.spec

@@ -65,6 +65,17 @@ class WeightMeta:
     def __repr__(self):
         return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"
 
+    # equal by what it describes (torch.compile's guards compare a subclass's flatten context
+    # with a copy of it); one model never holds two weights of one name
+    def _key(self):
+        return (self.name, self.rows, self.cols, self.spec)
+
+    def __eq__(self, other):
+        return isinstance(other, WeightMeta) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
 
 # Ops whose outputs keep the subclass. Views (and detach/alias) share the master's storage, so
 # writes through them are writes to the master; new_zeros/new_empty/_to_copy/clone make the
@@ -97,13 +108,20 @@ def _written_args(func, args, kwargs):
     return out
 
 
+def _tracing_tensor(t):
+    """torch.compile's stand-ins for a plain tensor (fake and functional tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    return isinstance(t, (FakeTensor, FunctionalTensor))
+
+
 class QuantMaster(torch.Tensor):
     """A [rows, cols] (or FSDP2's [rows of this rank, cols]) float master of a quantized linear's
     weight. `_data` is the plain tensor holding the values; `_meta` the weight's WeightMeta."""
 
     @staticmethod
     def __new__(cls, data, meta, requires_grad=None):
-        if type(data) is not torch.Tensor:
+        if type(data) is not torch.Tensor and not _tracing_tensor(data):
             raise TypeError(f"QuantMaster wraps a plain tensor, got {type(data).__name__}")
         return torch.Tensor._make_wrapper_subclass(
             cls, data.size(), strides=data.stride(), storage_offset=data.storage_offset(), dtype=data.dtype,

@@ -1,0 +1,133 @@
+# SPDX-License-Identifier: MIT
+"""The converted linear's forward and backward as torch.library custom ops, so
+that torch.compile of a block traces through a converted linear (no graph
+break) and runs the library's GEMM paths on the same bytes as eager.
+
+    mxshard::param_linear(x, weight, bias, plan) -> y
+        y = x @ deq(row plane)^T (+ bias), in the module's compute dtype
+    mxshard::param_linear_backward(gy, x, weight, plan, need_gx, need_gw, need_gb) -> [gx?, gw?, gb?]
+        gx = gy @ deq(dgrad plane), gw = gy^T @ x (the weight's dtype), gb = sum of gy
+
+`plan` names the module's prepared plan: the entry of PLANS that
+`register(module)` gave it when convert() built it (the cuBLASLt pattern: a
+handle made once, tensors bound per call). The ops find the quantized bytes
+through it (the GatheredWeight FSDP2 just gathered, or the module's own
+quantization of its master, once per master version), never through the
+`weight` argument: that one is there for autograd (its gradient) and for
+torch.compile's graph (what the op reads). Under FSDP2 the weight is a
+GatheredWeight, which hands these ops a zero-size stand-in
+(fsdp.gathered); a QuantMaster hands them its inner tensor.
+
+The fake implementations give torch.compile the output shapes and dtypes
+from the plan alone.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import List, Optional
+
+import torch
+
+from ..gemm import paths as _gemm
+from .gathered import GatheredWeight
+from .group import _replaced_message
+from .master import QuantMaster
+
+__all__ = ["register", "param_linear", "param_linear_backward", "OPS"]
+
+_PLANS = []   # plan id -> weakref of its module (a module's copy registers anew: __setstate__)
+
+
+def register(module):
+    """A new plan id for `module` (at convert() and when a module is copied or unpickled)."""
+    _PLANS.append(weakref.ref(module))
+    return len(_PLANS) - 1
+
+
+def _module(plan):
+    m = _PLANS[plan]() if 0 <= plan < len(_PLANS) else None
+    if m is None:
+        raise RuntimeError(f"mxshard: plan {plan} names no live converted linear (the module was freed)")
+    return m
+
+
+def _primary(module, w, plane):
+    """The primary holding `plane` for this use: the gathered one, one fetched on demand (used
+    once), or the module's own (no FSDP2)."""
+    if isinstance(w, GatheredWeight):
+        p = w.plane(plane)
+        return p if p is not None else module._group.fetch_plane(w, plane)
+    return module._group.local_primary(w)
+
+
+def _check_weight(module):
+    """The weight tensor the forward can use (GatheredWeight or QuantMaster), or a clear error."""
+    w = module._parameters.get("weight")
+    if isinstance(w, (GatheredWeight, QuantMaster)):
+        return w
+    from torch.distributed.tensor import DTensor
+    if isinstance(w, DTensor):
+        raise RuntimeError(
+            f"mxshard: call the module fully_shard was applied to (or the root), not this submodule alone: "
+            f"{module.meta.name}'s weight is still sharded (a DTensor); FSDP2 unshards it in that module's forward")
+    raise RuntimeError(_replaced_message(module.meta.name, w))
+
+
+@torch.library.custom_op("mxshard::param_linear", mutates_args=())
+def param_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: int) -> torch.Tensor:
+    m = _module(plan)
+    return _gemm.linear_fwd(x, _primary(m, _check_weight(m), "row"), bias, m.spec.compute_dtype)
+
+
+@param_linear.register_fake
+def _param_linear_fake(x, weight, bias, plan):
+    m = _module(plan)
+    return x.new_empty(tuple(x.shape[:-1]) + (m.out_features,), dtype=m.spec.compute_dtype)
+
+
+@torch.library.custom_op("mxshard::param_linear_backward", mutates_args=())
+def param_linear_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, plan: int, need_gx: bool,
+                          need_gw: bool, need_gb: bool) -> List[torch.Tensor]:
+    m = _module(plan)
+    plane = m.spec.dgrad_plane()
+    gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, need_gx, need_gb,
+                                             lambda: _primary(m, _check_weight(m), plane), plane)
+    out = [gx] if need_gx else []
+    if need_gw:
+        out.append(_gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=weight.dtype))
+    if need_gb:
+        out.append(gb)
+    return out
+
+
+@param_linear_backward.register_fake
+def _param_linear_backward_fake(gy, x, weight, plan, need_gx, need_gw, need_gb):
+    m = _module(plan)
+    out = [x.new_empty(x.shape, dtype=m.spec.compute_dtype)] if need_gx else []
+    if need_gw:
+        out.append(x.new_empty((m.out_features, m.in_features), dtype=weight.dtype))
+    if need_gb:
+        out.append(x.new_empty((m.out_features,), dtype=m.spec.compute_dtype))
+    return out
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, plan = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.plan, ctx.has_bias = plan, bias is not None
+
+
+def _backward(ctx, gy):
+    x, weight = ctx.saved_tensors
+    need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    need_gb = ctx.has_bias and ctx.needs_input_grad[2]
+    out = iter(param_linear_backward(gy, x, weight, ctx.plan, need_gx, need_gw, need_gb))
+    gx = next(out) if need_gx else None
+    gw = next(out) if need_gw else None
+    gb = next(out) if need_gb else None
+    return gx, gw, gb, None
+
+
+param_linear.register_autograd(_backward, setup_context=_setup_context)
+
+OPS = {torch.ops.mxshard.param_linear.default, torch.ops.mxshard.param_linear_backward.default}
