@@ -468,7 +468,68 @@ def case_bytes(rank, world):
     assert out["nvfp4"]["bytes"] == S * C // 2 + S * (-(-C // 16)), out
     assert out["bf16"]["bytes"] == 2 * S * C, out
     assert out["mxfp8"]["all_reduce"] == 0 and out["nvfp4"]["all_reduce"] == (1 if world > 1 else 0), out
+    out["table"] = _bytes_table(world)
     return out
+
+
+def _touched(R, S, world, h):
+    """The most h-row blocks the rows of one rank touch (brute force over the ranks' row ranges)."""
+    most = 0
+    for k in range(world):
+        r0, r1 = min(k * S, R), min((k + 1) * S, R)
+        if r1 > r0:
+            most = max(most, (r1 - 1) // h - r0 // h + 1)
+    return most
+
+
+def _bytes_table(world):
+    """docs/fsdp.md's bytes table, every row counted: per rank and all-gather, forward (row plane)
+    and backward (the dgrad plane) alike, for row-only and "both" weights of both formats (NVFP4
+    in both block shapes), evenly and unevenly sharded:
+        evenly (R % W == 0), S = R/W:    MXFP8  S*C   + max(S*ceil(C/32), "both": T32*C)
+                                         NVFP4  S*C/2 + max(S*ceil(C/16), "both": T16*C)
+            (T_h: the most h-row blocks one rank's rows touch; the larger plane's scale window
+             travels, so that the forward's and the backward's inputs have one size)
+        unevenly, S = ceil(R/W):         S*C for both formats (FSDP2's padded-shard rule)
+        BF16:                            2*S*C"""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    rows = {"even": 40 * world, "uneven": 40 * world + 1} if world > 1 else {"even": 40}
+    C = 80
+    got = []
+    for how, R in rows.items():
+        S = -(-R // world)
+        for fmt, planes, block in (("mxfp8", "row", None), ("mxfp8", "both", None), ("nvfp4", "row", "1x16"),
+                                   ("nvfp4", "both", "1x16"), ("nvfp4", "both", "16x16"), ("bf16", None, None)):
+            torch.manual_seed(0)
+            m = Net()
+            m.a = nn.Linear(C, R, bias=False)
+            m = m.to(dev())
+            if fmt != "bf16":
+                mxt.convert(m, planes, format=fmt, **({"block": block} if block else {}))
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16)
+            fsdp(m.a, mp_policy=mp)
+            fsdp(m, mp_policy=mp)
+            x = {"a": torch.ones(3, C, dtype=torch.bfloat16, device=dev())}
+            m(x)["a"].float().sum().backward()   # the first refresh (its agreement) out of the count
+            if fmt != "bf16":
+                mxt.masters_changed(m)
+            with count_collectives() as calls:
+                y = m(x)["a"]
+            fwd = calls["bytes_all_gather_into_tensor"]
+            with count_collectives() as calls:
+                y.float().sum().backward()
+            bwd = calls["bytes_all_gather_into_tensor"]
+            if fmt == "bf16":
+                want = 2 * S * C
+            elif how == "uneven":
+                want = S * C
+            elif fmt == "mxfp8":
+                want = S * C + max(S * -(-C // 32), _touched(R, S, world, 32) * C if planes == "both" else 0)
+            else:
+                want = S * C // 2 + max(S * -(-C // 16), _touched(R, S, world, 16) * C if planes == "both" else 0)
+            assert fwd == bwd == want, (how, R, C, fmt, planes, block, fwd, bwd, want)
+            got.append((how, R, C, fmt, planes, block, fwd))
+    return got
 
 
 def _adamw(params):
