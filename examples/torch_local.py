@@ -26,38 +26,10 @@ import sys
 import tempfile
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 import mxshard.torch as mxt
-
-
-class TinyLM(nn.Module):
-    """Next-token model over a window of tokens: embeddings, residual MLP blocks, a dense head."""
-
-    def __init__(self, vocab, window, d, hidden, blocks):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.mix = nn.Linear(window * d, d)
-        self.blocks = nn.ModuleList(_Block(d, hidden) for _ in range(blocks))
-        self.head = nn.Linear(d, vocab)
-
-    def forward(self, ctx):
-        h = self.mix(self.emb(ctx).flatten(1))
-        for b in self.blocks:
-            h = b(h)
-        return self.head(h)
-
-
-class _Block(nn.Module):
-    def __init__(self, d, hidden):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, hidden)
-        self.fc2 = nn.Linear(hidden, d)
-
-    def forward(self, h):
-        return h + self.fc2(F.gelu(self.fc1(self.norm(h))))
+from torch_fsdp import TinyLM   # the same model as the FSDP2 example (examples/torch_fsdp.py)
 
 
 def batch(step, n, window, vocab, device):
