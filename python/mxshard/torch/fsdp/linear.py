@@ -118,7 +118,8 @@ class _ParamLinear(nn.Linear):
             super().reset_parameters()
 
     def forward(self, x):
-        """The custom op mxshard::param_linear (fsdp.ops): torch.compile traces through it."""
+        """y = x @ deq(row)^T + b (fsdp.ops): under torch.compile the custom op
+        mxshard::param_linear (traced, no graph break), else the same rules eagerly."""
         who = type(self).__name__
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{who}: input must be a torch.Tensor, got {type(x).__name__}")
@@ -131,7 +132,10 @@ class _ParamLinear(nn.Linear):
             raise ValueError(f"{who}: input on {x.device}, the weight on {w.device}")
         dt = self.spec.compute_dtype
         b = self.bias.to(dt) if self.bias is not None else None
-        y = _ops.param_linear(x.to(dt), w, b, self._plan)
+        if torch.compiler.is_compiling():   # traced: the custom op (fsdp.ops), no graph break
+            y = _ops.param_linear(x.to(dt), w, b, self._plan)
+        else:                               # eager: the same rules without the op's dispatch
+            y = _ops.ParamLinearFn.apply(x.to(dt), w, b, self)
         out = _gemm.output_dtype(x)
         return y if y.dtype == out else y.to(out)
 

@@ -19,7 +19,9 @@ GatheredWeight, which hands these ops a zero-size stand-in
 (fsdp.gathered); a QuantMaster hands them its inner tensor.
 
 The fake implementations give torch.compile the output shapes and dtypes
-from the plan alone.
+from the plan alone. Eager calls (outside torch.compile) take ParamLinearFn,
+the same two rules (_forward, _backward_parts) without the custom ops'
+dispatch, which costs host time on every call.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from .gathered import GatheredWeight
 from .group import _replaced_message
 from .master import QuantMaster
 
-__all__ = ["register", "param_linear", "param_linear_backward", "OPS"]
+__all__ = ["register", "param_linear", "param_linear_backward", "ParamLinearFn", "OPS"]
 
 _PLANS = []   # plan id -> weakref of its module (a module's copy registers anew: __setstate__)
 
@@ -73,10 +75,41 @@ def _check_weight(module):
     raise RuntimeError(_replaced_message(module.meta.name, w))
 
 
+def _forward(m, x, bias):
+    """y = x @ deq(row)^T (+ bias): the one forward rule of both paths below."""
+    return _gemm.linear_fwd(x, _primary(m, _check_weight(m), "row"), bias, m.spec.compute_dtype)
+
+
+def _backward_parts(m, gy, x, weight_dtype, need_gx, need_gw, need_gb):
+    """(gx, gw, gb), None where not needed: the one backward rule of both paths below."""
+    plane = m.spec.dgrad_plane()
+    gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, need_gx, need_gb,
+                                             lambda: _primary(m, _check_weight(m), plane), plane)
+    gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=weight_dtype) if need_gw else None
+    return gx, gw, gb
+
+
+class ParamLinearFn(torch.autograd.Function):
+    """The eager path: the same rules as the custom ops, without their dispatch (a converted linear
+    calls it outside torch.compile; bench/RESULTS.md "Issue 35 (2026-12-06)" has the host time)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, module):
+        ctx.module, ctx.weight_dtype, ctx.has_bias = module, weight.dtype, bias is not None
+        ctx.save_for_backward(x)
+        return _forward(module, x, bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        (x,) = ctx.saved_tensors
+        gx, gw, gb = _backward_parts(ctx.module, gy, x, ctx.weight_dtype, ctx.needs_input_grad[0],
+                                     ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        return gx, gw, gb, None
+
+
 @torch.library.custom_op("mxshard::param_linear", mutates_args=())
 def param_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: int) -> torch.Tensor:
-    m = _module(plan)
-    return _gemm.linear_fwd(x, _primary(m, _check_weight(m), "row"), bias, m.spec.compute_dtype)
+    return _forward(_module(plan), x, bias)
 
 
 @param_linear.register_fake
@@ -88,16 +121,8 @@ def _param_linear_fake(x, weight, bias, plan):
 @torch.library.custom_op("mxshard::param_linear_backward", mutates_args=())
 def param_linear_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, plan: int, need_gx: bool,
                           need_gw: bool, need_gb: bool) -> List[torch.Tensor]:
-    m = _module(plan)
-    plane = m.spec.dgrad_plane()
-    gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, need_gx, need_gb,
-                                             lambda: _primary(m, _check_weight(m), plane), plane)
-    out = [gx] if need_gx else []
-    if need_gw:
-        out.append(_gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=weight.dtype))
-    if need_gb:
-        out.append(gb)
-    return out
+    gx, gw, gb = _backward_parts(_module(plan), gy, x, weight.dtype, need_gx, need_gw, need_gb)
+    return [t for t, need in ((gx, need_gx), (gw, need_gw), (gb, need_gb)) if need]
 
 
 @param_linear_backward.register_fake
