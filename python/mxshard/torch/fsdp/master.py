@@ -54,13 +54,14 @@ class WeightMeta:
     FSDP2's padded shard, device copies): its spec, its qualified name, the full [rows, cols]
     shape, and the FSDPGroup of the model (None until convert() made one)."""
 
-    __slots__ = ("spec", "name", "rows", "cols", "group", "writes")
+    __slots__ = ("spec", "name", "rows", "cols", "group", "writes", "_hash")
 
     def __init__(self, spec, name, rows, cols, group=None):
         self.spec, self.name, self.rows, self.cols, self.group = spec, name, rows, cols, group
         # in-place writes through any QuantMaster of this weight: `.data` hands out an alias with
         # a version counter of its own, so the inner tensor's _version alone misses its writes
         self.writes = 0
+        self._hash = hash(self._key())   # (a dict key on the gather path: hashed once)
 
     def __repr__(self):
         return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"
@@ -74,7 +75,17 @@ class WeightMeta:
         return isinstance(other, WeightMeta) and self._key() == other._key()
 
     def __hash__(self):
-        return hash(self._key())
+        return self._hash
+
+    def __reduce__(self):
+        # (copy, deepcopy, pickle: rebuilt, so the hash is this process's)
+        return _rebuild_meta, (self.spec, self.name, self.rows, self.cols, self.group, self.writes)
+
+
+def _rebuild_meta(spec, name, rows, cols, group, writes):
+    meta = WeightMeta(spec, name, rows, cols, group)
+    meta.writes = writes
+    return meta
 
 
 # Ops whose outputs keep the subclass. Views (and detach/alias) share the master's storage, so
