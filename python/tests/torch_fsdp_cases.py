@@ -468,7 +468,7 @@ def case_bytes(rank, world):
     assert out["nvfp4"]["bytes"] == S * C // 2 + S * (-(-C // 16)), out
     assert out["bf16"]["bytes"] == 2 * S * C, out
     assert out["mxfp8"]["all_reduce"] == 0 and out["nvfp4"]["all_reduce"] == (1 if world > 1 else 0), out
-    out["table"] = _bytes_table(world)
+    out["table"] = _bytes_table(world) if world != 3 else []   # (1, 2 and 4 ranks: even and uneven shards)
     return out
 
 
