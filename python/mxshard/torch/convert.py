@@ -98,7 +98,7 @@ def _unmatched_message(kind, pats, names):
 
 
 def _group_of(model):
-    """The FSDPGroup of a model that convert(fsdp=True) already touched (one per model), or a new one."""
+    """The FSDPGroup of a model that convert() already touched (one per model), or a new one."""
     for m in model.modules():
         if isinstance(m, _ParamLinear):
             return m._group

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""FSDPGroup: every converted (fsdp=True) weight of one model, and the ONE
+"""FSDPGroup: every converted weight of one model, and the ONE
 small collective per step that their bytes need.
 
     after opt.step() the masters' versions moved; the first all-gather of the next forward asks

@@ -10,7 +10,7 @@ for FSDP2 (`fully_shard`), any torch.optim optimizer and DCP.
 
 Without fully_shard (a world of one, or before sharding) the module quantizes
 its own master with the same library writeback, once per master version, and
-runs the same GEMMs. `convert(model, policy, fsdp=True)` builds these.
+runs the same GEMMs. `convert(model, policy)` builds these.
 
 state_dict(): the weight is saved as a plain tensor (a plain DTensor under
 FSDP2) sharing the master's storage, so torch.save, DCP and in-place loads see
@@ -33,7 +33,7 @@ __all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantiz
 
 
 class _ParamLinear(nn.Linear):
-    """What MXFP8ParamLinear and NVFP4ParamLinear share; built by convert(..., fsdp=True)."""
+    """What MXFP8ParamLinear and NVFP4ParamLinear share; built by convert()."""
 
     _FORMAT = None
 
@@ -166,7 +166,7 @@ class NVFP4ParamLinear(_ParamLinear):
 
 
 def is_param_linear(module) -> bool:
-    """True for MXFP8ParamLinear / NVFP4ParamLinear (convert(..., fsdp=True))."""
+    """True for MXFP8ParamLinear / NVFP4ParamLinear (convert()'s linears)."""
     return isinstance(module, _ParamLinear)
 
 

@@ -186,7 +186,7 @@ class QuantMaster(torch.Tensor):
         group = self._meta.group
         if group is None:
             raise RuntimeError(f"mxshard: {self._meta.name}: this master belongs to no converted model; build the "
-                               f"module with mxshard.torch.convert(model, ..., fsdp=True)")
+                               f"module with mxshard.torch.convert(model, ...)")
         return group.pre_all_gather(self, mesh, tuple(outer_size), module)
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):

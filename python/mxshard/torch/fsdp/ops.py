@@ -75,9 +75,10 @@ def _check_weight(module):
     raise RuntimeError(_replaced_message(module.meta.name, w))
 
 
-def _forward(m, x, bias):
-    """y = x @ deq(row)^T (+ bias): the one forward rule of both paths below."""
-    return _gemm.linear_fwd(x, _primary(m, _check_weight(m), "row"), bias, m.spec.compute_dtype)
+def _forward(m, w, x, bias):
+    """y = x @ deq(row)^T (+ bias), w the module's checked weight: the one forward rule of both
+    paths below."""
+    return _gemm.linear_fwd(x, _primary(m, w, "row"), bias, m.spec.compute_dtype)
 
 
 def _backward_parts(m, gy, x, weight_dtype, need_gx, need_gw, need_gb):
@@ -97,7 +98,7 @@ class ParamLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, module):
         ctx.module, ctx.weight_dtype, ctx.has_bias = module, weight.dtype, bias is not None
         ctx.save_for_backward(x)
-        return _forward(module, x, bias)
+        return _forward(module, weight, x, bias)   # (the forward checked the weight)
 
     @staticmethod
     def backward(ctx, gy):
@@ -109,7 +110,8 @@ class ParamLinearFn(torch.autograd.Function):
 
 @torch.library.custom_op("mxshard::param_linear", mutates_args=())
 def param_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: int) -> torch.Tensor:
-    return _forward(_module(plan), x, bias)
+    m = _module(plan)
+    return _forward(m, _check_weight(m), x, bias)   # (`weight` is a stand-in: the plan names the module)
 
 
 @param_linear.register_fake

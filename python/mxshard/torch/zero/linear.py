@@ -214,15 +214,15 @@ class _QuantLinear(nn.Module):
         """A READ-ONLY fp32 [out, in] view of the weight the forward uses (the row plane,
         dequantized; a new tensor each time, not a Parameter). Writing into it raises: the weight
         is held only as the quantized primary; set values with set_master_(w) (or, under
-        ShardedOptimizer, masters_from_model / its checkpoints). For a weight that is an
-        nn.Parameter (FSDP2, torch.optim, HF-style init), convert with fsdp=True."""
+        ShardedOptimizer, masters_from_model / its checkpoints). A weight that is an
+        nn.Parameter (FSDP2, torch.optim, HF-style init) is convert()'s MXFP8ParamLinear."""
         return ReadOnlyWeight(self._dequant("row", "f32"), self._who)
 
     def __setattr__(self, name, value):
         if name == "weight":
             raise AttributeError(f"{self._who}.weight is a read-only dequantized view: the weight lives as "
                                  f"quantized planes. Use set_master_(w) to set its values; a tied or replaced weight "
-                                 f"needs the linear dense (convert's policy or skip), or convert(..., fsdp=True)")
+                                 f"needs the linear dense (convert's policy or skip), or convert()'s MXFP8ParamLinear")
         super().__setattr__(name, value)
 
     def release_master_init(self):
@@ -348,7 +348,7 @@ class ReadOnlyWeight(torch.Tensor):
             if a.alias_info is not None and a.alias_info.is_write and isinstance(v, ReadOnlyWeight):
                 raise RuntimeError(f"{v._who}.weight is a read-only dequantized view ({func} would write into "
                                    f"it): set the weight with set_master_(w); for a Parameter weight (HF-style "
-                                   f"init, torch.optim, FSDP2) convert with fsdp=True")
+                                   f"init, torch.optim, FSDP2) use convert()'s MXFP8ParamLinear")
         from torch.utils._pytree import tree_map_only
         a2, k2 = tree_map_only(ReadOnlyWeight, lambda t: t._data, (args, kwargs))
         out = func(*a2, **k2)
