@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""mxshard from Python: MXFP8 primary weights under sharded optimizers.
+"""mxshard from Python: MXFP8 and NVFP4 primary weights under sharded optimizers.
 
 ctypes bindings over the C ABI: the host library (libmxshard_host: numpy
 arrays and CPU tensors) and the CUDA library (libmxshard_cuda: CUDA tensors,
@@ -11,6 +11,13 @@ docs/python.md for where they are looked for.
     x = w.dequantize(dtype="bf16")
     wb = mxshard.BucketWriteback(items, round_through="bf16")
     wb.run(group)                                 # one all-reduce per bucket
+
+A format is a value (mxshard.formats): MXFP8 and NVFP4 each own their weight
+class, operations, writeback and plane geometry.
+
+    fmt = mxshard.formats.get("nvfp4")            # or mxshard.NVFP4
+    w = fmt.empty(4096, 4096, planes="both", device="cuda")
+    fmt.quantize(w, bf16_weight)
 """
 from ._lib import (LibraryNotFoundError, MxsError, RemoteError, InvalidArgumentError, ShapeError,
                    SizeOverflowError, AbsentPlaneError, RangeError, BufferSizeError, CudaError, NcclError,
@@ -23,6 +30,8 @@ from .buffers import BucketBuffers
 from .nvfp4 import (NVFP4Weight, quantize_nvfp4, dequantize_nvfp4, convert_nvfp4_scales, nvfp4_scale_shape,
                     nvfp4_data_shape, nvfp4_stage_to_col, nvfp4_fragment_bytes)
 from .nvfp4_writeback import NVFP4BucketWriteback, NVFP4WritebackItem
+from . import formats
+from .formats import Format, MXFP8, NVFP4
 
 __version__ = "0.2.0"
 
@@ -35,6 +44,7 @@ __all__ = [
     "PlanMismatchError", "UnsupportedError", "AliasingError", "ReduceError", "error_class",
     "NVFP4Weight", "NVFP4BucketWriteback", "NVFP4WritebackItem", "quantize_nvfp4", "dequantize_nvfp4",
     "convert_nvfp4_scales", "nvfp4_scale_shape", "nvfp4_data_shape", "nvfp4_stage_to_col", "nvfp4_fragment_bytes",
+    "formats", "Format", "MXFP8", "NVFP4",
 ]
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from . import _arrays as A
 from . import _lib as L
-from .weight import MXFP8Weight, _zeros
+from ._plumbing import zeros as _zeros
+from .weight import MXFP8Weight
 
 
 class BucketBuffers:

@@ -15,14 +15,14 @@ S = ceil(R / W) rows but the last ones, which get fewer or none.
    r=R  +------------------------+
 
 A plane's blocks form "block rows" of height h (1 for row planes, 32 or 16
-for column planes and tiles). Rank k touches block rows
-[floor(r0/h), ceil(r1/h)); a block row touched by two ranks is SHARED and its
-exponents / amaxes go through the reduction.
+for column planes and tiles: its format's block_height, mxshard.formats).
+Rank k touches block rows [floor(r0/h), ceil(r1/h)); a block row touched by
+two ranks is SHARED and its exponents / amaxes go through the reduction.
 """
 from __future__ import annotations
 
-__all__ = ["chunk_rows", "rank_rows", "is_even", "touched_block_rows", "shared_block_rows", "block_height",
-           "max_touched", "PLANE_ROW", "PLANE_COL"]
+__all__ = ["chunk_rows", "rank_rows", "is_even", "touched_block_rows", "shared_block_rows", "max_touched",
+           "PLANE_ROW", "PLANE_COL"]
 
 PLANE_ROW = "row"
 PLANE_COL = "col"
@@ -48,18 +48,6 @@ def is_even(rows: int, world: int) -> bool:
     """Every rank holds exactly chunk_rows() rows (FSDP2 then accepts all-gather inputs of any
     shape; unevenly sharded parameters must all-gather inputs of the padded shard's shape)."""
     return rows % world == 0
-
-
-def block_height(fmt: str, plane: str, block: str = None) -> int:
-    """Rows spanned by one block of `plane` of a `fmt` weight: 1 (row planes), 32 (MXFP8 column
-    plane), 16 (NVFP4 column plane, or either plane of 16x16 tiles)."""
-    if fmt == "mxfp8":
-        return 1 if plane == PLANE_ROW else 32
-    if fmt == "nvfp4":
-        if block == "16x16":
-            return 16
-        return 1 if plane == PLANE_ROW else 16
-    raise ValueError(f"block_height: unknown format {fmt!r}")
 
 
 def touched_block_rows(r0: int, r1: int, h: int):

@@ -27,9 +27,10 @@ import numpy as np
 
 from . import _arrays as A
 from . import _lib as L
-from .ops import (_check_has_plane, _convert_scales_args, _dequantize_out, _dequantize_plane, _quantize_src,
-                  current_stream)
-from .weight import _PlaneProps, _ptr, _zeros
+from ._plumbing import (PlaneProps, check_has_plane, convert_scales_args, current_stream, dequantize_out,
+                        dequantize_plane, quantize_src)
+from ._plumbing import ptr as _ptr
+from ._plumbing import zeros as _zeros
 
 __all__ = ["NVFP4Weight", "quantize_nvfp4", "dequantize_nvfp4", "convert_nvfp4_scales", "nvfp4_scale_shape",
            "nvfp4_data_shape", "nvfp4_stage_to_col", "nvfp4_fragment_bytes"]
@@ -96,7 +97,7 @@ def _check_amax(a: A.Arr):
     return a
 
 
-class NVFP4Weight(_PlaneProps):
+class NVFP4Weight(PlaneProps):
     """A rows x cols NVFP4 tensor: row-wise and/or column-wise planes, one
     block shape ('1x16' or '16x16'), one scale layout, one global amax.
 
@@ -106,6 +107,8 @@ class NVFP4Weight(_PlaneProps):
     present plane's data may be None (FSDP: the rank keeps only fragments,
     NVFP4WritebackItem's row_fragment / stage_fragment); such a weight serves
     the writeback only."""
+
+    C_STRUCT = L.Nvfp4Tensor  # its C descriptor
 
     def __init__(self, rows, cols, *, block="1x16", layout="padded", row_data=None, row_scale=None,
                  col_data=None, col_scale=None, amax=None):
@@ -175,7 +178,7 @@ class NVFP4Weight(_PlaneProps):
         return cls(rows, cols, block=block, layout=layout, row_data=row_data, row_scale=row_scale,
                    col_data=col_data, col_scale=col_scale, amax=amax)
 
-    # ---- properties (planes, has_row, has_col, shape: _PlaneProps) ----------
+    # ---- properties (planes, has_row, has_col, shape: PlaneProps) ----------
 
     @property
     def block_shape(self):
@@ -277,7 +280,7 @@ def quantize_nvfp4(primary: NVFP4Weight, src, round_through=None, src_dtype=None
     amax. round_through='bf16' rounds every value to bf16 first (TE's master
     cast). In place; returns `primary`."""
     rt = A.round_through_code(round_through)
-    s, dt, dev = _quantize_src(primary, src, src_dtype, _weight_arrs, "quantize_nvfp4")
+    s, dt, dev = quantize_src(primary, src, src_dtype, _weight_arrs, "quantize_nvfp4")
     t = nvfp4_struct(primary)
     if dev == "cpu":
         L.check(L.nvfp4_host().quantize(ctypes.byref(t), s.ptr, dt, rt), "mxs_host_nvfp4_quantize")
@@ -293,10 +296,10 @@ def dequantize_nvfp4(primary: NVFP4Weight, plane=None, dtype="bf16", out=None):
     dequantize). plane: 'row' or 'col' (default: row when present). Returns out."""
     if not isinstance(primary, NVFP4Weight):
         raise TypeError(f"expected an NVFP4Weight, got {type(primary).__name__}")
-    p, dt = _dequantize_plane(primary, plane, dtype)
+    p, dt = dequantize_plane(primary, plane, dtype)
     ins = _weight_arrs(primary, writable=False)
-    _check_has_plane(primary, p, "dequantize_nvfp4")
-    out, o, dev = _dequantize_out(primary, out, dt, ins, "dequantize_nvfp4")
+    check_has_plane(primary, p, "dequantize_nvfp4")
+    out, o, dev = dequantize_out(primary, out, dt, ins, "dequantize_nvfp4")
     t = nvfp4_struct(primary)
     if dev == "cpu":
         L.check(L.nvfp4_host().dequantize(ctypes.byref(t), p, o.ptr, dt), "mxs_host_nvfp4_dequantize")
@@ -310,7 +313,7 @@ def convert_nvfp4_scales(rows, cols, plane, src, from_layout, to_layout, out=Non
     """One NVFP4 scale plane of a rows x cols tensor from `from_layout` to
     `to_layout` ('compact', 'padded', 'swizzled'); padding becomes 0x00.
     Returns out (allocated in the target's shape when None)."""
-    rows, cols, p, fl, tl, s, out, o, dev = _convert_scales_args(
+    rows, cols, p, fl, tl, s, out, o, dev = convert_scales_args(
         rows, cols, plane, src, from_layout, to_layout, out, nvfp4_scale_shape, "NVFP4 scale plane",
         "convert_nvfp4_scales")
     if dev == "cpu":

@@ -11,8 +11,8 @@ of the row-wise planes and column stages, then finish's local transpose
         wb.run(group)           # partial -> all_reduce(MAX) -> apply -> gather -> finish
 
 The weight and the whole-tensor operations are nvfp4.py's; the group setup,
-the byte gathers and the collective sequence are BucketWriteback's
-(writeback.py).
+the byte gathers and the collective sequence are _bucket.py's (BucketBase,
+shared with MXFP8's BucketWriteback).
 """
 from __future__ import annotations
 
@@ -24,11 +24,9 @@ import numpy as np
 from . import _arrays as A
 from . import _lib as L
 from . import collectives as C
+from ._bucket import BucketBase, add_region, build_then_setup, item_shard, merged_regions, run_group_protocol
+from ._plumbing import zeros as _zeros
 from .nvfp4 import NVFP4Weight, _packed_bytes, _weight_arrs, nvfp4_fragment_bytes, nvfp4_struct
-from .weight import _zeros
-from .writeback import BucketWriteback as _MX
-from .writeback import (_WithClose, _add_region, _build_then_setup, _item_shard, _merged_regions,
-                        _run_group_protocol)
 
 __all__ = ["NVFP4BucketWriteback", "NVFP4WritebackItem"]
 
@@ -72,7 +70,7 @@ def _wire_plan(entry_bytes):
     return (entry_bytes == 4, "int32")
 
 
-class NVFP4BucketWriteback(_WithClose):
+class NVFP4BucketWriteback(BucketBase):
     """One bucket of NVFP4 weights written back together: sharded masters ->
     NVFP4 primaries, every rank ending with data, scales and amax equal to a
     whole-tensor quantize_nvfp4 of the full master.
@@ -105,19 +103,12 @@ class NVFP4BucketWriteback(_WithClose):
     byte all-gathers (row-wise plane, column stage) -> finish.
     """
 
-    # the group setup and the byte gathers are BucketWriteback's, unchanged:
-    # they only see this class's _plane_regions() byte intervals
-    _setup_group = _MX._setup_group
-    _schedule = _MX._schedule
-    _gather = _MX._gather
-    gather = _MX.gather
-
     def __init__(self, items, round_through="bf16", group=None, gather=True, raw16="bf16"):
         self._closed = True
         self._fault = None  # tests: a rank-local failure before partial's C call
         self._setups = {}
         self._gather_enabled = bool(gather)
-        _build_then_setup(self, group,
+        build_then_setup(self, group,
                           lambda: self._build([_as_item(x, i) for i, x in enumerate(items)], round_through, raw16))
 
     # ---- build --------------------------------------------------------------
@@ -129,7 +120,7 @@ class NVFP4BucketWriteback(_WithClose):
             w = it.primary
             if not isinstance(w, NVFP4Weight):
                 raise TypeError(f"item {i}: primary must be an NVFP4Weight, got {type(w).__name__}")
-            m, mdt, start, length = _item_shard(i, it, w, raw16)
+            m, mdt, start, length = item_shard(i, it, w, raw16)
             frags = {}
             for pn, f, has in (("row", it.row_fragment, w.has_row), ("stage", it.stage_fragment, w.has_col)):
                 if f is None:
@@ -249,21 +240,6 @@ class NVFP4BucketWriteback(_WithClose):
             L.check(cu.prepare(bptr, self._bp, self._pp, self._packed_ptr.value, self._workspace.data_ptr(),
                                int(ws.value), self._stream()), "mxs_cuda_nvfp4_wb_prepare")
         self._cuda_bucket = ctypes.c_void_p(bptr)
-
-    def _fragment_ptr(self, fa):
-        """A fragment's address for the C item. An empty fragment (an empty
-        shard) may have none (a torch data_ptr of 0), but NULL means "no
-        fragment": it gets the address of a private byte instead (len = 0:
-        nothing is ever written there)."""
-        if fa is None:
-            return None
-        if fa.ptr:
-            return fa.ptr
-        if not hasattr(self, "_empty_frag"):
-            t = A.torch_mod()
-            self._empty_frag = (t.zeros(1, dtype=t.uint8, device=fa.obj.device) if fa.kind == "torch"
-                                else np.zeros(1, dtype=np.uint8))
-        return A.arr(self._empty_frag, "empty fragment").ptr
 
     @staticmethod
     def _raise_plan_error(nv, st, citems, per):
@@ -417,7 +393,7 @@ class NVFP4BucketWriteback(_WithClose):
                 with t.cuda.device(self._tdev):
                     return self.run(group, gather, error)
         partial = self.partial if error is None else (lambda: self._fail_with(error))
-        if _run_group_protocol(self, group, gather, "NVFP4BucketWriteback", partial, self.apply):
+        if run_group_protocol(self, group, gather, "NVFP4BucketWriteback", partial, self.apply):
             self.finish()
 
     def _fail_with(self, error):
@@ -426,7 +402,7 @@ class NVFP4BucketWriteback(_WithClose):
             self._mark_failed()
         raise error
 
-    # ---- the gathered byte ranges (BucketWriteback's group setup reads them) ----
+    # ---- the gathered byte ranges (BucketBase's group setup reads them) ----
 
     def _plane_regions(self):
         """Per (buffer, storage): this rank's written byte intervals, merged:
@@ -441,9 +417,9 @@ class NVFP4BucketWriteback(_WithClose):
             if self._stages[i] is not None and "stage" not in self._frags[i]:
                 bufs.append(("stage", self._stages[i]))
             for kind, a in bufs:
-                _add_region(regions, order, kind, a, i, c.len > 0,
+                add_region(regions, order, kind, a, i, c.len > 0,
                             lambda off: (off + c.start // 2, off + (c.start + c.len + 1) // 2))
-        return _merged_regions(regions, order)
+        return merged_regions(regions, order)
 
     # ---- lifetime -------------------------------------------------------------
 

@@ -11,7 +11,8 @@ PADDED is TE's MXFP8Tensor layout (`_rowwise_data`, `_rowwise_scale_inv`,
 `_columnwise_data`, `_columnwise_scale_inv`); SWIZZLED holds the same bytes
 in the 128x4-tile order cuBLAS block-scaled GEMMs read (the shape stays the
 PADDED one). Exactly the planes asked for are allocated; an absent plane's
-attributes are None.
+attributes are None. The operations (quantize, dequantize, convert_scales)
+are ops.py's, one floor below; the methods here call them.
 """
 from __future__ import annotations
 
@@ -19,30 +20,12 @@ import numpy as np
 
 from . import _arrays as A
 from . import _lib as L
+from ._plumbing import PlaneProps
+from ._plumbing import zeros as _zeros
+from .ops import convert_scales, dequantize, quantize, tensor_struct
 
 
-class _PlaneProps:
-    """The plane and shape properties of a weight with rows, cols and dirs
-    (MXFP8Weight, NVFP4Weight)."""
-
-    @property
-    def planes(self):
-        return A.PLANES_STR[self.dirs]
-
-    @property
-    def has_row(self):
-        return bool(self.dirs & L.ROWWISE)
-
-    @property
-    def has_col(self):
-        return bool(self.dirs & L.COLWISE)
-
-    @property
-    def shape(self):
-        return (self.rows, self.cols)
-
-
-class MXFP8Weight(_PlaneProps):
+class MXFP8Weight(PlaneProps):
     """A rows x cols MXFP8 tensor: row-wise and/or column-wise planes.
 
     Buffers are numpy arrays (``device=None``) or torch tensors (``device``
@@ -50,6 +33,8 @@ class MXFP8Weight(_PlaneProps):
     :meth:`empty` (allocates exactly the planes asked for) or
     :meth:`from_buffers` (views into your own storage, e.g. a bucket's
     contiguous parameter buffer)."""
+
+    C_STRUCT = L.Tensor  # its C descriptor (ops.py recognises an MXFP8Weight by it)
 
     def __init__(self, rows, cols, *, layout="padded", row_data=None, row_scale=None, col_data=None,
                  col_scale=None):
@@ -110,7 +95,7 @@ class MXFP8Weight(_PlaneProps):
         return cls(rows, cols, layout=layout, row_data=row_data, row_scale=row_scale, col_data=col_data,
                    col_scale=col_scale)
 
-    # ---- properties (planes, has_row, has_col, shape: _PlaneProps) ----------
+    # ---- properties (planes, has_row, has_col, shape: PlaneProps) ----------
 
     def fp8_view(self, plane="row"):
         """The plane's data as a torch.float8_e4m3fn view (torch buffers), or
@@ -153,20 +138,17 @@ class MXFP8Weight(_PlaneProps):
     def quantize_(self, src, rounding="ceil", src_dtype=None):
         """Copy-back: quantize the whole rows x cols `src` into exactly this
         weight's planes (in place). Returns self."""
-        from .ops import quantize
         quantize(self, src, rounding=rounding, src_dtype=src_dtype)
         return self
 
     def dequantize(self, plane=None, dtype="bf16", out=None):
         """One plane back to bf16/f16/f32 (rows x cols). plane: 'row' (the
         default when present) or 'col'."""
-        from .ops import dequantize
         return dequantize(self, plane=plane, dtype=dtype, out=out)
 
     def with_layout(self, layout):
         """A new weight sharing these data planes, its scales converted to
         `layout` (e.g. 'swizzled' for cuBLAS)."""
-        from .ops import convert_scales
         layout = A.layout_code(layout)
         kw = {}
         for plane in (L.ROWWISE, L.COLWISE):
@@ -182,31 +164,3 @@ class MXFP8Weight(_PlaneProps):
         return (f"MXFP8Weight({self.rows}x{self.cols}, planes={self.planes}, "
                 f"layout={A.LAYOUT_STR[self.layout]}, device={self.device}, "
                 f"{'torch' if self.is_torch else 'numpy'})")
-
-
-def _zeros(shape, device, dtype="uint8"):
-    """Zeros of `dtype` (a name numpy and torch share): numpy for device None, else torch on `device`."""
-    if device is None:
-        return np.zeros(shape, dtype=dtype)
-    t = A.torch_mod()
-    if t is None:
-        import torch as t  # noqa: F811  (device= asks for torch tensors)
-    return t.zeros(shape, dtype=getattr(t, dtype), device=device)
-
-
-def tensor_struct(w: MXFP8Weight) -> L.Tensor:
-    t = L.Tensor()
-    t.rows, t.cols, t.dirs, t.scale_layout = w.rows, w.cols, w.dirs, w.layout
-    t.row_data = _ptr(w.row_data)
-    t.row_scale = _ptr(w.row_scale)
-    t.col_data = _ptr(w.col_data)
-    t.col_scale = _ptr(w.col_scale)
-    return t
-
-
-def _ptr(x):
-    if x is None:
-        return None
-    if isinstance(x, np.ndarray):
-        return x.ctypes.data
-    return x.data_ptr()
