@@ -7,6 +7,7 @@ import random
 import pytest
 
 from mxshard import fsdp_geometry as G
+from mxshard.formats import MXFP8, NVFP4
 
 
 def _brute_touch(rows, world, h):
@@ -63,9 +64,9 @@ def test_shared_block_rows_are_the_block_rows_two_ranks_touch(seed):
 
 
 def test_row_planes_are_never_cut_and_aligned_shards_cut_no_column_block():
-    assert G.shared_block_rows(4096, 8, G.block_height("mxfp8", "row")) == []
-    assert G.shared_block_rows(4096, 8, G.block_height("mxfp8", "col")) == []        # 512 rows per rank
-    assert G.shared_block_rows(96, 2, G.block_height("mxfp8", "col")) == [1]         # 48: cuts block row 1
-    assert G.shared_block_rows(4096, 8, G.block_height("nvfp4", "row", "16x16")) == []
-    assert G.shared_block_rows(40, 2, G.block_height("nvfp4", "col", "1x16")) == [1]  # 20: cuts rows 16..31
-    assert G.block_height("nvfp4", "row", "1x16") == 1
+    assert G.shared_block_rows(4096, 8, MXFP8.block_height("row")) == []
+    assert G.shared_block_rows(4096, 8, MXFP8.block_height("col")) == []        # 512 rows per rank
+    assert G.shared_block_rows(96, 2, MXFP8.block_height("col")) == [1]         # 48: cuts block row 1
+    assert G.shared_block_rows(4096, 8, NVFP4.block_height("row", "16x16")) == []
+    assert G.shared_block_rows(40, 2, NVFP4.block_height("col", "1x16")) == [1]  # 20: cuts rows 16..31
+    assert NVFP4.block_height("row", "1x16") == 1
