@@ -23,14 +23,14 @@ import warnings
 import torch
 import torch.nn as nn
 
+from .. import formats as _formats
 from .fsdp.group import FSDPGroup
-from .fsdp.linear import MXFP8ParamLinear, NVFP4ParamLinear, _ParamLinear, make_spec
-from .options import _BLOCKS, _LAYOUTS, _ROUNDINGS, _check_choice, _check_compute_dtype, _check_device, _require_library
+from .fsdp.linear import _ParamLinear, make_spec, param_linear_class
+from .options import _LAYOUTS, _check_choice, _check_compute_dtype, _check_device, _require_library
 
 __all__ = ["convert"]
 
 _POLICY_VALUES = ("row", "both", "dense")
-_FORMATS = ("mxfp8", "nvfp4")
 _ROUND_THROUGH = {"bf16": "bf16", None: "none"}
 
 
@@ -79,16 +79,20 @@ def _skip_patterns(skip):
 
 
 def _format_options(format, rounding, block):
-    """convert's format options -> (format, rounding, block); one rule per format."""
-    fmt = _check_choice("format", format, _FORMATS, "convert")
-    if fmt == "mxfp8":
-        if block is not None:
-            raise ValueError(f"convert: block={block!r} applies to format='nvfp4' only (MXFP8 blocks are 1x32)")
-        return fmt, _check_choice("rounding", "ceil" if rounding is None else rounding, _ROUNDINGS, "convert"), None
-    if rounding is not None:
-        raise ValueError(f"convert: rounding={rounding!r} applies to format='mxfp8' only (NVFP4 scales are E4M3, "
-                         f"rounded to nearest)")
-    return fmt, None, _check_choice("block", "1x16" if block is None else block, _BLOCKS, "convert")
+    """convert's format options -> (the Format, rounding, block): the format's own option (rounding
+    for MXFP8, block for NVFP4) checked against its choices, the other one None (giving it is a
+    ValueError that names the format it belongs to)."""
+    fmt = format if isinstance(format, _formats.Format) else \
+        _formats.get(_check_choice("format", format, _formats.NAMES, "convert"))
+    given = {"rounding": rounding, "block": block}
+    for opt, v in given.items():
+        if opt != fmt.option and v is not None:
+            owner = next(f for f in _formats.ALL if f.option == opt)
+            raise ValueError(f"convert: {opt}={v!r} applies to format={owner.name!r} only ({fmt.fixed_note})")
+    own = given[fmt.option]
+    given[fmt.option] = _check_choice(fmt.option, fmt.option_choices[0] if own is None else own, fmt.option_choices,
+                                      "convert")
+    return fmt, given["rounding"], given["block"]
 
 
 def _unmatched_message(kind, pats, names):
@@ -143,6 +147,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     transformers' Conv1D modules (GPT-2's transposed linears) are not converted: a policy that
     would convert one is a ValueError under strict (a warning with strict=False).
 
+    format: 'mxfp8' (default) or 'nvfp4', or the value mxshard.formats.MXFP8 / NVFP4.
     Format options: rounding ('ceil' by default, or 'floor') is MXFP8's, block ('1x16' by
     default, or '16x16') NVFP4's; giving the other format's option is a ValueError. layout and
     compute_dtype apply to both. One call converts to one format; for a model of both, call
@@ -212,7 +217,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         raise ValueError(f"convert: the policy converts no nn.Linear of the model (its nn.Linear modules: "
                          f"{', '.join(all_names[:6]) or 'none'}); pass strict=False to allow it")
     group = _group_of(model)
-    cls = MXFP8ParamLinear if fmt == "mxfp8" else NVFP4ParamLinear
+    cls = param_linear_class(fmt)
     for mod, mod_names, v in todo:
         spec = make_spec(fmt, v, layout, rounding, block, compute_dtype, _ROUND_THROUGH[round_through])
         new = cls.from_linear(mod, spec, mod_names[0], group)

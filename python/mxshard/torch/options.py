@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 
 from .. import _lib as L
+from ..formats import MXFP8, NVFP4
 
 _PLANES = ("row", "both")
 _LAYOUTS = ("compact", "padded", "swizzled")
-_ROUNDINGS = ("ceil", "floor")
-_BLOCKS = ("1x16", "16x16")
+_ROUNDINGS = MXFP8.roundings    # ("ceil", "floor")
+_BLOCKS = NVFP4.blocks          # ("1x16", "16x16")
 _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

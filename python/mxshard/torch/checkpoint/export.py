@@ -43,6 +43,7 @@ import types
 import torch
 from torch import nn
 
+from ... import formats as _formats
 from ..zero.byte_buffers import as_buffer_bytes, stored_dtype
 from .errors import CheckpointError, CheckpointMismatchError
 from ..fsdp.linear import is_param_linear
@@ -52,8 +53,6 @@ from ..zero.linear import is_quantized
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
 
 EXPORT_FORMAT = "mxshard.safetensors/1"
-_BUFS = {"mxfp8": ("row_data", "row_scale", "col_data", "col_scale"),
-         "nvfp4": ("row_data", "row_scale", "col_data", "col_scale", "amax")}
 _DEQUANT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -81,18 +80,33 @@ def _module_info(m):
         s = m.spec
         m = types.SimpleNamespace(format=s.format, out_features=m.out_features, in_features=m.in_features,
                                   planes=s.planes, layout=s.layout, rounding=s.rounding, block=s.block)
-    if m.format == "mxfp8":
-        return {"shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
-                "rounding": m.rounding, "block": 32, "data": "F8_E4M3", "scale": "E8M0 as U8"}
-    return {"format": "nvfp4", "shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
-            "block": m.block, "data": "E2M1 x2 as U8 (even index low; col_data transposed)", "scale": "F8_E4M3",
-            "amax": "F32 [1]"}
+    return _INFO[_formats.get(m.format)](m)
+
+
+def _mxfp8_info(m):
+    # (no "format" key: the first version of the file wrote none, and readers take its absence as MXFP8)
+    return {"shape": [m.out_features, m.in_features], "planes": m.planes, "layout": m.layout,
+            "rounding": m.rounding, "block": 32, "data": "F8_E4M3", "scale": "E8M0 as U8"}
+
+
+def _nvfp4_info(m):
+    return {"format": _formats.NVFP4.name, "shape": [m.out_features, m.in_features], "planes": m.planes,
+            "layout": m.layout, "block": m.block, "data": "E2M1 x2 as U8 (even index low; col_data transposed)",
+            "scale": "F8_E4M3", "amax": "F32 [1]"}
+
+
+_INFO = {_formats.MXFP8: _mxfp8_info, _formats.NVFP4: _nvfp4_info}   # a module's metadata, per format
+
+
+def _file_format(info):
+    """The name of the format of the file's quantized module `info` (absent: MXFP8, see _mxfp8_info)."""
+    return info.get("format", _formats.MXFP8.name)
 
 
 def _file_bufs(info):
     """The buffer names a quantized module of the metadata has in the file."""
-    fmt = info.get("format", "mxfp8")
-    return tuple(b for b in _BUFS[fmt] if info["planes"] == "both" or not b.startswith("col_"))
+    fmt = _formats.get(_file_format(info))
+    return tuple(b for b in fmt.buffers if info["planes"] == "both" or not b.startswith("col_"))
 
 
 def _view_id(t):
@@ -120,7 +134,7 @@ def _dedupe(state):
 def _options_difference(info, m):
     """How the file's quantized module `info` differs from module m (None: loadable as bytes)."""
     mine = _module_info(m)
-    fmt = info.get("format", "mxfp8")
+    fmt = _file_format(info)
     if fmt != m.format:
         return f"format {fmt}, the model's {m.format}"
     for k in ("shape", "planes", "layout", "block"):
@@ -142,7 +156,7 @@ def _param_linear_buffers(m, master):
     u.partial()
     u.apply(data._version)
     prim = u.local_primary()
-    names = _BUFS[m.spec.format]
+    names = m.spec.fmt.buffers
     return {b: getattr(prim, b) for b in names if (m.spec.planes == "both" or not b.startswith("col_"))
             and getattr(prim, b, None) is not None}
 
@@ -178,7 +192,7 @@ def export_safetensors(path, model):
     for name, m in model.named_modules(remove_duplicate=False):
         if is_quantized(m) or is_param_linear(m):
             mx[name] = _module_info(m)
-            fmt_of[name] = m.spec.format if is_param_linear(m) else m.format
+            fmt_of[name] = _formats.get(m.format)
         if is_param_linear(m):
             key = f"{name}.weight" if name else "weight"
             master = full.pop(key, None)
@@ -195,7 +209,7 @@ def export_safetensors(path, model):
     tensors = {}
     for key, t in state.items():
         mod, _, leaf = key.rpartition(".")
-        if mod in fmt_of and leaf in _BUFS[fmt_of[mod]]:
+        if mod in fmt_of and leaf in fmt_of[mod].buffers:
             t = t.view(stored_dtype(fmt_of[mod], leaf))
         tensors[key] = t.detach().to("cpu").contiguous().clone()
     meta = {"format": EXPORT_FORMAT, "mxshard": json.dumps(mx, sort_keys=True),
@@ -234,20 +248,15 @@ def _read(p, st):
 
 def _dequantized(name, info, get, dtype):
     """The row plane of the file's quantized module `name` as a dense [out, in] weight of `dtype`."""
-    from ...nvfp4 import NVFP4Weight, dequantize_nvfp4
-    from ...ops import dequantize
-    from ...weight import MXFP8Weight
+    fmt = _formats.get(_file_format(info))
     rows, cols = info["shape"]
     bufs = {b: get(f"{name}.{b}") for b in _file_bufs(info)}
     bufs = {b: (t if b == "amax" else t.view(torch.uint8)) for b, t in bufs.items()}
     code = _DEQUANT_DTYPES.get(dtype, "f32")
-    if info.get("format", "mxfp8") == "nvfp4":
-        w = NVFP4Weight.from_buffers(rows, cols, block=info["block"], layout=info["layout"], **bufs)
-        out = dequantize_nvfp4(w, plane="row", dtype=code)
-    else:
-        w = MXFP8Weight.from_buffers(rows, cols, layout=info["layout"], **bufs)
-        out = dequantize(w, plane="row", dtype=code)
-    return out.to(dtype)
+    # the block is an option of NVFP4 weights only (MXFP8's metadata says 32, informational)
+    block = info["block"] if fmt.option == "block" else None
+    w = fmt.weight(rows, cols, block=block, layout=info["layout"], **bufs)
+    return fmt.dequantize(w, plane="row", dtype=code).to(dtype)
 
 
 def _quantized_entries(name, info, mod, get, who):

@@ -23,19 +23,21 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ... import formats as _formats
 from ..gemm import paths as _gemm
 from . import ops as _ops
 from .gathered import GatheredWeight
 from .master import QuantMaster, QuantSpec, WeightMeta
 from .ops import _check_weight, _primary
 
-__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight", "masters_changed"]
+__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight", "masters_changed",
+           "param_linear_class"]
 
 
 class _ParamLinear(nn.Linear):
     """What MXFP8ParamLinear and NVFP4ParamLinear share; built by convert()."""
 
-    _FORMAT = None
+    _FORMAT = None   # the mxshard.formats value of the subclass
 
     @classmethod
     def from_linear(cls, lin, spec, name, group):
@@ -62,6 +64,7 @@ class _ParamLinear(nn.Linear):
 
     # the options, named as on ShardedOptimizer's MXFP8Linear / NVFP4Linear (read-only: the spec)
     format = property(lambda self: self.spec.format, doc="'mxfp8' or 'nvfp4'")
+    fmt = property(lambda self: self.spec.fmt, doc="the format: mxshard.formats.MXFP8 or NVFP4")
     planes = property(lambda self: self.spec.planes, doc="'row' or 'both'")
     layout = property(lambda self: self.spec.layout, doc="the primary's scale layout")
     rounding = property(lambda self: self.spec.rounding, doc="MXFP8's E8M0 rounding ('nearest' for NVFP4)")
@@ -147,22 +150,22 @@ class _ParamLinear(nn.Linear):
 
     def extra_repr(self):
         s = self.spec
-        fmt = f"block={s.block}" if s.format == "nvfp4" else f"rounding={s.rounding}"
+        own = s.fmt.option   # the option only this format takes: rounding (MXFP8) or block (NVFP4)
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"planes={s.planes}, layout={s.layout}, {fmt}, compute_dtype={s.compute_dtype}")
+                f"planes={s.planes}, layout={s.layout}, {own}={getattr(s, own)}, compute_dtype={s.compute_dtype}")
 
 
 class MXFP8ParamLinear(_ParamLinear):
     """An nn.Linear whose weight Parameter is an fp32/bf16 master, used as MXFP8 (row plane in
     forward; planes="both": the column plane in dgrad); all-gathered as MXFP8 bytes under FSDP2."""
 
-    _FORMAT = "mxfp8"
+    _FORMAT = _formats.MXFP8
 
 
 class NVFP4ParamLinear(_ParamLinear):
     """As MXFP8ParamLinear, with NVFP4 (E2M1, E4M3 scales per 16 or 16x16, tensor amax)."""
 
-    _FORMAT = "nvfp4"
+    _FORMAT = _formats.NVFP4
 
 
 def is_param_linear(module) -> bool:
@@ -178,9 +181,18 @@ def masters_changed(model):
         g.masters_changed()
 
 
+def param_linear_class(fmt):
+    """The converted linear class of a format (an mxshard.formats value or its name)."""
+    fmt = _formats.get(fmt)
+    return next(c for c in (MXFP8ParamLinear, NVFP4ParamLinear) if c._FORMAT == fmt)
+
+
 def make_spec(fmt, planes, layout, rounding, block, compute_dtype, round_through):
-    return QuantSpec(fmt, planes, layout, rounding if fmt == "mxfp8" else "nearest",
-                     block if fmt == "nvfp4" else "1x32", compute_dtype, round_through)
+    """The QuantSpec of a weight of format `fmt` (a value or its name): its own option as given,
+    the other one the format's fixed value (MXFP8: block '1x32'; NVFP4: rounding 'nearest')."""
+    fmt = _formats.get(fmt)
+    rounding, block = fmt.spec_options(rounding, block)
+    return QuantSpec(fmt.name, planes, layout, rounding, block, compute_dtype, round_through)
 
 
 def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):

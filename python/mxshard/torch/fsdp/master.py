@@ -31,18 +31,26 @@ from typing import NamedTuple
 import torch
 from torch.utils._pytree import tree_map_only
 
+from ... import formats as _formats
+
 __all__ = ["QuantSpec", "WeightMeta", "QuantMaster", "is_quant_master"]
 
 
 class QuantSpec(NamedTuple):
-    """What a weight is quantized into (immutable; one per converted module)."""
-    format: str             # "mxfp8" | "nvfp4"
+    """What a weight is quantized into (immutable; one per converted module). `format` is the
+    format's name (the spec is hashed, pickled and fingerprinted); `fmt` is the format itself."""
+    format: str             # the name of an mxshard.formats value: "mxfp8" | "nvfp4"
     planes: str             # "row" | "both"
     layout: str             # scale layout of the gathered primary: "compact" | "padded" | "swizzled"
     rounding: str           # MXFP8 E8M0 rounding: "ceil" | "floor" (NVFP4: "nearest")
     block: str              # NVFP4 block: "1x16" | "16x16" (MXFP8: "1x32")
     compute_dtype: torch.dtype
     round_through: str      # "bf16" (TE's master cast) | "none"
+
+    @property
+    def fmt(self):
+        """The mxshard.formats value (MXFP8 or NVFP4) this spec names."""
+        return _formats.get(self.format)
 
     def dgrad_plane(self):
         """The plane the backward's dgrad reads: the column-wise one for "both"."""

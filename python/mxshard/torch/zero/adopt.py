@@ -64,12 +64,9 @@ def adopt_param_linears(model, undo):
             s = m.spec
             lin = types.SimpleNamespace(in_features=m.in_features, out_features=m.out_features,
                                         weight=m.weight._data, bias=m.bias, training=m.training)
-            if s.format == "mxfp8":
-                new = MXFP8Linear._from_linear(lin, s.compute_dtype, planes=s.planes, layout=s.layout,
-                                               rounding=s.rounding)
-            else:
-                new = NVFP4Linear._from_linear(lin, s.compute_dtype, planes=s.planes, layout=s.layout,
-                                               block=s.block)
+            cls = next(c for c in (MXFP8Linear, NVFP4Linear) if c.fmt == s.fmt)
+            own = s.fmt.option   # the option only this format takes: rounding (MXFP8) or block (NVFP4)
+            new = cls._from_linear(lin, s.compute_dtype, planes=s.planes, layout=s.layout, **{own: getattr(s, own)})
             new_of[id(m)] = new
             aliases[id(m)] = new
             aliases[id(m.weight)] = new

@@ -17,10 +17,8 @@ import torch
 from torch import nn
 
 from ... import _lib as L
-from ...nvfp4 import NVFP4Weight
-from ...nvfp4_writeback import NVFP4BucketWriteback, _needs_stage
-from ...weight import MXFP8Weight
-from ...writeback import BucketWriteback
+from ...formats import MXFP8, NVFP4
+from ...nvfp4_writeback import _needs_stage
 from . import compat as compat
 from . import layout as LY
 from .grads import GRAD_DTYPES, dense_hook, mx_hook, owned_hook, zero_pending_hook
@@ -34,8 +32,8 @@ DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "
 TORCH_DTYPE = {v: k for k, v in DTYPES.items()}
 _ROUND_THROUGH = {None: None, "none": None, "f32": None, "bf16": "bf16", "f16": "f16"}
 # per module format: (item kind, the description that enters the fingerprint; a rounding is added for MXFP8)
-_QUANT_KIND = {"mxfp8": lambda m: ("mx_" + m.planes, f"mxfp8:{m.layout}"),
-               "nvfp4": lambda m: ("nv_" + m.planes, f"nvfp4:{m.block}:{m.layout}")}
+_QUANT_KIND = {MXFP8: lambda m: ("mx_" + m.planes, f"{MXFP8.name}:{m.layout}"),
+               NVFP4: lambda m: ("nv_" + m.planes, f"{NVFP4.name}:{m.block}:{m.layout}")}
 
 
 class Item:
@@ -130,7 +128,7 @@ class Construction:
                                      f"{' / '.join(str(d) for d in _main_grad_dtypes(m))} main_grad; "
                                      f"grad_dtype={self.grad_dtype} is not possible with it: use "
                                      f"grad_dtype=torch.float32")
-                kind, desc = _QUANT_KIND[m.format](m)
+                kind, desc = _QUANT_KIND[m.fmt](m)
                 items.append(Item(f"{mname}.weight" if mname else "weight", kind,
                                   (m.out_features, m.in_features), desc, module=m))
                 names[mname] = items[-1]
@@ -459,10 +457,10 @@ class Construction:
         group = self.comm.group if self.comm.dist is not None else None
         for b in self._buckets:
             if b.nv_items:
-                ws = [NVFP4Weight.from_buffers(*it.shape, block=it.module.block, layout=it.module.layout, **kw)
+                ws = [NVFP4.weight(*it.shape, block=it.module.block, layout=it.module.layout, **kw)
                       for it, kw in b.nv_items]
-                b.nvwb = NVFP4BucketWriteback(self._shard_items(b, ws, LY.NV_KINDS), round_through=self.round_through,
-                                              group=group, gather=True)
+                b.nvwb = NVFP4.writeback(self._shard_items(b, ws, LY.NV_KINDS), round_through=self.round_through,
+                                        group=group, gather=True)
                 self.comm.count("all_gather_setup", 2)
                 b.nv_planes = ["row"] + (["stage"] if any(_needs_stage(w) for w in ws) else [])
             if not b.wb_items:
@@ -470,7 +468,7 @@ class Construction:
             items = []
             for it, kw in b.wb_items:
                 rows, cols = it.shape
-                w = MXFP8Weight.from_buffers(rows, cols, layout=it.module.layout, **kw)
+                w = MXFP8.weight(rows, cols, layout=it.module.layout, **kw)
                 items.append(w)
             wbi = self._shard_items(b, items, LY.MX_KINDS)
             rounding = {self._roundings[it.name] for it, _ in b.wb_items}
@@ -478,8 +476,8 @@ class Construction:
                 # the same on every rank (it is in the fingerprint): every rank raises here
                 raise ValueError(f"bucket {b.spec.index}: its MXFP8 weights have different roundings "
                                  f"{sorted(rounding)}; pass rounding= to the optimizer")
-            b.wb = BucketWriteback(wbi, rounding=rounding.pop(), round_through=self.round_through, group=group,
-                                   gather=True)
+            b.wb = MXFP8.writeback(wbi, rounding=rounding.pop(), round_through=self.round_through, group=group,
+                                  gather=True)
             self.comm.count("all_gather_setup", 2)
             b.wb_planes = ["row"] + (["col"] if b.colbuf is not None else [])
         for b in self._buckets:

@@ -24,33 +24,33 @@ torch does for a size mismatch) and that buffer is left as it is. A dense
 `<module>.weight` given for a quantized module is an error too: its bytes
 are not the module's planes.
 
-Imports nothing of mxshard.torch (linear.py registers the hook)."""
+Imports nothing of mxshard.torch (linear.py registers the hook); each code is
+its format's (mxshard.formats: Format.codes, Format.e4m3_buffers)."""
 from __future__ import annotations
 
 import torch
 
+from ... import formats as _formats
+
 __all__ = ["stored_dtype", "as_buffer_bytes", "_register_byte_load_hook"]
 
-_E4M3_BUFFERS = {"mxfp8": ("row_data", "col_data"), "nvfp4": ("row_scale", "col_scale")}
-_CODES = {("mxfp8", "data"): "E4M3", ("mxfp8", "scale"): "E8M0", ("nvfp4", "data"): "packed E2M1",
-          ("nvfp4", "scale"): "E4M3"}
 # the torch dtype that names each code (missing in older torch: getattr)
 _CODE_DTYPES = {"E4M3": "float8_e4m3fn", "E8M0": "float8_e8m0fnu", "packed E2M1": "float4_e2m1fn_x2"}
 
 
 def code_of(fmt, name):
-    """What buffer `name` of a `fmt` ('mxfp8' | 'nvfp4') module holds: 'E4M3',
+    """What buffer `name` of a `fmt` module (an mxshard.formats value or its name) holds: 'E4M3',
     'E8M0', 'packed E2M1' (uint8 buffers) or 'fp32' (NVFP4's amax)."""
     if name == "amax":
         return "fp32"
-    return _CODES[(fmt, name.rpartition("_")[2])]
+    return _formats.get(fmt).codes[name.rpartition("_")[2]]
 
 
 def stored_dtype(fmt, name):
     """The dtype a checkpoint or export stores buffer `name` as (one rule for both)."""
     if name == "amax":
         return torch.float32
-    return torch.float8_e4m3fn if name in _E4M3_BUFFERS[fmt] else torch.uint8
+    return torch.float8_e4m3fn if name in _formats.get(fmt).e4m3_buffers else torch.uint8
 
 
 def _byte_dtypes(code):

@@ -36,13 +36,10 @@ from ..gemm import paths as _gemm
 from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_choice, _check_compute_dtype,
                        _check_device, _check_features, _dtype_code, _require_library)
 from ..fsdp.linear import MXFP8ParamLinear
-from ...ops import dequantize as _mx_dequantize
-from ...ops import quantize as _mx_quantize
-from ...weight import MXFP8Weight
+from ... import formats as _formats
 
 __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight"]
 
-_BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale")
 
 
 # ---- the autograd function -------------------------------------------------------
@@ -84,12 +81,14 @@ class _QuantLinearFn(torch.autograd.Function):
 class _QuantLinear(nn.Module):
     """What MXFP8Linear and NVFP4Linear share: options, the primary over the
     module's buffers, the autograd path, the fp32 initial master, main_grad,
-    rebind_primary_. A subclass sets `format`, `_BUFS` (the primary's buffer
-    names), `_FIXED` (buffers that keep their dtype under .to(dtype)) and
-    implements _check_format, _empty_primary, _primary_from_buffers,
+    rebind_primary_. A subclass sets `fmt` (its mxshard.formats value),
+    `format` (its name), `_BUFS` (the primary's buffer names, fmt.buffers),
+    `_FIXED` (buffers that keep their dtype under .to(dtype)) and implements
+    _check_format, _empty_primary, _primary_from_buffers,
     _dequant(plane, dtype=None) and _quantize(w)."""
 
-    format = None     # "mxfp8" | "nvfp4"
+    fmt = None        # mxshard.formats.MXFP8 | NVFP4
+    format = None     # its name: "mxfp8" | "nvfp4"
     _BUFS = ()
     _FIXED = ()
 
@@ -374,8 +373,9 @@ class MXFP8Linear(_QuantLinear):
     uniform bias) and keeps that fp32 weight as its initial master until
     release_master_init()."""
 
-    format = "mxfp8"
-    _BUFS = _BUF_NAMES
+    fmt = _formats.MXFP8
+    format = fmt.name
+    _BUFS = fmt.buffers
 
     def __init__(self, in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
                  compute_dtype=torch.bfloat16, rounding="ceil"):
@@ -389,18 +389,18 @@ class MXFP8Linear(_QuantLinear):
         self.rounding = _check_choice("rounding", rounding, _ROUNDINGS)
 
     def _empty_primary(self, device):
-        return MXFP8Weight.empty(self.out_features, self.in_features, planes=self.planes, layout=self.layout,
-                                 device=device)
+        return self.fmt.empty(self.out_features, self.in_features, planes=self.planes, layout=self.layout,
+                              device=device)
 
     def _primary_from_buffers(self):
-        return MXFP8Weight.from_buffers(self.out_features, self.in_features, layout=self.layout,
-                                        **{n: self._buffers.get(n) for n in self._BUFS})
+        return self.fmt.weight(self.out_features, self.in_features, layout=self.layout,
+                               **{n: self._buffers.get(n) for n in self._BUFS})
 
     def _dequant(self, plane, dtype=None):
-        return _mx_dequantize(self.primary, plane=plane, dtype=dtype or _dtype_code(self.compute_dtype))
+        return self.fmt.dequantize(self.primary, plane=plane, dtype=dtype or _dtype_code(self.compute_dtype))
 
     def _quantize(self, w):
-        _mx_quantize(self.primary, w, rounding=self.rounding)
+        self.fmt.quantize(self.primary, w, rounding=self.rounding)
 
     def set_master_(self, w_fp32):
         """Quantizes the whole [out, in] tensor into the primary's planes (round

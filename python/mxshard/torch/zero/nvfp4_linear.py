@@ -26,14 +26,12 @@ from __future__ import annotations
 import torch
 
 from ... import _lib as L
-from ...nvfp4 import NVFP4Weight, dequantize_nvfp4, quantize_nvfp4
+from ... import formats as _formats
 from ..fsdp.linear import NVFP4ParamLinear
 from ..options import _BLOCKS, _LAYOUTS, _PLANES, _check_choice, _dtype_code, _require_library
 from .linear import _QuantLinear
 
 __all__ = ["NVFP4Linear", "is_nvfp4"]
-
-_BUF_NAMES = ("row_data", "row_scale", "col_data", "col_scale", "amax")
 
 
 class NVFP4Linear(_QuantLinear):
@@ -49,8 +47,9 @@ class NVFP4Linear(_QuantLinear):
     uniform bias) and keeps that fp32 weight as its initial master until
     release_master_init()."""
 
-    format = "nvfp4"
-    _BUFS = _BUF_NAMES
+    fmt = _formats.NVFP4
+    format = fmt.name
+    _BUFS = fmt.buffers
     _FIXED = ("amax",)
 
     def __init__(self, in_features, out_features, bias=True, *, planes="row", block="1x16", layout="padded",
@@ -74,18 +73,18 @@ class NVFP4Linear(_QuantLinear):
             L.nvfp4_cuda("NVFP4Linear", need=("quantize", "dequantize"))
 
     def _empty_primary(self, device):
-        return NVFP4Weight.empty(self.out_features, self.in_features, planes=self.planes, block=self.block,
-                                 layout=self.layout, device=device)
+        return self.fmt.empty(self.out_features, self.in_features, planes=self.planes, block=self.block,
+                              layout=self.layout, device=device)
 
     def _primary_from_buffers(self):
-        return NVFP4Weight.from_buffers(self.out_features, self.in_features, block=self.block, layout=self.layout,
-                                        **{n: self._buffers.get(n) for n in self._BUFS})
+        return self.fmt.weight(self.out_features, self.in_features, block=self.block, layout=self.layout,
+                               **{n: self._buffers.get(n) for n in self._BUFS})
 
     def _dequant(self, plane, dtype=None):
-        return dequantize_nvfp4(self.primary, plane=plane, dtype=dtype or _dtype_code(self.compute_dtype))
+        return self.fmt.dequantize(self.primary, plane=plane, dtype=dtype or _dtype_code(self.compute_dtype))
 
     def _quantize(self, w):
-        quantize_nvfp4(self.primary, w)
+        self.fmt.quantize(self.primary, w)
 
     def rebind_primary_(self, row_data=None, row_scale=None, col_data=None, col_scale=None, amax=None):
         """Moves the present planes and the amax into the given tensors (uint8
