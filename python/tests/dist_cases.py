@@ -100,7 +100,7 @@ def case_bucket(rank, world, device, backend="torch", round_through="bf16", mode
     group = dist.group.WORLD
     wb = mxshard.BucketWriteback(items, round_through=round_through, mode=mode, group=group)
     ptrs0 = _ptrs(weights)
-    kinds = [s["kind"] for s in wb._setups[mxshard.writeback._gkey(group)]["sched"] if s is not None]
+    kinds = [s["kind"] for s in wb._setups[mxshard._bucket.gkey(group)]["sched"] if s is not None]
     counts = []
     for step in range(steps):
         full = _full(step, n)
@@ -141,7 +141,7 @@ def case_inplace_gather(rank, world, device, backend="torch"):
     lo, hi = bb.shard_range(n, world, rank)
     master = np.zeros(hi - lo, np.float32) if backend == "numpy" else torch.zeros(hi - lo, device=device)
     wb = mxshard.BucketWriteback(bb.shard_items(master, lo, hi), group=dist.group.WORLD)
-    kinds = [s["kind"] for s in wb._setups[mxshard.writeback._gkey(dist.group.WORLD)]["sched"] if s is not None]
+    kinds = [s["kind"] for s in wb._setups[mxshard._bucket.gkey(dist.group.WORLD)]["sched"] if s is not None]
     assert kinds == ["inplace"], kinds
     full = _full(7, n)
     if backend == "numpy":
