@@ -27,34 +27,26 @@ static __device__ __forceinline__ float nv_mult(const NvHead &C, int64_t i, floa
     return mxs__nvfp4_wb_mult(C.packed, C.w, i, s_enc);
 }
 
-/* Bytes q of plane nibbles f .. f+7 (f % 8 == 0) into output d - the plane,
- * or a fragment (frag: plane byte b is fragment byte b - start/2, an integer
- * offset, used only inside the shard; start is even): one 32-bit store when
- * all 8 are inside the shard (and st4: the output's plane byte 0 is 4-byte
- * aligned, hence this address), else the bytes inside it (shard boundaries
- * are even: a byte is wholly inside or out). */
-static __device__ __forceinline__ void nv_store8(const NvItem &I, uint8_t *d, bool frag, bool st4, int64_t f,
-                                                 uint32_t q) {
-    const int64_t end = I.start + I.len, o = (f - (frag ? I.start : 0)) / 2;
-    if (st4 && f >= I.start && f + 8 <= end) {
+/* The one store of apply's nibbles: bytes q of plane nibbles f .. f+7
+ * (f % 8 == 0) into output d - the plane, or a fragment (frag: plane byte
+ * b is fragment byte b - start/2, an integer offset, used only inside the
+ * shard; start is even) - for the shard [start, start + len): one 32-bit
+ * store when all 8 are inside it (and st4: the output's plane byte 0 is
+ * 4-byte aligned, hence this address), else the bytes inside it (shard
+ * boundaries are even: a byte is wholly inside or out). A group wholly
+ * inside the shard passes its row's output byte as d and f = start = 0,
+ * len = 8. start and len by reference: read from the item as the stores go
+ * (the machine code of the two helpers this one replaced, issue 36). */
+static __device__ __forceinline__ void nv_put8(uint8_t *d, bool frag, bool st4, int64_t f, uint32_t q,
+                                               const int64_t &start, const int64_t &len) {
+    const int64_t end = start + len, o = (f - (frag ? start : 0)) / 2;
+    if (st4 && f >= start && f + 8 <= end) {
         *reinterpret_cast<uint32_t *>(d + o) = q;
         return;
     }
 #pragma unroll
     for (int p = 0; p < 4; p++)
-        if (f + 2 * p >= I.start && f + 2 * p < end) d[o + p] = (uint8_t)(q >> (8 * p));
-}
-
-/* 8 nibbles q at output byte d, wholly inside the shard: one 32-bit store
- * when st4 (nv_store8's rule: the output's plane byte 0 is 4-byte aligned),
- * else 4 byte stores. */
-static __device__ __forceinline__ void nv_put8(uint8_t *d, bool st4, uint32_t q) {
-    if (st4) {
-        *reinterpret_cast<uint32_t *>(d) = q;
-        return;
-    }
-#pragma unroll
-    for (int p = 0; p < 4; p++) d[p] = (uint8_t)(q >> (8 * p));
+        if (f + 2 * p >= start && f + 2 * p < end) d[o + p] = (uint8_t)(q >> (8 * p));
 }
 
 /* The rows of apply's warp tile (NvPhase<PH_APPLY>::tile) in a group that
@@ -88,12 +80,12 @@ static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvIt
             if (do_row) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
-                nv_store8(I, I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e));
+                nv_put8(I.data[0], I.out & kOutRowFrag, I.out & kOutRowSt4, f, nv_cast8(x, e), I.start, I.len);
             }
             if (do_stage) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = I.two_d ? er : ec[j];
-                nv_store8(I, I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e));
+                nv_put8(I.stage, I.out & kOutStageFrag, I.out & kOutStageSt4, f, nv_cast8(x, e), I.start, I.len);
             }
         }
     }
@@ -140,12 +132,12 @@ static __device__ __forceinline__ void nv_apply_whole(const NvHead &C, const NvI
             if (drow) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = er;
-                nv_put8(drow + h * dstep, row4, nv_cast8(x, e));
+                nv_put8(drow + h * dstep, false, row4, 0, nv_cast8(x, e), 0, 8);
             }
             if (dstg) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) e[j] = two_d ? er : ec[j];
-                nv_put8(dstg + h * dstep, stg4, nv_cast8(x, e));
+                nv_put8(dstg + h * dstep, false, stg4, 0, nv_cast8(x, e), 0, 8);
             }
         }
         src += 2 * sstep;

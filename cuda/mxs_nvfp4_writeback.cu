@@ -58,7 +58,7 @@ void nv_wb_launch(int ph, int spec, unsigned grid, cudaStream_t stream, const Nv
 
 /* Whether plane byte 0 of an output whose byte 0 is plane nibble `base`
  * (even) is 4-byte aligned: (address - base/2) % 4 == 0, in integers (no
- * pointer outside the output is formed). nv_store8's 32-bit stores are at
+ * pointer outside the output is formed). nv_put8's 32-bit stores are at
  * plane bytes that are multiples of 4. */
 int nv_st4(const void *out, int64_t base) {
     return out == nullptr || ((uintptr_t)out - (uintptr_t)(base / 2)) % 4u == 0;
