@@ -59,6 +59,7 @@ class Format:
     blocks = ()             # the block shapes it has; blocks[0] is the default
     roundings = ()          # its scale roundings; roundings[0] is the default
     option = None           # the option only this format takes: "rounding" (MXFP8) | "block" (NVFP4)
+    option_choices = ()     # its values (roundings | blocks); the first is the default
     fixed_note = ""         # why the other format's option does not apply to this one
     has_amax = False        # a per-tensor fp32 amax beside the block scales (NVFP4)
     buffers = ()            # the weight's buffer names (a module's state_dict entries)
@@ -219,6 +220,7 @@ class _MXFP8(Format):
     blocks = ("1x32",)
     roundings = ("ceil", "floor")
     option = "rounding"
+    option_choices = roundings
     fixed_note = "MXFP8 blocks are 1x32"
     buffers = ("row_data", "row_scale", "col_data", "col_scale")
     codes = {"data": "E4M3", "scale": "E8M0"}
@@ -291,6 +293,7 @@ class _NVFP4(Format):
     blocks = ("1x16", "16x16")
     roundings = ("nearest",)
     option = "block"
+    option_choices = blocks
     fixed_note = "NVFP4 scales are E4M3, rounded to nearest"
     has_amax = True
     buffers = ("row_data", "row_scale", "col_data", "col_scale", "amax")
