@@ -26,13 +26,16 @@ load_state_dict into a converted module, and masters_changed() (for writes
 mxshard cannot see: call it on every rank). A rank's own version counters
 are only a safety net: a weight whose bytes need no reduction is simply
 redone locally; one that needs it must not have moved unseen (FSDP2
-re-padding a shard into new storage with the same values is fine), else a
-clear error names masters_changed(). A world of one without FSDP2 (the weight
+re-padding a shard into new storage with the same values is fine), else
+every rank raises naming masters_changed(): at the next forward pass of an evaluation
+(one flag all-reduced, _check) or at the next refresh (its status entry),
+while the gather in between sends the bytes every rank made (a rank that
+raised alone would leave the others waiting in FSDP2's all-gather). A world of one without FSDP2 (the weight
 a plain Parameter) uses the same units with no collective at all
 (local_primary).
 
 Collectives this module issues are counted in `collectives` by kind
-("refresh_all_reduce", "fetch_all_gather").
+("refresh_all_reduce", "check_all_reduce", "fetch_all_gather").
 """
 from __future__ import annotations
 
@@ -93,6 +96,9 @@ class FSDPGroup:
         self.generation = 1      # moves when the masters moved (see the module docstring)
         self._agreed = None      # the world size whose ranks checked they reduce the same entries
         self.refreshed = 0       # the generation the units' bytes were made at
+        self._stale = None       # a weight found written unseen on this rank where no collective could say so
+        self._passed = set()     # weights gathered in forward since the last refresh or check
+        self.backward_ran = False  # a converted linear's backward ran since then (fsdp.ops sets it)
         _install_step_hook()
 
     def add(self, name, module):
@@ -106,7 +112,8 @@ class FSDPGroup:
     # derived from the masters, and the library objects behind them) are rebuilt at the next use
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(units={}, _agreed=None, refreshed=0, generation=self.generation + 1)
+        state.update(units={}, _agreed=None, refreshed=0, generation=self.generation + 1, _stale=None, _passed=set(),
+                     backward_ran=False)
         return state
 
     def __setstate__(self, state):
@@ -181,12 +188,18 @@ class FSDPGroup:
         except Exception as e:  # noqa: BLE001 - every rank learns of it through the status entry
             err = e
             wire.zero_()
-            wire[n] = 1
+            wire[n] = _FAILED
+        stale, self._stale, self._passed, self.backward_ran = self._stale, None, set(), False
+        if stale is not None and err is None:  # (n > 0: only a weight with shared entries is ever stale)
+            wire[n] = _STALE
         if n > 0:
             C.all_reduce_max(wire, pg, self.collectives, "refresh_all_reduce")
         if err is not None:
             raise err
-        if n > 0 and int(wire[n]) != 0:
+        status = int(wire[n]) if n > 0 else 0
+        if status == _STALE:
+            raise RuntimeError(_stale_message(stale))
+        if status != 0:
             raise L.remote_error("mxshard FSDP2 refresh (another rank failed before the reduction)")
         at = 0
         for (_, local, _), u, c in zip(masters, units, counts):
@@ -222,11 +235,35 @@ class FSDPGroup:
             raise RuntimeError(f"mxshard: {meta.name}: FSDP2 gathers a {tuple(outer_size)} weight, the module's is "
                                f"[{meta.rows}, {meta.cols}]")
         world, rank = mesh.size(), mesh.get_local_rank()
+        forward = not _in_backward()
         if self.refreshed != self.generation:
             self.refresh(mesh)
+        elif forward and meta in self._passed:   # a new forward pass without a refresh
+            if self.backward_ran:                # (gradient accumulation: the next refresh tells)
+                self._passed, self.backward_ran = set(), False
+            else:                                # (evaluation): say now what was written unseen
+                self._check(mesh, local.device)
+        if forward:
+            self._passed.add(meta)
         u = self._ready(local, world, rank)
-        plane = meta.spec.dgrad_plane() if _in_backward() else "row"
+        plane = "row" if forward else meta.spec.dgrad_plane()
         return u.send(plane), (plane, mesh)
+
+    def _check(self, mesh, dev):
+        """At the first gather of a forward pass that follows another forward pass with no
+        backward and no refresh in between (evaluation): one all_reduce(MAX) of one flag, set by
+        a rank that holds a weight whose master was written since its bytes were made (unseen: no
+        optimizer step, load_state_dict or masters_changed) and whose bytes need the ranks'
+        reduction. Any flag: every rank raises, naming masters_changed. (After a backward,
+        gradient accumulation's next micro-batch, it is skipped: what a rank found waits for the
+        next refresh's status entry, one collective per optimizer step as before.)"""
+        stale = self._stale or next((u.meta.name for u in self.units.values()
+                                     if u.n_shared and u.version is not None and not u.fresh(u.local)), None)
+        self._stale, self._passed, self.backward_ran = None, set(), False
+        flag = torch.tensor([_STALE if stale is not None else 0], dtype=torch.int32, device=dev)
+        C.all_reduce_max(flag, mesh.get_group(), self.collectives, "check_all_reduce")
+        if int(flag[0]) != 0:
+            raise RuntimeError(_stale_message(stale))
 
     def _ready(self, local, world, rank):
         """The unit of `local` with bytes of its current values, without a collective (see the
@@ -247,11 +284,11 @@ class FSDPGroup:
             return u
         if u.matches(local._data, world, rank) or u.local.shape != local._data.shape or \
                 not torch.equal(u.local, local._data):
-            raise RuntimeError(
-                f"mxshard: call mxshard.torch.masters_changed(model) on every rank after writing masters outside an "
-                f"optimizer step (weight.data writes, an in-place dcp.load into a state_dict; load_state_dict and "
-                f"set_model_state_dict call it for you). {meta.name}'s master changed since its bytes were made, and "
-                f"they need the ranks' one reduction, so every rank must know")
+            # written unseen, and the bytes need the ranks' reduction: a raise here alone would leave
+            # the other ranks waiting in this all-gather, so this gather sends the bytes every rank
+            # made at the last refresh, and the next refresh or no-grad check raises on every rank
+            self._stale = self._stale or meta.name
+            return u
         new = WeightUnit(meta, local._data, world, rank)  # FSDP2 moved the shard (same values): redo here
         new.partial()
         new.set_entries(u.reduced)
@@ -333,6 +370,17 @@ def _after_optimizer_step(optimizer, args, kwargs):
                 groups[id(grp)] = grp
     for grp in groups.values():
         grp.masters_changed()
+
+
+_FAILED, _STALE = 2, 1   # the refresh's status entry (a MAX: a failure wins)
+
+
+def _stale_message(name):
+    who = f"This rank wrote {name}'s master" if name is not None else "Another rank wrote a master"
+    return (f"mxshard: call mxshard.torch.masters_changed(model) on every rank after writing masters outside an "
+            f"optimizer step (weight.data writes, an in-place dcp.load into a state_dict; load_state_dict and "
+            f"set_model_state_dict call it for you). {who} since its bytes were made, and they need the "
+            f"ranks' one reduction, so every rank must know")
 
 
 def _replaced_message(name, w):

@@ -84,6 +84,7 @@ def _forward(m, w, x, bias):
 def _backward_parts(m, gy, x, weight_dtype, need_gx, need_gw, need_gb):
     """(gx, gw, gb), None where not needed: the one backward rule of both paths below."""
     plane = m.spec.dgrad_plane()
+    m._group.backward_ran = True   # (FSDPGroup: a forward after this one is a new micro-batch)
     gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, need_gx, need_gb,
                                              lambda: _primary(m, _check_weight(m), plane), plane)
     gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=weight_dtype) if need_gw else None
