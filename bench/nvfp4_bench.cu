@@ -43,6 +43,20 @@
  * ceiling time / op time, in the same timing mode (graph: against the b2b
  * ceiling).
  *
+ * Two-pass floor (issue 36; nvfp4_floor.cuh), measured in the same run and
+ * the same way: NVFP4's scales need the tensor amax before any element is
+ * cast, so the source is read twice - an amax pass (read the input, reduce
+ * it to one word) and then the one-pass ceiling's kernel, two launches per
+ * call. Bytes: the one-pass ceiling's plus the input once more:
+ *   quantize   2 x bf16 n + planes * (n/2 + scales)
+ *   DP=1       2 x f32 n + planes * (n/2 + scales)
+ *   DP=8 rank  2 x f32 n/8 + planes * (n/16 + ALL scales), ranks in rotation
+ *   finish     none (no amax: its row shows "–")
+ * Every quantize and writeback row gives its b2b time as % of the one-pass
+ * ceiling and of the two-pass floor (floor time / op time, both b2b); the
+ * summary the same per operation. The floor is what the issue's targets for
+ * NVFP4 quantize / writeback are set against.
+ *
  * Instruction (ALU) ceiling, measured in the same run (nv_alu_ceiling): the
  * kernels' per-element work without memory - fl32(x * e), the E2M1 rule and
  * the packing of 8 nibbles into a word (mxs_e2m1x8_from_f32, what nv_cast8
@@ -91,7 +105,7 @@
 /* The parts, one translation unit (bench_util.h defines its kernels in
  * every file that includes it): the configurations, report, tensors and
  * writeback batch (nvfp4_bench.cuh), the per-shape cases
- * (nvfp4_bench_shapes.cuh). */
+ * (nvfp4_bench_shapes.cuh) and their two-pass floor (nvfp4_floor.cuh). */
 #include "nvfp4_bench.cuh"
 #include "nvfp4_bench_shapes.cuh"
 
@@ -204,12 +218,15 @@ static int bench_main(int argc, char **argv) {
         R.alu_gps = nv_alu_gps<0>(c);
         R.alu_prev_gps = nv_alu_gps<1>(c);
     }
-    char head[1700];
+    char head[2000];
     snprintf(head, sizeof head,
              "device: %s, %d SMs, L2 %d MiB, CUDA runtime %d, driver %d; library %d; NVFP4 E2M1 conversion: %s\n"
              "copy ceiling (cudaMemcpyAsync D2D, 1 GiB, read + write, b2b): %.0f GB/s\n"
              "instruction ceiling (fl32(x * e) + E2M1 + packing only, full occupancy, no memory): %.1f G elements/s "
              "(mxs_e2m1x8_from_f32, the kernels' path); run 13's rule: %.1f G elements/s\n"
+             "2-pass floor: an amax pass (read the input once, reduce to one word) then the one-pass ceiling's "
+             "kernel, two launches per call, timed like the ceilings (the input read twice: NVFP4 needs the tensor "
+             "amax before any cast)\n"
              "timing: single = 1 call, L2 flushed before it, median of <= %d; b2b = K <= %d calls in a row / K "
              "(K rounded up to a multiple of 8 for the DP=8 ranks), median of <= %d windows; graph = each call "
              "captured once, K replays / K; repetitions cut per case to ~0.3 s (at least 3 single calls, 3 "
@@ -250,14 +267,17 @@ static int bench_main(int argc, char **argv) {
         FILE *f = bench_open_out("nvfp4_bench", args.csv);
         if (!f) return 1;
         fprintf(f, "shape,block,layout,planes,op,shard,single_us,b2b_us,graph_us,ceil_single_us,ceil_b2b_us,"
-                   "pct_ceil_single,pct_ceil_b2b,pct_ceil_graph,bytes,reduced_ours,reduced_te,check\n");
+                   "pct_ceil_single,pct_ceil_b2b,pct_ceil_graph,bytes,reduced_ours,reduced_te,check,floor_single_us,"
+                   "floor_b2b_us,pct_floor_single,pct_floor_b2b\n");
         for (auto &r : R.rows)
-            fprintf(f, "%s,%s,%s,%s,%s,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.0f,%lld,%lld,%s\n",
+            fprintf(f,
+                    "%s,%s,%s,%s,%s,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.1f,%.1f,%.1f,%.0f,%lld,%lld,%s,%.2f,%.2f,%.1f,%.1f\n",
                     bench_csvq(r.shape).c_str(), bench_csvq(r.block).c_str(), bench_csvq(r.layout).c_str(),
                     bench_csvq(r.planes).c_str(), bench_csvq(r.op).c_str(), bench_csvq(r.shard).c_str(), r.t.single,
                     r.t.b2b, r.t.graph, r.ceil.single, r.ceil.b2b, bench_pct(r.ceil.single, r.t.single),
                     bench_pct(r.ceil.b2b, r.t.b2b), bench_pct(r.ceil.b2b, r.t.graph), r.bytes, (long long)r.ours,
-                    (long long)r.te, bench_csvq(r.check).c_str());
+                    (long long)r.te, bench_csvq(r.check).c_str(), r.floor.single, r.floor.b2b,
+                    bench_pct(r.floor.single, r.t.single), bench_pct(r.floor.b2b, r.t.b2b));
         fclose(f);
     }
     return R.failed_checks || !R.errors.empty() ? 1 : 0;

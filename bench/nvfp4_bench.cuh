@@ -23,6 +23,7 @@ static const int k_dp = 8;
 struct nv_row {
     std::string shape, block, layout, planes, op, shard;
     bench_times t, ceil;
+    bench_times floor;          /* the two-pass floor (nvfp4_floor.cuh); -1: none (finish) */
     double alu_us = -1;         /* instruction ceiling (conversions at the measured rate); -1: none */
     double bytes = 0;           /* the ceiling's bytes (input + outputs) */
     int64_t ours = -1, te = -1; /* reduced bytes per step; -1: not a writeback row / n.a. */
@@ -35,6 +36,7 @@ struct nv_summary {
     std::string shape, block, layout, planes;
     double q = -1, w1 = -1, w8 = -1, fin = -1;
     double q_alu = -1, w1_alu = -1, w8_alu = -1; /* % of the instruction ceiling */
+    double q_fl = -1, w1_fl = -1, w8_fl = -1;    /* % of the two-pass floor */
     int64_t ours = -1, te = -1;
     std::string check;
 };
@@ -52,9 +54,9 @@ static std::string fmt_bytes(int64_t v) { return v < 0 ? std::string("n/a") : st
 
 static const char *k_row_header =
     "| shape | block | layout | planes | op | shard | single µs | b2b µs | graph µs | ceiling b2b µs | % ceil single "
-    "| % ceil b2b | % ceil graph | ALU ceiling µs | % ALU ceil b2b | GB/s b2b | reduced B/step, ours (1 all-reduce) "
-    "| TE B/step (2 all-reduces) | check | note |\n"
-    "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
+    "| % ceil b2b | % ceil graph | 2-pass floor b2b µs | % floor b2b | ALU ceiling µs | % ALU ceil b2b | GB/s b2b "
+    "| reduced B/step, ours (1 all-reduce) | TE B/step (2 all-reduces) | check | note |\n"
+    "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n";
 
 static std::string row_md(const nv_row &r) {
     double gbs = r.t.b2b > 0 ? r.bytes / r.t.b2b / 1e3 : -1;
@@ -64,16 +66,18 @@ static std::string row_md(const nv_row &r) {
            bench_fmt("%.1f", r.t.graph) + " | " + bench_fmt("%.1f", r.ceil.b2b) + " | " +
            bench_fmt("%.1f %%", bench_pct(r.ceil.single, r.t.single)) + " | " +
            bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.b2b)) + " | " +
-           bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.graph)) + " | " + bench_fmt("%.1f", r.alu_us) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.ceil.b2b, r.t.graph)) + " | " + bench_fmt("%.1f", r.floor.b2b) + " | " +
+           bench_fmt("%.1f %%", bench_pct(r.floor.b2b, r.t.b2b)) + " | " + bench_fmt("%.1f", r.alu_us) + " | " +
            bench_fmt("%.1f %%", bench_pct(r.alu_us, r.t.b2b)) + " | " + bench_fmt("%.0f", gbs) + " | " +
            (wb ? fmt_bytes(r.ours) : std::string("")) + " | " + (wb ? fmt_bytes(r.te) : std::string("")) + " | " +
            r.check + " | " + r.note + " |\n";
 }
 
 static const char *k_summary_header =
-    "| shape | block | layout | planes | quantize | writeback DP=1 | writeback DP=8 rank | finish | reduced B/step "
-    "ours (1 x uint16 MAX) | TE (2 x fp32 MAX) | checks |\n"
-    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|\n";
+    "| shape | block | layout | planes | quantize | writeback DP=1 | writeback DP=8 rank | finish | quantize, % "
+    "2-pass floor | DP=1, % 2-pass floor | DP=8 rank, % 2-pass floor | reduced B/step ours (1 x uint16 MAX) | TE (2 x "
+    "fp32 MAX) | checks |\n"
+    "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
 
 /* "memory % / ALU %" of one summary cell. */
 static std::string two_pct(double mem, double alu) {
@@ -83,7 +87,9 @@ static std::string two_pct(double mem, double alu) {
 static std::string summary_md(const nv_summary &s) {
     return "| " + s.shape + " | " + s.block + " | " + s.layout + " | " + s.planes + " | " + two_pct(s.q, s.q_alu) +
            " | " + two_pct(s.w1, s.w1_alu) + " | " + two_pct(s.w8, s.w8_alu) + " | " + bench_fmt("%.0f %%", s.fin) +
-           " | " + fmt_bytes(s.ours) + " | " + fmt_bytes(s.te) + " | " + s.check + " |\n";
+           " | " + bench_fmt("%.0f %%", s.q_fl) + " | " + bench_fmt("%.0f %%", s.w1_fl) + " | " +
+           bench_fmt("%.0f %%", s.w8_fl) + " | " + fmt_bytes(s.ours) + " | " + fmt_bytes(s.te) + " | " + s.check +
+           " |\n";
 }
 
 /* ---- NVFP4 tensors in device memory ------------------------------------------ */

@@ -16,6 +16,7 @@
 #include <mxshard/mxshard.h>
 
 #include "nvfp4_bench.cuh"
+#include "nvfp4_floor.cuh"
 
 /* ---- one shape --------------------------------------------------------------------- */
 
@@ -30,8 +31,10 @@ struct nv_shape_run {
     float *master = nullptr;
     uint8_t *co0 = nullptr, *co1 = nullptr, *cs0 = nullptr, *cs1 = nullptr, *stage = nullptr;
     unsigned long long *dcount = nullptr;
+    unsigned *floor_amax = nullptr; /* the two-pass floor's pass-1 words, one per rank */
     mxs_range shard[k_dp];
     bench_times ceil_q[3], ceil_w[3], ceil_d[3], ceil_copy;
+    bench_times floor_q[3], floor_w[3], floor_d[3]; /* two-pass floors (nvfp4_floor.cuh), by plane count */
 
     nv_shape_run(bench_ctx &b, nv_report &r, std::chrono::steady_clock::time_point t0, double budget, int64_t rows_,
                  int64_t cols_)
@@ -54,6 +57,8 @@ struct nv_shape_run {
         CK(cudaMalloc(&cs1, (size_t)sc));
         CK(cudaMalloc(&stage, (size_t)half + 256));
         CK(cudaMalloc(&dcount, sizeof(unsigned long long)));
+        CK(cudaMalloc(&floor_amax, k_dp * sizeof(unsigned)));
+        CK(cudaMemset(floor_amax, 0, k_dp * sizeof(unsigned)));
         bench_fill<<<1024, 256, 0, B.s>>>((uint32_t *)src, n / 2, 7, 0);
         bench_fill<<<1024, 256, 0, B.s>>>((uint32_t *)master, n + 64, 11, 1);
         CK(cudaGetLastError());
@@ -70,6 +75,7 @@ struct nv_shape_run {
         cudaFree(cs1);
         cudaFree(stage);
         cudaFree(dcount);
+        cudaFree(floor_amax);
     }
 
     bool over_budget() const { return bench_us_since(t_start) / 1e6 > budget_s; }
@@ -141,22 +147,32 @@ struct nv_shape_run {
             bench_fp4_job q{{src, n, 2, planes, co0, co1, cs0, cs1, sc}};
             bench_fp4_job w{{master, n, 4, planes, co0, co1, cs0, cs1, sc}};
             std::vector<bench_fp4_job> d;
-            int64_t dbytes = 0;
+            int64_t dbytes = 0, dsrc = 0; /* dsrc: the 8 shards' source bytes */
             for (int k = 0; k < k_dp; k++) {
                 /* input from the shard's first element and output at its first
                  * byte, rounded down to the 16-byte load (4 f32) */
                 const int64_t f = shard[k].first / 4 * 4, o = f / 2;
                 d.push_back(bench_fp4_job{{master + f, shard[k].count, 4, planes, co0 + o, co1 + o, cs0, cs1, sc}});
                 dbytes += 4 * shard[k].count + planes * (shard[k].count / 2 + sc);
+                dsrc += 4 * shard[k].count;
             }
             guard("ceiling bf16", [&] { ceil_q[planes] = bench_ceiling_fp4(B, {q}, "ceiling bf16"); });
             guard("ceiling f32", [&] { ceil_w[planes] = bench_ceiling_fp4(B, {w}, "ceiling f32"); });
             guard("ceiling f32 DP=8", [&] { ceil_d[planes] = bench_ceiling_fp4(B, d, "ceiling f32 DP=8"); });
+            guard("floor bf16", [&] { floor_q[planes] = nv_floor_two_pass(B, {q}, floor_amax, "floor bf16"); });
+            guard("floor f32", [&] { floor_w[planes] = nv_floor_two_pass(B, {w}, floor_amax, "floor f32"); });
+            guard("floor f32 DP=8", [&] { floor_d[planes] = nv_floor_two_pass(B, d, floor_amax, "floor f32 DP=8"); });
             const bench_ceil_entry list[] = {
                 {"bf16 -> %d x (nibbles + scales) (quantize)", &ceil_q[planes], 2.0 * n + planes * (double)(half + sc)},
                 {"f32 -> %d x (nibbles + scales) (writeback DP=1)", &ceil_w[planes],
                  4.0 * n + planes * (double)(half + sc)},
                 {"f32 shard -> %d x (its nibbles + all scales) (DP=8 rank)", &ceil_d[planes], (double)dbytes / k_dp},
+                {"2-pass floor: bf16 read twice -> %d x (nibbles + scales) (quantize)", &floor_q[planes],
+                 4.0 * n + planes * (double)(half + sc)},
+                {"2-pass floor: f32 read twice -> %d x (nibbles + scales) (writeback DP=1)", &floor_w[planes],
+                 8.0 * n + planes * (double)(half + sc)},
+                {"2-pass floor: f32 shard twice -> %d x (its nibbles + all scales) (DP=8)", &floor_d[planes],
+                 (double)(dbytes + dsrc) / k_dp},
             };
             bench_ceiling_rows(shape, planes, list, sizeof list / sizeof list[0], R.copy_gbs, &R.ceilings);
         }
@@ -227,11 +243,13 @@ struct nv_shape_run {
             r.t = measure({[t, in](cudaStream_t s) { return mxs_cuda_nvfp4_quantize(&t, in, MXS_BF16, MXS_F32, s); }},
                           "mxs_cuda_nvfp4_quantize", true);
             r.ceil = ceil_q[planes];
+            r.floor = floor_q[planes];
             r.alu_us = alu_us((double)planes * n);
             r.bytes = 2.0 * n + planes * (double)half + (double)sbytes;
             r.note = "bf16 in; amax + scale + cast passes";
             sum.q = bench_pct(r.ceil.b2b, r.t.b2b);
             sum.q_alu = bench_pct(r.alu_us, r.t.b2b);
+            sum.q_fl = bench_pct(r.floor.b2b, r.t.b2b);
             add(r);
         });
 
@@ -250,6 +268,7 @@ struct nv_shape_run {
             nv_row r = labelled("writeback", bi, li, dirs, "DP=1");
             r.t = measure({[p](cudaStream_t s) { return p->step(s); }}, "nvfp4 writeback DP=1", true);
             r.ceil = ceil_w[planes];
+            r.floor = floor_w[planes];
             r.alu_us = alu_us((double)planes * n);
             r.bytes = 4.0 * n + planes * (double)half + (double)sbytes;
             r.ours = p->plan.packed_bytes;
@@ -264,6 +283,7 @@ struct nv_shape_run {
             }
             sum.w1 = bench_pct(r.ceil.b2b, r.t.b2b);
             sum.w1_alu = bench_pct(r.alu_us, r.t.b2b);
+            sum.w1_fl = bench_pct(r.floor.b2b, r.t.b2b);
             add(r);
         });
 
@@ -280,6 +300,7 @@ struct nv_shape_run {
             nv_row r = labelled("writeback", bi, li, dirs, "DP=8 rank");
             r.t = measure(calls, "nvfp4 writeback DP=8", true);
             r.ceil = ceil_d[planes];
+            r.floor = floor_d[planes];
             r.alu_us = alu_us((double)planes * n / k_dp);
             r.bytes = 4.0 * (double)n / k_dp + planes * (double)half / k_dp + (double)sbytes;
             r.ours = ranks[0]->plan.packed_bytes;
@@ -300,6 +321,7 @@ struct nv_shape_run {
             }
             sum.w8 = bench_pct(r.ceil.b2b, r.t.b2b);
             sum.w8_alu = bench_pct(r.alu_us, r.t.b2b);
+            sum.w8_fl = bench_pct(r.floor.b2b, r.t.b2b);
             add(r);
         });
 
