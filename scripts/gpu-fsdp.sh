@@ -4,7 +4,7 @@
 #   1. the libraries (MXS_PREBUILT=dir: carried from scripts/prebuild.sh; else built here)
 #   2. the NVFP4 CUDA suite (fragments included) and compute-sanitizer memcheck of it, when the
 #      prebuilt folder has test_cuda_nvfp4
-#   3. the FSDP2 cases on CUDA tensors (python/tests/test_torch_fsdp.py with MXS_FSDP_DEVICE=cuda:
+#   3. the FSDP2 cases on CUDA tensors (python/tests/torch/fsdp/test_torch_fsdp.py with MXS_FSDP_DEVICE=cuda:
 #      gloo groups of 1-4 processes sharing the GPUs), examples/torch_fsdp.py over NCCL with torchrun
 #      (one process per GPU)
 #   4. bench/fsdp_bench.py step: the ~1B model, FSDP2 BF16 against FSDP2 + mxshard (MXFP8 row, both,
@@ -48,7 +48,7 @@ fi
 
 if want tests; then
   say "FSDP2 cases on CUDA (gloo groups sharing the GPU)"
-  MXS_FSDP_DEVICE=cuda timeout 420 python3 -m pytest python/tests/test_torch_fsdp.py python/tests/test_torch_fsdp_local.py \
+  MXS_FSDP_DEVICE=cuda timeout 420 python3 -m pytest python/tests/torch/fsdp/test_torch_fsdp.py python/tests/torch/fsdp/test_torch_fsdp_local.py \
     -q -rs -p no:cacheprovider > "$out/fsdp-tests.log" 2>&1 || { status=1; say "FAIL: FSDP2 tests on CUDA"; }
   tail -4 "$out/fsdp-tests.log" | tee -a "$out/fsdp.log"
 fi

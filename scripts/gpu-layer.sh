@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # Issue 25 on the GPU machine, in one command: the libraries (carried, or built here), the GEMM
-# tests on CUDA (python/tests/test_torch_gemm.py: the kernels' up-conversion against the
+# tests on CUDA (python/tests/torch/gemm/test_torch_gemm.py: the kernels' up-conversion against the
 # library's dequantize for every code, the paths against the exact product), then
 # bench/torch_layer.py's parts. Logs and markdown under ${OUT:-/tmp}.
 #
@@ -43,12 +43,12 @@ if [ "${MXS_LAYER_TESTS:-1}" = 1 ]; then
           "gemm_paths and float32" "reads_exactly or fallbacks or triton or rule or wgrad or interpreter or plans or launch")
   pids=()
   for i in "${!groups[@]}"; do
-    timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/test_torch_gemm.py -q -rs -p no:cacheprovider \
+    timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/torch/gemm/test_torch_gemm.py -q -rs -p no:cacheprovider \
       --durations=3 -k "${groups[$i]}" > "$out/t$i.txt" 2>&1 &
     pids+=($!)
   done
-  timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/test_torch_linear.py \
-    python/tests/test_torch_nvfp4_linear.py -q -rs -p no:cacheprovider -k cuda > "$out/t9.txt" 2>&1 &
+  timeout ${MXS_LAYER_TEST_S:-150} python3 -m pytest python/tests/torch/zero/test_torch_linear.py \
+    python/tests/torch/zero/test_torch_nvfp4_linear.py -q -rs -p no:cacheprovider -k cuda > "$out/t9.txt" 2>&1 &
   pids+=($!)
   timeout ${MXS_LAYER_TEST_S:-150} python3 bench/torch_layer.py --parts warm > "$out/warm.log" 2>&1 &
   wpid=$!

@@ -36,8 +36,8 @@ fi
 export MXSHARD_LIBDIR=$libdir MXS_VECTORS_DIR=$root/tests/vectors
 
 step nvfp4-cuda env LD_LIBRARY_PATH="$libdir:${LD_LIBRARY_PATH:-}" "$nvfp4_test"
-step pytest bash -c "cd python && python3 -m pytest -q -rs -p no:cacheprovider tests/test_torch_linear.py tests/test_torch_optim.py \
-  tests/test_torch_layout.py tests/test_nvfp4.py tests/test_example_torch_sharded.py tests/test_gpu.py"
+step pytest bash -c "cd python && python3 -m pytest -q -rs -p no:cacheprovider tests/torch/zero/test_torch_linear.py tests/torch/zero/test_torch_optim.py \
+  tests/torch/zero/test_torch_layout.py tests/test_nvfp4.py tests/test_example_torch_sharded.py tests/test_gpu.py"
 step example env PYTHONPATH=python python3 examples/torch_sharded.py --device cuda --steps 200 --d 64 --hidden 1024 \
   --blocks 4 --batch 512 --bucket-size 2000000 --lr 1e-3
 step bench env PYTHONPATH=python python3 bench/torch_step.py --json "$out/torch_step.json"

@@ -6,8 +6,33 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# The tests mirror the package's folders (tests/torch/fsdp/ tests mxshard/torch/fsdp/, ...); their
+# shared modules (torch_harness, reference, the *_cases modules the spawned ranks run) are imported
+# by their file name from any folder: every test folder goes on sys.path (the test file names are
+# unique: pytest's default import mode needs that), and the spawned ranks inherit it
+# (torch_harness.child_pythonpath, multiprocessing's own sys.path hand-over).
+TEST_DIRS = [HERE] + sorted(d for d, _, _ in os.walk(HERE) if d != HERE and "__pycache__" not in d)
+for _d in reversed(TEST_DIRS):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
 sys.path.insert(0, os.path.dirname(HERE))  # the package from the source tree when not installed
+
+
+def _no_folder_as_torch():
+    """tests/torch/ (the tests of mxshard.torch, no __init__.py) sits on sys.path: where torch is not
+    installed, `import torch` would import that folder as an empty namespace package instead of
+    failing. Make the import fail as it does without the folder, so every torch test skips."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return
+    if spec is not None and spec.origin is None and all(
+            os.path.abspath(p).startswith(HERE + os.sep) for p in (spec.submodule_search_locations or ())):
+        sys.modules["torch"] = None  # import torch: ModuleNotFoundError
+
+
+_no_folder_as_torch()
 
 REPO = os.path.dirname(os.path.dirname(HERE))
 VECTORS = os.path.join(REPO, "tests", "vectors")

@@ -30,7 +30,7 @@ placed as f32 bits sign | (q & 0x7F) << 20 is exactly e4m3(q) * 2^-120 (the
 subnormal codes land on f32 subnormals with the same factor), and an E2M1
 nibble n as sign | (n & 7) << 22 is e2m1(n) * 2^-126; one exact multiply by
 2^120 / 2^126 gives the value (Triton emits plain mul.f32: no flush to zero).
-python/tests/test_torch_gemm.py checks every E4M3 code x every E8M0 byte and
+python/tests/torch/gemm/test_torch_gemm.py checks every E4M3 code x every E8M0 byte and
 every E2M1 code x every E4M3 scale x a set of amaxes against mxshard.dequantize.
 
 Scale entry (m, k) of a block, as mxs_scale_geom_offset: compact / padded are

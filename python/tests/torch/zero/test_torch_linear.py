@@ -3,7 +3,7 @@
 the row or column-wise plane, wgrad into an fp32 main_grad: fp32 sums of the
 exact products), convert(), the master / storage calls. On CPU the GEMMs are
 the reference path (dequantize + torch); on CUDA they are compared within the
-fp32 bound (python/tests/test_torch_gemm.py tests the paths themselves). Skips without torch or the host library; the CUDA
+fp32 bound (python/tests/torch/gemm/test_torch_gemm.py tests the paths themselves). Skips without torch or the host library; the CUDA
 cases skip without a GPU and libmxshard_cuda."""
 import copy
 import itertools
@@ -56,7 +56,7 @@ def same(a, b):
 
 def close(y, exact, abs_prod, k, dtype):
     """|y - exact| <= k 2^-24 (|a| @ |b|) + 2u |exact|: fp32 sums of exact products in any order,
-    one rounding to dtype (u = 2^-8 bf16; fp32: none); python/tests/test_torch_gemm.py derives it."""
+    one rounding to dtype (u = 2^-8 bf16; fp32: none); python/tests/torch/gemm/test_torch_gemm.py derives it."""
     u = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: 0.0}[dtype]
     e = exact.cpu()
     return bool(torch.all((y.double().cpu() - e).abs() <= k * 2.0 ** -24 * abs_prod.cpu() + 2 * u * e.abs()))

@@ -2,7 +2,7 @@
 """Issue 24 item 5: does a failed ShardedOptimizer construction make the process
 abort at exit ("terminate called without an active exception")?
 
-    python3 python/tests/torch_optim_exit_repro.py --runs 30 [--keep]
+    python3 python/tests/torch/zero/torch_optim_exit_repro.py --runs 30 [--keep]
 
 Each run starts 2 gloo ranks (fresh interpreters). Every rank makes three
 constructions fail (bucket_size differs between the ranks: PlanMismatchError
@@ -23,11 +23,12 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.abspath(__file__))  # python/tests/torch/zero
+TESTS = os.path.dirname(os.path.dirname(HERE))  # python/tests: torch_harness
 
 
 def rank_main(rank, port, keep):
-    sys.path[:0] = [HERE, os.path.dirname(HERE)]
+    sys.path[:0] = [HERE, TESTS, os.path.dirname(TESTS)]
     import gc
 
     import torch

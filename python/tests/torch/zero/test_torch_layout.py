@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+PKG = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))  # python/ (from python/tests/torch/zero)
 _spec = importlib.util.spec_from_file_location(
-    "_mxs_torch_layout", os.path.join(os.path.dirname(HERE), "mxshard", "torch", "zero", "layout.py"))
+    "_mxs_torch_layout", os.path.join(PKG, "mxshard", "torch", "zero", "layout.py"))
 LY = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = LY  # dataclasses look their module up
 _spec.loader.exec_module(LY)
