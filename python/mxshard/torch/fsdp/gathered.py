@@ -16,6 +16,13 @@ are the planes every alias sees. The converted linear's own ops
 (mxshard::param_linear and its backward, fsdp.ops) get a zero-size stand-in
 (they read the planes through the module's plan); any other op raises: the
 tensor has no values to compute with.
+
+torch.compile traces through it (a block compiled, then fully_shard): it is a
+traceable wrapper subclass whose one inner tensor is a zero-size stub of its
+dtype and device, and whose flatten context is its _Box (equal only to itself,
+so a guard on it holds while FSDP2 refills the same unsharded weight). The
+compiled graph calls the same custom ops, which find the planes through the
+plan at run time.
 """
 from __future__ import annotations
 
@@ -32,22 +39,40 @@ class _Box:
     sharded source (the QuantMaster this rank owns), the device mesh of the gathers and the
     scratch FSDP2 allocates and frees with the unsharded weight (the converted scales)."""
 
-    __slots__ = ("planes", "source", "mesh", "scratch")
+    __slots__ = ("planes", "source", "mesh", "scratch", "stub")
 
     def __init__(self, source, mesh):
-        self.planes, self.source, self.mesh, self.scratch = {}, source, mesh, None
+        self.planes, self.source, self.mesh, self.scratch, self.stub = {}, source, mesh, None, None
+
+    def __deepcopy__(self, memo):
+        # torch.compile's guards keep a deep copy of a subclass's flatten context and compare it
+        # with ==: the box is the weight's identity (equal only to itself), never its values
+        return self
 
 
 class GatheredWeight(torch.Tensor):
     """The unsharded [out, in] weight of a converted linear under FSDP2 (see the module doc)."""
 
     @staticmethod
-    def __new__(cls, shape, dtype, device, box, requires_grad=False):
+    def __new__(cls, shape, dtype, device, box, requires_grad=False, stub=None):
         return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device,
                                                    requires_grad=requires_grad)
 
-    def __init__(self, shape, dtype, device, box, requires_grad=False):
+    def __init__(self, shape, dtype, device, box, requires_grad=False, stub=None):
         self._box = box
+        if stub is None:   # (one per box: FSDP2's aliases of the weight share it)
+            stub = box.stub
+            if stub is None or stub.dtype != dtype or stub.device != device:
+                stub = box.stub = torch.empty(0, dtype=dtype, device=device)
+        self._stub = stub
+
+    def __tensor_flatten__(self):
+        return ["_stub"], self._box
+
+    @staticmethod
+    def __tensor_unflatten__(inner, box, outer_size, outer_stride):
+        s = inner["_stub"]
+        return GatheredWeight(tuple(outer_size), s.dtype, s.device, box, stub=s)
 
     def __repr__(self, *, tensor_contents=None):
         m = self._box.source._meta
