@@ -62,6 +62,17 @@ def test_fsdp_features_train_and_stay_exact(phase_a):
         assert o["checked"] > 0 and abs(o["lr"] - 1e-2 / 1.5) < 1e-12, o
 
 
+def test_torch_compile_of_each_block_under_fsdp2_has_no_graph_break_and_equals_eager(phase_a):
+    """Issue 35: each block compiled, then fully_shard (2 gloo ranks): no graph break, and the
+    compiled training run's losses and masters equal eager's bit for bit, MXFP8 and NVFP4."""
+    out = H.case_results(phase_a, "compile", (2,))
+    for o in out.values():
+        for fmt in ("mxfp8", "nvfp4"):
+            r = o[fmt]
+            assert r["breaks"] == 0 and r["graphs"] >= 1, o
+            assert r["same_losses"] and not r["differ"] and r["falls"], o
+
+
 def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "failure", (2,))
     assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised", "policy": "raised"}, out
@@ -73,6 +84,7 @@ def test_unsupported_configurations_fail_clearly(phase_a):
     for o in out.values():
         assert o["shard1"] == o["sharded"] == o["replaced"] == o["own_groups"] == o["ranks"] == "ok", o
         assert o["convert_late"] == o["data_write"] == o["data_write_after"] == "ok", o
+        assert o["one_rank_eval"] == o["one_rank_train"] == o["one_rank_after"] == "ok", o
         # CPUOffloadPolicy on CPU tensors gathers the shard itself (nothing is copied): it works; on a
         # GPU the device copy FSDP2 gathers is rejected (MXS_FSDP_DEVICE=cuda, scripts/gpu-fsdp.sh)
         assert o["offload"] == ("ok" if os.environ.get("MXS_FSDP_DEVICE") == "cuda" else "no error"), o

@@ -325,6 +325,46 @@ def case_features(rank, world, steps=5):
             "lr": o.param_groups[0]["lr"]}
 
 
+def case_compile(rank, world, steps=3):
+    """torch.compile of each block under fully_shard (torchtitan's habit; issue 35): no graph break
+    at all (the converted linears are the custom ops mxshard::param_linear and its backward; the
+    gathered weight a traceable subclass), and compiled training equals eager bit for bit: losses
+    and masters, both formats, "both" and row-only weights. aot_eager: dynamo's tracing, the
+    custom ops and AOT autograd as inductor sees them, with eager's kernels (inductor's own GELU
+    and LayerNorm round differently from eager's)."""
+    import torch._dynamo as D
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    lossf = nn.CrossEntropyLoss()
+    out = {}
+    for fmt in ("mxfp8", "nvfp4"):
+        runs = {}
+        for compiled in (False, True):
+            m = toy(fmt=fmt)
+            for b in m.blocks:
+                if compiled:
+                    b.compile(backend="aot_eager")
+                fsdp(b, mp_policy=mp)
+            fsdp(m, mp_policy=mp)
+            o = torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False)
+            D.utils.counters.clear()
+            losses = []
+            tok, tgt = batch(0, rank)   # one batch: the loss must fall
+            for _ in range(steps):
+                loss = lossf(m(tok).reshape(-1, 11), tgt.reshape(-1))
+                loss.backward()
+                o.step()
+                o.zero_grad()
+                losses.append(float(loss.detach()))
+            breaks = sum(D.utils.counters["graph_break"].values())
+            runs[compiled] = (losses, full_masters(m), breaks, D.utils.counters["stats"]["unique_graphs"])
+        (le, me, _, _), (lc, mc, breaks, graphs) = runs[False], runs[True]
+        differ = [n for n in me if not torch.equal(me[n], mc[n])]
+        out[fmt] = {"same_losses": le == lc, "differ": differ, "breaks": breaks, "graphs": graphs,
+                    "falls": lc[-1] < lc[0]}
+    return out
+
+
 def case_failure(rank, world):
     """A rank-local failure before the reduction (rank 1's partial raises): rank 1 raises its
     error, the others RemoteError, nobody hangs; then a model converted differently on rank 1:
@@ -436,6 +476,33 @@ def case_unsupported(rank, world):
         want = plane_bytes(quantize_whole(getattr(m, name).spec, masters[f"{name}.weight"].to(dev())), plane)
         assert all(torch.equal(got[k].cpu(), want[k].cpu()) for k in got), (name, plane)
     out["data_write_after"] = "ok" if (torch.equal(y1["a"], -y0["a"]) and len(seen) == 2) else "stale"
+    # the same write on ONE rank (it used to leave the other ranks waiting in the all-gather): a
+    # no-grad forward raises on every rank; a grad-enabled pass runs on the bytes every rank made
+    # at the last refresh (nobody waits) and the next refresh raises on every rank; then, told,
+    # the next forward uses the new master
+    words = ["call mxshard.torch.masters_changed(model) on every rank"]
+    with torch.no_grad():
+        if rank == 0:
+            m.b.weight.data.mul_(2)
+        expect("one_rank_eval", lambda: m(xs), RuntimeError, words + ["wrote"])
+        mxt.masters_changed(m)
+        m(xs)
+
+    def train_pass():
+        sum(v.float().sum() for v in m(xs).values()).backward()
+    train_pass()
+    if rank == 0:
+        m.b.weight.data.mul_(2)
+    train_pass()
+    mxt.masters_changed(m)   # (an optimizer step would do the same)
+    expect("one_rank_train", train_pass, RuntimeError, words + ["wrote"])
+    with record_planes() as seen:
+        train_pass()
+    masters = full_masters(m)
+    for name, plane, got in seen:
+        want = plane_bytes(quantize_whole(getattr(m, name).spec, masters[f"{name}.weight"].to(dev())), plane)
+        assert all(torch.equal(got[k].cpu(), want[k].cpu()) for k in got), (name, plane)
+    out["one_rank_after"] = "ok" if len(seen) >= 2 else f"{len(seen)} planes seen"
     return out
 
 
@@ -679,7 +746,7 @@ def plan_a(root):
     return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2}),
             ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
             ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {}),
-            ("export", "export@2", {"root": root}), ("meta", "meta", {})]
+            ("export", "export@2", {"root": root}), ("meta", "meta", {}), ("compile", "compile@2", {})]
 
 
 def plan_b(root):
@@ -691,7 +758,8 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "bytes": case_bytes, "dcp_save": case_dcp_save, "dcp_load": case_dcp_load,
          "features@2": only_at(2, case_features), "failure@2": only_at(2, case_failure),
          "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save),
-         "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export), "meta": case_meta}
+         "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export), "meta": case_meta,
+         "compile@2": only_at(2, case_compile)}
 
 
 def worker(rank, world, port, q, plan=None):
