@@ -253,7 +253,8 @@ static int bench_main(int argc, char **argv) {
     for (auto &r : R.rows) rows += row_md(r);
     std::string md = bench_md_head(" (NVFP4)", head, R.ceilings, k_row_header, rows);
     printf("\n");
-    bench_emit(&md, "\n### NVFP4 summary: % of the same-mix ceiling (b2b), reduced bytes per step\n\n");
+    bench_emit(&md, "\n### NVFP4 summary: % of the same-mix ceiling (b2b; memory / ALU) and of the two-pass "
+                    "floor, reduced bytes per step\n\n");
     bench_emit(&md, k_summary_header);
     for (auto &s : R.summary) bench_emit(&md, summary_md(s));
     if (!R.skipped.empty()) {
