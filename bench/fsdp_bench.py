@@ -3,18 +3,25 @@
 bytes on the wire, per-rank memory in bytes per parameter, and the step time.
 
     python bench/fsdp_bench.py memory --worlds 1,2,4,8        # gloo ranks on the CPU (any machine)
-    python bench/fsdp_bench.py step --hidden 2048 --blocks 24  # one GPU, NCCL world of one (~1B model)
+    torchrun --standalone --nproc_per_node=1 bench/fsdp_bench.py step --vocab 32000 --hidden 2048 \
+        --ffn 8192 --blocks 24                                  # one GPU, NCCL world of one (~1B MLP model)
+    torchrun ... bench/fsdp_bench.py step --model llama        # the ~1B Llama-like model (its defaults)
+    torchrun ... bench/fsdp_bench.py step --model llama --compile --variants fsdp-bf16,fsdp-mx-row
+    torchrun ... bench/fsdp_bench.py step --model llama --cprofile 3 --cprofile-out /tmp/cp --json s.json
     torchrun --standalone --nproc_per_node=2 bench/fsdp_bench.py step ...   # two GPUs
 
-The model: an embedding, `blocks` residual MLP blocks (LayerNorm, fc1 d->h,
-fc2 h->d), a dense head; every block its own fully_shard, the root another,
+Models (bench/fsdp_models.py, which also says what each variant converts): `--model mlp` (default:
+an embedding, `blocks` residual MLP blocks (LayerNorm, fc1 d->h, fc2 h->d), a dense head) or
+`--model llama` (fused qkv, RoPE, SDPA causal, RMSNorm, SwiGLU with separate gate and up
+(`--fuse-gate-up`: one), defaults d 2048, ffn 5632, 16 heads, 16 blocks, vocab 32000: 0.95 B
+parameters; converted: qkv, o, gate, up, down). Every block its own fully_shard, the root another,
 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). Variants:
 
     fsdp-bf16      plain FSDP2: the weights travel as BF16
-    fsdp-mx-row    convert(): fc1 and fc2 row-only MXFP8
-    fsdp-mx-both   fc1 "both", fc2 row-only
-    fsdp-nv-row    fc1 and fc2 row-only NVFP4 1x16
-    sharded-row    ShardedOptimizer, fc1 and fc2 row-only MXFP8Linear (memory only)
+    fsdp-mx-row    convert(): every block linear row-only MXFP8
+    fsdp-mx-both   the linears reading the normalised input (fc1; qkv, gate, up) "both", the others row-only
+    fsdp-nv-row    every block linear row-only NVFP4 1x16
+    sharded-row    ShardedOptimizer, row-only MXFP8Linear (memory only)
 
 memory: per rank, after one step (optimizer state allocated), the bytes of
 each kind of tensor the rank holds, divided by the model's parameter count:
@@ -25,11 +32,31 @@ primaries), and the transient unsharded weights of the largest block. Also
 the bytes this rank put on all-gathers and all-reduces in one step, counted
 at torch.distributed.
 
-step: median and min of the step time (forward, backward, optimizer) over
---steps after --warmup, CUDA events, peak memory.
+step: a training step (forward, cross entropy, backward, clip_grad_norm_ (--clip: 1.0 for llama by
+default, off for mlp), AdamW, zero_grad) of each variant, built in the same process one after the
+other. Per variant: median and min of the step time over --steps after --warmup (CUDA events;
+perf_counter on the CPU), peak memory, and the host time: `host CPU ms` is time.process_time of the
+process (every thread: the autograd device thread where a CUDA backward runs included) over the
+timed steps, per step; `main thread ms` time.thread_time of the main thread; `issue ms` the wall
+time until the step's Python returns (before the synchronisation); `host ms per weight` host CPU ms
+divided by the number of block linears the converting variants convert (BF16's too, the same
+count); `extra ... vs BF16` (host ms - BF16's host ms) / converted weights, BF16 measured earlier in
+the same run. On CUDA the primary context is set to blocking synchronisation (bench/fsdp_hostcpu.py;
+--spin: not), so a wait for the GPU costs no CPU time. On a machine without a GPU (or --device cpu)
+the step runs on CPU tensors over gloo (a smoke check). --compile: each block
+`block.compile(backend=--compile-backend)` in place before fully_shard (the first step's wall time,
+the compile included, and dynamo's graph / graph-break counts go in --json; the recompile limit is
+raised to 8 per block). --cprofile N: N more steps of each variant under cProfile on rank 0 after
+the timed ones: the top 25 functions by tottime and cumtime, mxshard's functions summed per
+function, tottime per kind of code (mxshard, torch fsdp, ...), all per step (stderr; in --json;
+--cprofile-out PREFIX: PREFIX-<variant>.md and .prof). --profile: torch.profiler tables of 2 steps.
+--json: everything above per variant. MXS_BENCH_PYTHON=<tree>/python runs this bench against
+another tree's mxshard package. bench/fsdp_project.py projects the step to DP 8-512 from these
+numbers and the bytes.
 """
 import argparse
 import contextlib
+import gc
 import json
 import os
 import socket
@@ -43,50 +70,30 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+# MXS_BENCH_PYTHON: the python/ folder of another tree (its mxshard package, this bench)
+sys.path.insert(0, os.environ.get("MXS_BENCH_PYTHON") or os.path.join(os.path.dirname(HERE), "python"))
+sys.path.insert(0, HERE)
 import mxshard.torch as mxt  # noqa: E402
+import fsdp_hostcpu as hostcpu  # noqa: E402
+import fsdp_models as models  # noqa: E402
+from fsdp_models import Block, Model  # noqa: E402,F401  (importers of fsdp_bench.Model)
 
 VARIANTS = ("fsdp-bf16", "fsdp-mx-row", "fsdp-mx-both", "fsdp-nv-row", "sharded-row")
 
 
-class Block(nn.Module):
-    def __init__(self, d, h):
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, h, bias=False)
-        self.fc2 = nn.Linear(h, d, bias=False)
-
-    def forward(self, x):
-        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
-
-
-class Model(nn.Module):
-    def __init__(self, vocab, d, h, blocks):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, h) for _ in range(blocks))
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, tok):
-        x = self.emb(tok)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-
-
 def build(variant, args, device):
     torch.manual_seed(0)
-    m = Model(args.vocab, args.hidden, args.ffn, args.blocks).to(device)
-    if variant == "fsdp-mx-row":
-        mxt.convert(m, {"blocks.*.fc*": "row"})
-    elif variant == "fsdp-mx-both":
-        mxt.convert(m, {"blocks.*.fc1": "both", "blocks.*.fc2": "row"})
-    elif variant == "fsdp-nv-row":
-        mxt.convert(m, {"blocks.*.fc*": "row"}, format="nvfp4")
-    elif variant == "sharded-row":
+    m = models.make(args).to(device)
+    pol, fmt = models.policy(args.model, variant)
+    if variant == "sharded-row":
         m = m.to(torch.bfloat16)
-        mxt.convert(m, {"blocks.*.fc*": "row"})
+        mxt.convert(m, pol)
         return m, mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-4))
+    if pol is not None:
+        mxt.convert(m, pol, format=fmt)
+    if getattr(args, "compile", False):
+        for b in m.blocks:  # each block compiled in place, before fully_shard
+            b.compile(backend=args.compile_backend)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -161,7 +168,7 @@ def _largest_block_gather(m, args, tok):
         return 0
     b.unshard()
     total = 0
-    for mod in (b.fc1, b.fc2):
+    for mod in [x for x in b.modules() if isinstance(x, nn.Linear)]:
         w = mod._parameters["weight"]
         if mxt.is_param_linear(mod):
             for p in w._box.planes.values():
@@ -176,7 +183,7 @@ def _largest_block_gather(m, args, tok):
 def memory_rank(variant, args):
     rank, world = dist.get_rank(), dist.get_world_size()
     m, opt = build(variant, args, torch.device("cpu"))
-    n_params = sum(p.numel() for p in Model(args.vocab, args.hidden, args.ffn, args.blocks).parameters())
+    n_params = sum(p.numel() for p in models.make_meta(args).parameters())
     g = torch.Generator().manual_seed(rank)
     tok = torch.randint(0, args.vocab, (2, 16), generator=g)
     with wire_bytes() as wire:
@@ -246,72 +253,201 @@ def run_memory(args):
             json.dump(rows, f, indent=1)
 
 
+def _step_fn(m, opt, tok, args):
+    """One training step: forward, cross entropy, backward, clip_grad_norm_ (llama by default),
+    AdamW step, zero_grad."""
+    params = [p for p in m.parameters()]
+
+    def one():
+        F.cross_entropy(m(tok).float().reshape(-1, args.vocab), tok.reshape(-1)).backward()
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(params, args.clip)
+        opt.step()
+        opt.zero_grad()
+    return one
+
+
+def _compile_stats():
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return {}
+    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "recompiles": int(counters["recompiles"].get("recompiles", 0)) if "recompiles" in counters else None}
+
+
+def _step_variant(variant, args, dev, tok, n_linears, rows):
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if cuda:
+        torch.cuda.empty_cache()
+    cstats0 = _compile_stats() if args.compile else None
+    m, opt = build(variant, args, dev)
+    n = sum(p.numel() for p in m.parameters()) * world
+    conv = sum(1 for x in m.modules() if mxt.is_param_linear(x))
+    one = _step_fn(m, opt, tok, args)
+    times, issue, first = [], [], None
+    p0 = t0 = None
+    for i in range(args.warmup + args.steps):
+        if i == 1 and cuda:  # the training peak: after the first step allocated the optimizer state
+            sync()
+            torch.cuda.reset_peak_memory_stats()
+        if i == args.warmup:
+            sync()
+            p0, t0 = time.process_time(), time.thread_time()
+        w0 = time.perf_counter()
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+        one()
+        w1 = time.perf_counter()
+        if cuda:
+            b.record()
+        sync()
+        ms = a.elapsed_time(b) if cuda else (time.perf_counter() - w0) * 1e3
+        if i == 0:
+            first = time.perf_counter() - w0
+        if i >= args.warmup:
+            times.append(ms)
+            issue.append((w1 - w0) * 1e3)
+    host = (time.process_time() - p0) * 1e3 / args.steps
+    main_t = (time.thread_time() - t0) * 1e3 / args.steps
+    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
+    label = variant + (" (compiled)" if args.compile else "")
+    base = next((r for r in rows if r["variant"] == "fsdp-bf16" and r["compile"] == bool(args.compile)), None)
+    row = {"variant": variant, "label": label, "model": args.model, "compile": bool(args.compile), "world": world,
+           "params": n, "tokens": args.batch * args.seq, "converted": conv, "linears_convertible": n_linears,
+           "step_ms_median": statistics.median(times), "step_ms_min": min(times), "step_ms": times,
+           "host_ms": host, "main_thread_ms": main_t, "issue_ms_median": statistics.median(issue),
+           "host_ms_per_weight": host / max(n_linears, 1), "first_step_s": first, "peak_gib": peak}
+    row["extra_host_ms_per_weight"] = (host - base["host_ms"]) / max(conv, 1) if base and conv else None
+    row["ratio_to_bf16"] = row["step_ms_median"] / base["step_ms_median"] if base else None
+    if args.compile:
+        row["compile_stats"] = {k: (v - cstats0[k] if v is not None else None) for k, v in _compile_stats().items()}
+    if rank == 0:
+        ex = f"{row['extra_host_ms_per_weight']:.3f}" if row["extra_host_ms_per_weight"] is not None else "-"
+        pk = f"{peak:.2f}" if peak is not None else "-"
+        print(f"| {label} | {world} | {n / 1e9:.2f} B | {args.batch * args.seq} | {row['step_ms_median']:.1f} | "
+              f"{min(times):.1f} | {pk} | {host:.1f} | {main_t:.1f} | {row['issue_ms_median']:.1f} | {conv} | "
+              f"{row['host_ms_per_weight']:.3f} | {ex} |", flush=True)
+    if args.cprofile:
+        import cProfile
+        sync()
+        pr = cProfile.Profile() if rank == 0 else None
+        if pr:
+            pr.enable()
+        for _ in range(args.cprofile):
+            one()
+        sync()
+        if pr:
+            pr.disable()
+            text, row["cprofile"] = hostcpu.summary(pr, args.cprofile)
+            text = f"## cProfile {label}, {args.model}, {args.cprofile} steps (ms per step)\n\n{text}\n"
+            print(text, file=sys.stderr, flush=True)
+            if args.cprofile_out:
+                tag = variant + ("-compiled" if args.compile else "")
+                with open(f"{args.cprofile_out}-{tag}.md", "w") as f:
+                    f.write(text)
+                pr.dump_stats(f"{args.cprofile_out}-{tag}.prof")
+    if args.profile and rank == 0:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            for _ in range(2):
+                one()
+            sync()
+        ka = prof.key_averages()
+        if cuda:
+            print(f"profile {variant} (2 steps): by device time", file=sys.stderr)
+            print(ka.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60), file=sys.stderr)
+        print(f"profile {variant} (2 steps): by host time", file=sys.stderr)
+        print(ka.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60), file=sys.stderr)
+    rows.append(row)
+    del m, opt, one
+    gc.collect()
+
+
 def run_step(args):
     local = int(os.environ.get("LOCAL_RANK", 0))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
+    kind = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29561")
-    dist.init_process_group("nccl", device_id=dev)
-    world = dist.get_world_size()
-    tok = torch.randint(0, args.vocab, (args.batch, args.seq), device=dev)
+    if kind == "cuda":
+        note = "blocking sync: off (--spin)" if args.spin else hostcpu.blocking_sync(local)
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
+        dist.init_process_group("nccl", device_id=dev)
+        name = torch.cuda.get_device_name(dev)
+    else:
+        note, dev, name = "cpu", torch.device("cpu"), "cpu"
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        dist.init_process_group("gloo")
+    if args.compile:
+        import torch._dynamo.config as cfg
+        for k in ("recompile_limit", "cache_size_limit"):  # blocks share the code of forward
+            if hasattr(cfg, k):
+                setattr(cfg, k, max(getattr(cfg, k), 8 * args.blocks))
+    g = torch.Generator().manual_seed(1234)
+    tok = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(dev)
+    n_linears = len(models.convertible(args.model, models.make_meta(args)))
+    if dist.get_rank() == 0:
+        print(f"fsdp_bench step: {models.describe(args)}, {args.batch}x{args.seq} tokens, convertible linears "
+              f"{n_linears}, compile {args.compile_backend if args.compile else 'off'}, clip {args.clip}, "
+              f"{kind} ({name}), {note}", file=sys.stderr, flush=True)
+    rows = []
     for variant in args.variants:
         if variant == "sharded-row":
             continue
-        torch.cuda.empty_cache()
-        m, opt = build(variant, args, dev)
-        n = sum(p.numel() for p in m.parameters()) * world if variant != "sharded-row" else 0
-        times = []
-        for i in range(args.warmup + args.steps):
-            if i == 1:  # the training peak: after the first step allocated the optimizer state
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            F.cross_entropy(m(tok).float().reshape(-1, args.vocab), tok.reshape(-1)).backward()
-            opt.step()
-            opt.zero_grad()
-            b.record()
-            torch.cuda.synchronize()
-            if i >= args.warmup:
-                times.append(a.elapsed_time(b))
-        peak = torch.cuda.max_memory_allocated() / 2 ** 30
-        if dist.get_rank() == 0:
-            print(f"| {variant} | {world} | {n / 1e9:.2f} B | {args.batch * args.seq} | {statistics.median(times):.1f} | "
-                  f"{min(times):.1f} | {peak:.2f} |", flush=True)
-        if args.profile and dist.get_rank() == 0:
-            from torch.profiler import ProfilerActivity, profile
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                for _ in range(2):
-                    F.cross_entropy(m(tok).float().reshape(-1, args.vocab), tok.reshape(-1)).backward()
-                    opt.step()
-                    opt.zero_grad()
-                torch.cuda.synchronize()
-            ka = prof.key_averages()
-            print(f"profile {variant} (2 steps): by device time", file=sys.stderr)
-            print(ka.table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60), file=sys.stderr)
-            print(f"profile {variant} (2 steps): by host time", file=sys.stderr)
-            print(ka.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60), file=sys.stderr)
-        del m, opt
+        _step_variant(variant, args, dev, tok, n_linears, rows)
+    if args.json and dist.get_rank() == 0:
+        meta = {"argv": sys.argv, "model": models.describe(args), "device": name, "torch": torch.__version__,
+                "python": sys.version.split()[0], "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                "sync": note, "compile_backend": args.compile_backend if args.compile else None, "clip": args.clip,
+                "steps": args.steps, "warmup": args.warmup, "batch": args.batch, "seq": args.seq}
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    dist.barrier()
     dist.destroy_process_group()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=["memory", "step"])
+    ap.add_argument("--model", choices=["mlp", "llama"], default="mlp")
     ap.add_argument("--worlds", default="1,2,4,8")
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--vocab", type=int, default=512)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--ffn", type=int, default=1024)
-    ap.add_argument("--blocks", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=None, help="default 512 (mlp), 32000 (llama)")
+    ap.add_argument("--hidden", type=int, default=None, help="default 256 (mlp), 2048 (llama)")
+    ap.add_argument("--ffn", type=int, default=None, help="default 1024 (mlp), 5632 (llama)")
+    ap.add_argument("--blocks", type=int, default=None, help="default 4 (mlp), 16 (llama)")
+    ap.add_argument("--heads", type=int, default=16, help="llama")
+    ap.add_argument("--fuse-gate-up", action="store_true", help="llama: one gate_up linear instead of gate, up")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--clip", type=float, default=None, help="step: clip_grad_norm_ max norm, 0 off "
+                    "(default 1.0 for llama, off for mlp)")
+    ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                    help="step: cuda (NCCL) when there is a GPU, else cpu (gloo)")
+    ap.add_argument("--compile", action="store_true", help="step: torch.compile each block (in place, "
+                    "before fully_shard)")
+    ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--spin", action="store_true", help="step: leave CUDA's default (spinning) synchronisation")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true", help="step: torch.profiler tables of 2 steps per variant")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="step: cProfile N more steps of each variant on rank 0 (tables on stderr, in --json)")
+    ap.add_argument("--cprofile-out", default=None, metavar="PREFIX", help="step: PREFIX-<variant>.md and .prof")
     args = ap.parse_args()
+    llama = args.model == "llama"
+    for k, dm, dl in (("vocab", 512, 32000), ("hidden", 256, 2048), ("ffn", 1024, 5632), ("blocks", 4, 16)):
+        if getattr(args, k) is None:
+            setattr(args, k, dl if llama else dm)
+    if args.clip is None:
+        args.clip = 1.0 if llama else 0.0
     args.worlds = [int(w) for w in args.worlds.split(",")]
     args.variants = [v for v in args.variants.split(",") if v]
     t0 = time.time()
@@ -319,8 +455,10 @@ def main():
         run_memory(args)
     else:
         if int(os.environ.get("RANK", 0)) == 0:
-            print("| variant | world | params | tokens | step ms (median) | step ms (min) | peak GiB |")
-            print("|---|---|---|---|---|---|---|")
+            print("| variant | world | params | tokens | step ms (median) | step ms (min) | peak GiB | host CPU ms/step "
+                  "| main thread ms/step | issue ms/step | converted | host ms per weight | extra host ms per "
+                  "converted weight vs BF16 |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         run_step(args)
     print(f"fsdp_bench: {time.time() - t0:.0f} s", file=sys.stderr)
 
