@@ -71,35 +71,51 @@ def run_rank(rank, world, port, q, plan, cases, gloo_timeout, timed=False):
 
 # ---- in the test process ---------------------------------------------------------------
 
+def start_context():
+    """The multiprocessing context the ranks start from. forkserver where CUDA does not work: one
+    server process per test session, started by the first call, imports torch and every module
+    whose worker the ranks run once (rank_preload, with the warm-ups: WARM_UP_VAR), and every rank
+    of every test is forked from it (a fresh interpreter, no state of the test process: as safe as
+    spawn, seconds less per rank on 2 cores). spawn where CUDA works: the warm-up initialises the
+    driver, and forked children cannot."""
+    import torch
+    fork_ok = "forkserver" in mp.get_all_start_methods() and not torch.cuda.is_available()
+    ctx = mp.get_context("forkserver" if fork_ok else "spawn")
+    if fork_ok:
+        # one list for the whole session: the server starts once and keeps its first preload
+        ctx.set_forkserver_preload(["rank_preload"])
+    child_pythonpath()
+    return ctx
+
+
+def start(procs):
+    """Starts `procs` (the first start of a session starts the forkserver: WARM_UP_VAR set then)."""
+    os.environ[WARM_UP_VAR] = "1"
+    try:
+        for p in procs:
+            p.start()
+    finally:
+        del os.environ[WARM_UP_VAR]
+
+
 def spawn_groups(worlds, worker, plan, preload, deadline):
     """Runs worker(rank, world, port, q, plan) in one gloo group per world size, all groups at
     once. Returns {"res": {(world, rank, cid): (status, payload)}, "hung": [(world, rank) that
     never finished], "codes": {(world, rank): exit code}, "seconds", "worlds"}; never blocks past
-    `deadline` seconds."""
-    import torch
-    # forkserver: one server process imports torch and the `preload` modules once (and warms up:
-    # WARM_UP_VAR), the ranks are forked from it (a fresh interpreter, no state of this process: as
-    # safe as spawn, seconds faster on 2 cores). Not where CUDA works: the warm-up initialises the
-    # driver, and forked children cannot.
-    fork_ok = "forkserver" in mp.get_all_start_methods() and not torch.cuda.is_available()
-    method = "forkserver" if fork_ok else "spawn"
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(list(preload))
+    `deadline` seconds. `preload`: the modules the ranks import (rank_preload.MODULES must name
+    them, so that the forkserver imported them already)."""
+    import rank_preload
+    missing = [m for m in preload if m not in rank_preload.MODULES]
+    assert not missing, f"add {missing} to rank_preload.MODULES (python/tests/rank_preload.py)"
+    ctx = start_context()
     q = ctx.Queue()
-    child_pythonpath()
     procs = {}
     for world in worlds:
         port = free_port()
         for r in range(world):
             procs[(world, r)] = ctx.Process(target=worker, args=(r, world, port, q, plan), daemon=True)
     t0 = time.time()
-    os.environ[WARM_UP_VAR] = "1"
-    try:
-        for p in procs.values():
-            p.start()
-    finally:
-        del os.environ[WARM_UP_VAR]
+    start(procs.values())
     res, done = {}, set()
     want = set(procs)
     while done != want and time.time() < t0 + deadline:
@@ -144,18 +160,17 @@ def case_results(results, cid, worlds=None):
 
 
 def spawn_ranks(world, target, make_args, expected, timeout, stop_on_error=False):
-    """One spawned process per rank, target(*make_args(rank, port)); each puts (rank, name,
-    "ok"|other, result|traceback) on the queue, the last of make_args. Returns {(rank, name):
-    result} once `expected` results came; fails with the ranks' tracebacks (the first one alone
-    with stop_on_error), or names the ranks that hung (killed) or the missing results, never
-    blocking past `timeout` seconds."""
-    ctx = mp.get_context("spawn")
+    """One process per rank (start_context: forked from the session's forkserver, or spawned where
+    CUDA works), target(*make_args(rank, port)); each puts (rank, name, "ok"|other,
+    result|traceback) on the queue, the last of make_args. Returns {(rank, name): result} once
+    `expected` results came; fails with the ranks' tracebacks (the first one alone with
+    stop_on_error), or names the ranks that hung (killed) or the missing results, never blocking
+    past `timeout` seconds."""
+    ctx = start_context()
     q = ctx.Queue()
-    child_pythonpath()
     port = free_port()
     procs = [ctx.Process(target=target, args=make_args(r, port) + (q,)) for r in range(world)]
-    for p in procs:
-        p.start()
+    start(procs)
     results, errors = {}, []
     end = time.time() + timeout
     while len(results) + len(errors) < expected and not (stop_on_error and errors) and time.time() < end:
