@@ -19,8 +19,8 @@ from . import _lib as L
 from ._plumbing import (PlaneProps, check_has_plane, convert_scales_args, current_stream, dequantize_out,
                         dequantize_plane, ptr, quantize_src)
 
-__all__ = ["quantize", "dequantize", "convert_scales", "convert_scales_built", "scale_bytes", "tensor_struct",
-           "current_stream"]
+__all__ = ["quantize", "dequantize", "convert_scales", "convert_scales_built", "ScaleConversion", "scale_bytes",
+           "tensor_struct", "current_stream"]
 
 
 def is_mxfp8_weight(w):
@@ -109,15 +109,29 @@ def _convert_scales_call(rows, cols, p, fl, src_ptr, tl, out_ptr, dev):
                 "mxs_cuda_convert_scales")
 
 
+class ScaleConversion:
+    """convert_scales prepared for one geometry (rows, cols, plane, from_layout, to_layout), for
+    internal callers whose tensors are right by construction: run(src, out) with contiguous uint8
+    torch tensors of the two layouts' sizes on one device (mxshard.torch's FSDP2 assembly, once
+    per gathered weight). The C library still validates what it is given; the Python-side checks
+    and the option decoding are done once, here."""
+
+    __slots__ = ("rows", "cols", "codes")
+
+    def __init__(self, rows, cols, plane, from_layout, to_layout):
+        self.rows, self.cols = A.check_shape(rows, cols)
+        self.codes = (A.dirs_code(plane, allow_both=False), A.layout_code(from_layout), A.layout_code(to_layout))
+
+    def run(self, src, out):
+        p, fl, tl = self.codes
+        dev = "cpu" if out.device.type == "cpu" else str(out.device)
+        _convert_scales_call(self.rows, self.cols, p, fl, src.data_ptr(), tl, out.data_ptr(), dev)
+        return out
+
+
 def convert_scales_built(rows, cols, plane, src, from_layout, to_layout, out):
-    """convert_scales for internal callers whose tensors are right by construction: contiguous
-    uint8 torch tensors of the two layouts' sizes on one device (mxshard.torch's FSDP2 assembly,
-    once per gathered weight). The C library still validates what it is given; the Python-side
-    checks (about 0.15 ms per call) are skipped. Returns out."""
-    dev = "cpu" if out.device.type == "cpu" else str(out.device)
-    _convert_scales_call(rows, cols, A.dirs_code(plane, allow_both=False), A.layout_code(from_layout),
-                         src.data_ptr(), A.layout_code(to_layout), out.data_ptr(), dev)
-    return out
+    """ScaleConversion(rows, cols, plane, from_layout, to_layout).run(src, out): one call."""
+    return ScaleConversion(rows, cols, plane, from_layout, to_layout).run(src, out)
 
 
 def scale_bytes(rows, cols, plane, layout):

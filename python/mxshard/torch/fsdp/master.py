@@ -26,6 +26,7 @@ recomputed when either moved (units.WeightUnit, FSDPGroup.refresh).
 """
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -199,6 +200,14 @@ class QuantMaster(torch.Tensor):
 
     def fsdp_post_all_gather(self, all_gather_outputs, metadata, param_dtype, *, out=None):
         return self._meta.group.post_all_gather(self, all_gather_outputs, metadata, param_dtype, out)
+
+
+# FSDP2 (torch 2.11, _fsdp_param.all_gather_inputs) calls inspect.signature on the bound
+# fsdp_pre_all_gather at every all-gather, to pick the hook's calling convention; parsing the
+# function each time costs tens of µs of host per gather. inspect returns a function's
+# __signature__ when it has one: the same signature, computed once here.
+for _hook in (QuantMaster.fsdp_pre_all_gather, QuantMaster.fsdp_post_all_gather):
+    _hook.__signature__ = inspect.signature(_hook)
 
 
 def is_quant_master(t) -> bool:

@@ -35,7 +35,7 @@ from ... import _arrays as A
 from ...nvfp4 import (NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes, nvfp4_scale_shape,
                      nvfp4_stage_to_col)
 from ...nvfp4_writeback import NVFP4BucketWriteback
-from ...ops import convert_scales_built
+from ...ops import ScaleConversion
 from ...weight import MXFP8Weight
 from ...writeback import BucketWriteback
 from ... import fsdp_geometry as G
@@ -108,6 +108,12 @@ def _layout_scale_shape(spec, rows, cols, plane):
     if spec.format == "mxfp8":
         return A.scale_shape(rows, cols, plane, spec.layout)
     return nvfp4_scale_shape(rows, cols, plane, spec.layout)
+
+
+def _transposed(spec, plane):
+    """The compact plane is stored transposed ([cols, block rows]: NVFP4's column plane), so a
+    scale window is a range of its columns."""
+    return spec.format == "nvfp4" and plane == "col"
 
 
 def _window_unit(spec, rows, cols, plane):
@@ -200,6 +206,7 @@ class WeightUnit:
             if self.scales_travel else {}
         self.shared = self._shared_positions()
         self.n_shared = int(self.shared.numel())
+        self.assembly = {}   # plane -> _Assembly (prepared at the plane's first gather)
         self.reduced = None  # the reduced shared entries of the last refresh (int32)
         self.version = None  # the master's version the bytes were made from (None: never)
         self.cached = None   # a world of one: the whole primary (FSDPGroup.local_primary)
@@ -293,10 +300,12 @@ class WeightUnit:
         CUDA: no synchronisation per weight)."""
         self.wb.apply(check_status=False)
         for p, buf in self.send_scale.items():
-            b0, b1, _ = _scale_window(self.spec, p, self.rows, self.world, self.rank)
+            b0, b1, T = _scale_window(self.spec, p, self.rows, self.world, self.rank)
             sc = self.scales[p]
-            win = (sc[:, b0:b1] if self.spec.format == "nvfp4" and p == "col" else sc[b0:b1]).contiguous().view(-1)
-            buf[:win.numel()].copy_(win)
+            if _transposed(self.spec, p):   # [unit, T]: this rank's columns first (_Assembly's index)
+                buf[:sc.shape[0] * T].view(sc.shape[0], T)[:, :b1 - b0].copy_(sc[:, b0:b1])
+            else:                           # [T, unit]: this rank's rows first
+                buf[:(b1 - b0) * sc.shape[1]].view(b1 - b0, sc.shape[1]).copy_(sc[b0:b1])
         self.version = (version, self.meta.writes)
         self.cached = None
 
@@ -313,62 +322,14 @@ class WeightUnit:
             return (data, self.send_scale[plane])
         return (data,)
 
-    def compact_scales(self, plane, outputs):
-        """The complete COMPACT scales of `plane` from the gathered outputs, or the unit's own (from
-        the reduction when uneven; a world of one)."""
-        if not self.scales_travel:
-            return self.scales[plane]
-        spec = self.spec
-        shape = _compact_scale_shape(spec, self.rows, self.cols, plane)
-        unit = _window_unit(spec, self.rows, self.cols, plane)
-        g = outputs[1].view(self.world, -1)
-        out = torch.empty(shape, dtype=_U8, device=g.device)
-        transposed = spec.format == "nvfp4" and plane == "col"
-        for k in range(self.world):  # a shared block row comes from each toucher, with equal bytes
-            b0, b1, _ = _scale_window(spec, plane, self.rows, self.world, k)
-            if transposed:
-                out[:, b0:b1] = g[k, :(b1 - b0) * unit].view(unit, b1 - b0)
-            else:
-                out[b0:b1] = g[k, :(b1 - b0) * unit].view(b1 - b0, unit)
-        return out
-
-    def _gathered_packed(self, outputs, scratch):
-        """The gathered packed plane (NVFP4): a view of the all-gather output when every rank's
-        fragment fills its send buffer (evenly sharded), else the fragments compacted into scratch."""
-        R, C, W = self.rows, self.cols, self.world
-        total = _packed_plane_bytes(R, C)
-        g = outputs[0].view(W, -1)
-        if self.even or W == 1:
-            return g.reshape(-1)[:total], scratch
-        dst, rest = scratch[:total], scratch[total:]
-        for k in range(W):
-            r0, r1 = G.rank_rows(R, W, k)
-            nb = nvfp4_fragment_bytes(r0 * C, (r1 - r0) * C)
-            dst[(r0 * C) // 2:(r0 * C) // 2 + nb] = g[k, :nb]
-        return dst, rest
-
     def assemble(self, plane, outputs, scratch):
         """The gathered [R, C] primary of `plane` in the module's layout: data a view of the
-        all-gather output (or rebuilt in `scratch`), scales converted into `scratch`."""
-        spec, R, C = self.spec, self.rows, self.cols
-        shape = _layout_scale_shape(spec, R, C, plane)
-        nsc = math.prod(shape)
-        scale, rest = scratch[:nsc].view(shape), scratch[nsc:]
-        cs = self.compact_scales(plane, outputs)
-        if spec.format == "mxfp8":
-            # cs: compact_scales' contiguous uint8 compact plane, scale: the layout's, by construction
-            convert_scales_built(R, C, plane, cs, "compact", spec.layout, scale)
-            data = outputs[0].view(-1)[:R * C].view(R, C)
-            return MXFP8Weight(R, C, layout=spec.layout, **{f"{plane}_data": data, f"{plane}_scale": scale})
-        convert_nvfp4_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
-        packed, rest = self._gathered_packed(outputs, rest)
-        if plane == "row":
-            data = packed.view(nvfp4_data_shape(R, C, "row"))
-            return NVFP4Weight(R, C, block=spec.block, layout=spec.layout, row_data=data, row_scale=scale,
-                               amax=self.amax)
-        col = rest[:_packed_plane_bytes(R, C)].view(nvfp4_data_shape(R, C, "col"))
-        w = NVFP4Weight(R, C, block=spec.block, layout=spec.layout, col_data=col, col_scale=scale, amax=self.amax)
-        return nvfp4_stage_to_col(w, packed)
+        all-gather output (or rebuilt in `scratch`), scales converted into `scratch`. Through
+        the plane's prepared _Assembly: built at its first gather, tensors bound per gather."""
+        a = self.assembly.get(plane)
+        if a is None:
+            a = self.assembly[plane] = _Assembly(self, plane)
+        return a.bind(outputs, scratch)
 
     def local_primary(self):
         """A world of one: the whole weight's primary (every plane it has) from the fragments."""
@@ -386,3 +347,128 @@ class WeightUnit:
                                col_data=c.col_data, col_scale=c.col_scale)
         return NVFP4Weight(R, C, block=self.spec.block, layout=self.spec.layout, row_data=r.row_data,
                            row_scale=r.row_scale, col_data=c.col_data, col_scale=c.col_scale, amax=self.amax)
+
+
+# ---- the prepared assembly of one plane ------------------------------------------------------
+
+class _Assembly:
+    """What assembling one plane of one weight needs that depends on the geometry only, built
+    once (the cuBLASLt pattern: a prepared object, tensors bound per call): the scale layouts'
+    shapes and the library's codes, one gather index that takes the complete COMPACT scales out
+    of the all-gather output (no loop over ranks), the copies that compact NVFP4's uneven
+    fragments, and the primary object itself, whose planes are rebound at every gather (so the
+    GEMM plan made for it is rebound too, gemm.paths, not rebuilt)."""
+
+    def __init__(self, unit, plane):
+        u, spec, R, C = unit, unit.spec, unit.rows, unit.cols
+        self.unit, self.plane, self.fp4 = u, plane, spec.format == "nvfp4"
+        self.shape = _layout_scale_shape(spec, R, C, plane)
+        self.nsc = math.prod(self.shape)
+        self.convert = ScaleConversion(R, C, plane, "compact", spec.layout) if not self.fp4 else None
+        self.primary = None
+        # the scale window every rank sends: T indices of `unit` bytes ([unit, T] when transposed)
+        self.window = (G.max_touched(R, u.world, _scale_height(spec, plane)), _window_unit(spec, R, C, plane))
+        self.transposed = _transposed(spec, plane)
+        self.index = self._scale_index() if u.scales_travel else None
+        self.segments = self._packed_segments() if self.fp4 and not (u.even or u.world == 1) else None
+
+    # -- geometry, once
+
+    def _scale_index(self):
+        """(rank, row of its window) per index of the compact plane's window axis (the block row
+        of a shared one from the first rank that touches it, equal bytes either way), as index
+        tensors into the gathered windows viewed [world, T, unit] (NVFP4's column plane: [world,
+        unit, T], its windows travel as [unit, T], see send_scale_window)."""
+        u = self.unit
+        ks, ts = [], []
+        seen = 0
+        for k in range(u.world):
+            b0, b1, _ = _scale_window(u.spec, self.plane, u.rows, u.world, k)
+            for b in range(max(b0, seen), b1):
+                ks.append(k)
+                ts.append(b - b0)
+            seen = max(seen, b1)
+        dev = u.device
+        return torch.tensor(ks, dtype=torch.long, device=dev), torch.tensor(ts, dtype=torch.long, device=dev)
+
+    def _packed_segments(self):
+        """NVFP4 on uneven shards: [(first rank, ranks, dst byte offset, bytes per rank)] copies
+        that put every rank's fragment at its place in the packed plane: the full shards in one
+        copy, the short one in another (empty ranks send nothing)."""
+        u = self.unit
+        full = [k for k in range(u.world) if G.rank_rows(u.rows, u.world, k)[1] - G.rank_rows(u.rows, u.world, k)[0]
+                == G.chunk_rows(u.rows, u.world)]
+        segs = []
+        if full:
+            nb = nvfp4_fragment_bytes(0, G.chunk_rows(u.rows, u.world) * u.cols)
+            segs.append((0, len(full), 0, nb))
+        for k in range(len(full), u.world):
+            r0, r1 = G.rank_rows(u.rows, u.world, k)
+            if r1 > r0:
+                segs.append((k, 1, (r0 * u.cols) // 2, nvfp4_fragment_bytes(r0 * u.cols, (r1 - r0) * u.cols)))
+        return segs
+
+    # -- per gather
+
+    def compact_scales(self, outputs):
+        """The complete COMPACT scales of the plane: gathered (one index per window row, one
+        kernel), or the unit's own (from the reduction when uneven; a world of one)."""
+        u = self.unit
+        if self.index is None:
+            return u.scales[self.plane]
+        ks, ts = self.index
+        t, unit = self.window
+        g = outputs[1].view(u.world, -1)
+        n = g.shape[1]
+        if self.transposed:
+            w = g.as_strided((u.world, unit, t), (n, t, 1))
+            return w[ks, :, ts].t().contiguous()         # [unit (columns), block rows]
+        w = g.as_strided((u.world, t, unit), (n, unit, 1))
+        return w[ks, ts]                                  # [block rows, unit]
+
+    def _packed(self, outputs, scratch):
+        """The gathered packed plane (NVFP4): a view of the all-gather output when every rank's
+        fragment fills its send buffer (evenly sharded), else the fragments compacted into scratch."""
+        u = self.unit
+        total = _packed_plane_bytes(u.rows, u.cols)
+        g = outputs[0].view(u.world, -1)
+        if self.segments is None:
+            return g.reshape(-1)[:total], scratch
+        dst, rest = scratch[:total], scratch[total:]
+        for k, nk, off, nb in self.segments:
+            dst[off:off + nk * nb].view(nk, nb).copy_(g[k:k + nk, :nb])
+        return dst, rest
+
+    def bind(self, outputs, scratch):
+        u, plane, R, C = self.unit, self.plane, self.unit.rows, self.unit.cols
+        spec = u.spec
+        scale, rest = scratch[:self.nsc].view(self.shape), scratch[self.nsc:]
+        cs = self.compact_scales(outputs)
+        if not self.fp4:
+            self.convert.run(cs, scale)   # (a contiguous uint8 compact plane, the layout's: by construction)
+            data = outputs[0].view(-1)[:R * C].view(R, C)
+            return self._rebind(lambda: MXFP8Weight(R, C, layout=spec.layout, **{f"{plane}_data": data,
+                                                                                  f"{plane}_scale": scale}),
+                                data, scale)
+        convert_nvfp4_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
+        packed, rest = self._packed(outputs, rest)
+        if plane == "row":
+            data = packed.view(nvfp4_data_shape(R, C, "row"))
+            return self._rebind(lambda: NVFP4Weight(R, C, block=spec.block, layout=spec.layout, row_data=data,
+                                                    row_scale=scale, amax=u.amax), data, scale)
+        col = rest[:_packed_plane_bytes(R, C)].view(nvfp4_data_shape(R, C, "col"))
+        w = self._rebind(lambda: NVFP4Weight(R, C, block=spec.block, layout=spec.layout, col_data=col,
+                                             col_scale=scale, amax=u.amax), col, scale)
+        return nvfp4_stage_to_col(w, packed)
+
+    def _rebind(self, build, data, scale):
+        """The primary object of this plane, built (and checked) at the first gather; later
+        gathers bind its plane's tensors, which have the same shapes, dtypes and device by
+        construction."""
+        w = self.primary
+        if w is None:
+            w = self.primary = build()
+        else:
+            setattr(w, f"{self.plane}_data", data)
+            setattr(w, f"{self.plane}_scale", scale)
+        return w

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import weakref
 
 import torch
@@ -272,6 +273,20 @@ class _Plan:
                 return False
         return True
 
+    def rebind(self, primary, plane):
+        """The same primary object with new tensors of the same shapes (FSDP2's assembly binds
+        each gather's planes into one primary per plane, fsdp.units): the operand and the
+        chunks' launches take the new tensors; the geometry and the routes are kept."""
+        ts = tuple(getattr(primary, n) for n in self.names)
+        self.ts, self.ptrs = ts, tuple(t.data_ptr() for t in ts)
+        op = self.op
+        amax = primary.amax.reshape(-1) if op.fp4 else None
+        data, scale = _bytes(ts[0]), _bytes(ts[1])
+        self.op = dataclasses.replace(op, data=data, scale=scale, amax=amax if op.fp4 else scale, spec=())
+        for c in self._chunks:
+            for _, _, launch in c or ():
+                launch.rebind(self.op)
+
     def route(self, op, primary, plane, tokens, device):
         """choose_path's (path, reason, path_counts key) for (op, tokens), remembered."""
         r = self.routes.get((op, tokens))
@@ -314,7 +329,9 @@ def _plan(primary, plane, dt):
             d = None
         if d is not None:
             p = d.get((plane, dt))
-            if p is not None and p.fresh(primary):
+            if p is not None:
+                if not p.fresh(primary):
+                    p.rebind(primary, plane)
                 return p
     names = _NAMES[(plane, isinstance(primary, NVFP4Weight))]
     p = _Plan(primary, plane, dt, names, tuple(getattr(primary, n) for n in names))

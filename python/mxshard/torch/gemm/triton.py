@@ -377,6 +377,11 @@ class DequantLaunch:
         # a fresh output (torch's allocations are aligned) has the same specialisation every time
         self.key = op.spec[:3] + ((dtype, True),) + _spec_of(self.post[:9]) + self.post[9:] + (warps,)
 
+    def rebind(self, op):
+        """The same geometry over `op`'s tensors (a primary rebound to a new gather's planes)."""
+        self.pre = (op.data, op.scale, op.amax)
+        self.key = op.spec[:3] + self.key[3:]
+
     def run(self, out=None):
         if out is None:
             out = torch.empty(self.rows, self.cols, dtype=self.dtype, device=self.device)

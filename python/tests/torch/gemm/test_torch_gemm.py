@@ -395,22 +395,31 @@ def test_cuda_choice_is_the_rule():
 
 # ---- plans and launches ----------------------------------------------------------------------
 
-def test_plans_are_kept_per_primary_and_rebuilt_when_its_tensors_change():
+def test_plans_are_kept_per_primary_and_rebound_when_its_tensors_change():
+    """One plan per primary and plane: kept while the primary holds the same tensors, and rebound
+    (not rebuilt) when it holds new ones (FSDP2's assembly binds every gather's planes into one
+    primary object per plane): the product is then the new bytes', on both kernel paths."""
     w = mx_weight(130, 96, "both", "padded", 21)
+    other = mx_weight(130, 96, "both", "padded", 22)
     x = torch.randn(5, 96).to(torch.bfloat16).to(DEV)
-    with _gemm.forced_path("chunked"):
-        y0 = _gemm.linear_fwd(x, w, None, torch.bfloat16)
-        plan = _gemm._plans[w][("row", torch.bfloat16)]
-        assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), y0)
-        assert _gemm._plans[w][("row", torch.bfloat16)] is plan                  # kept
-        w.row_data = w.row_data.clone()                                          # a new tensor, same values
-        assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), y0)
-        assert _gemm._plans[w][("row", torch.bfloat16)] is not plan              # rebuilt
-        plan = _gemm._plans[w][("row", torch.bfloat16)]
-        w.row_scale.data = w.row_scale.clone()                                   # same object, new storage
-        w.row_data.zero_()                                                       # in place: read at launch
-        assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), torch.zeros_like(y0))
-        assert _gemm._plans[w][("row", torch.bfloat16)] is not plan
+    for path in ("chunked", "fused"):
+        with _gemm.forced_path(path):
+            y0 = _gemm.linear_fwd(x, w, None, torch.bfloat16)
+            y1 = _gemm.linear_fwd(x, other, None, torch.bfloat16)
+            assert not torch.equal(y0, y1)
+            plan = _gemm._plans[w][("row", torch.bfloat16)]
+            assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), y0)
+            assert _gemm._plans[w][("row", torch.bfloat16)] is plan                  # kept
+            old = (w.row_data, w.row_scale)
+            w.row_data, w.row_scale = other.row_data.clone(), other.row_scale.clone()   # new tensors, new values
+            assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), y1)    # the new bytes
+            assert _gemm._plans[w][("row", torch.bfloat16)] is plan                  # rebound
+            w.row_scale.data = w.row_scale.clone()                                   # same object, new storage
+            w.row_data.zero_()                                                       # in place: read at launch
+            assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), torch.zeros_like(y0))
+            assert _gemm._plans[w][("row", torch.bfloat16)] is plan
+            w.row_data, w.row_scale = old
+            assert torch.equal(_gemm.linear_fwd(x, w, None, torch.bfloat16), y0)
     n = len(_gemm._plans)
     del w, plan
     import gc
