@@ -3,6 +3,7 @@
 # One device call for issue 35 (2026-12-06): bench/fsdp_bench.py step, a world of one over NCCL,
 # every row measured in the same process as its BF16 baseline; all outputs under $OUT:
 #   build  the libraries in build-gpu (configured unless build-gpu/build.ninja exists; ~105 s)
+#   tests  the FSDP2 cases on CUDA tensors, test_gpu.py and the GEMM tests (pytest; ~100 s)
 #   llama  the Llama-like ~1B model (16 blocks, d 2048, SwiGLU 5632, fused qkv): BF16, MXFP8 row,
 #          NVFP4 row, MXFP8 both; plus cProfile of MXS35_CPROFILE (3) steps of each   -> step-llama.{md,json},
 #          cprofile-llama-<variant>.{md,prof}
@@ -12,7 +13,8 @@
 #          this tree's bench, the base's mxshard package, the same libraries)     -> step-llama-base.{md,json}
 #   project  bench/fsdp_project.py over step-llama.json (and step-mlp.json) with the bytes measured on
 #          the CPU (bench/results/*-bytes-*.json; skipped when missing)          -> project-*.md
-# MXS35_STAGES (default build,llama,mlp,compile,base,project), MXS35_STEPS (8), MXS35_DEADLINE (540 s:
+# Everything under $OUT is then packed into $OUT/session-35.tgz (the step tables and the log stay beside it).
+# MXS35_STAGES (default build,tests,llama,mlp,compile,base,project), MXS35_STEPS (8), MXS35_DEADLINE (540 s:
 # every stage's timeout is cut to what is left of it). A failed stage does not stop the others.
 # Dry run on a CPU machine: MXS35_STAGES=llama,mlp,compile MXS35_LIBDIR=<host lib dir> MXS35_ARGS="--hidden 64
 # --ffn 128 --blocks 2 --heads 4 --vocab 128 --seq 32 --batch 2 --compile-backend aot_eager" with torchrun on PATH.
@@ -23,7 +25,7 @@ mkdir -p "$out"
 export PATH=/opt/torch/.venv/bin:/usr/local/cuda/bin:$PATH
 export MXSHARD_LIBDIR=${MXS35_LIBDIR:-$PWD/build-gpu/src/host:$PWD/build-gpu/cuda} NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2
-stages=${MXS35_STAGES:-build,llama,mlp,compile,base,project}
+stages=${MXS35_STAGES:-build,tests,llama,mlp,compile,base,project}
 steps=${MXS35_STEPS:-8}
 deadline=${MXS35_DEADLINE:-540}
 t0=$SECONDS
@@ -58,6 +60,12 @@ if want build; then
   }
   stage build 240 "$out/build.log" bash -c "$(declare -f build); build"
 fi
+# the Python package's GPU paths, before any timing: the FSDP2 cases on CUDA tensors (2-4 gloo ranks
+# sharing the GPU: masters bit-identical, every gathered plane the whole-tensor quantize), GPU against
+# host bytes, and the GEMM paths on the GPU
+want tests && stage tests 200 "$out/tests.log" env MXS_FSDP_DEVICE=cuda PYTHONPATH="$PWD/python" python3 -m pytest \
+  python/tests/torch/fsdp/test_torch_fsdp.py python/tests/test_gpu.py python/tests/torch/gemm/test_torch_gemm.py \
+  -q -rs -p no:cacheprovider
 tr=(torchrun --standalone --nproc_per_node=1 bench/fsdp_bench.py)
 read -r -a extra <<< "${MXS35_ARGS:-}"   # appended to every step command (a later flag wins): dry runs
 llama=(step --model llama --batch 4 --seq 2048 --steps "$steps" --warmup 3)
@@ -89,6 +97,9 @@ for s in "${order[@]}"; do printf '  %-12s %s\n' "$s" "${result[$s]}" | tee -a "
 for f in step-llama step-mlp step-llama-compiled step-llama-base; do
   [ -f "$out/$f.md" ] && { echo "--- $f"; grep -E '^\| (variant|fsdp)' "$out/$f.md"; }
 done
+# one archive of everything (the device tool brings back a few files per call)
+(cd "$out" && tar czf session-35.tgz --exclude session-35.tgz . && find . -type f ! -name session-35.tgz \
+  ! -name session-35.log ! -name 'step-*.md' -delete)
 bad=0
 for s in "${order[@]}"; do case "${result[$s]}" in "rc 0"*) ;; *) bad=1 ;; esac; done
 exit $bad

@@ -58,9 +58,11 @@ def ptr(x):
 
 
 def current_stream(device):
-    """torch's current CUDA stream of `device` ('cuda:N'), as a c_void_p value."""
+    """torch's current CUDA stream of `device` ('cuda:N' or 'cuda'), as a c_void_p value (the
+    raw handle torch keeps per device: no Stream object, a few µs less per library call)."""
     t = A.torch_mod()
-    return t.cuda.current_stream(t.device(device)).cuda_stream
+    _, _, index = device.partition(":")
+    return t._C._cuda_getCurrentRawStream(int(index) if index else t.cuda.current_device())
 
 
 # ---- the argument checks of the whole-tensor operations (either format) ---------

@@ -265,7 +265,9 @@ class NVFP4BucketWriteback(BucketBase):
             raise ValueError("NVFP4BucketWriteback: closed")
 
     def _stream(self):
-        return A.torch_mod().cuda.current_stream(self._tdev).cuda_stream
+        t = A.torch_mod()
+        i = self._tdev.index
+        return t._C._cuda_getCurrentRawStream(i if i is not None else t.cuda.current_device())   # (torch's raw handle)
 
     def _mark_failed(self):
         """Zero the packed buffer, every byte of the status entry 1."""

@@ -196,8 +196,7 @@ class BucketWriteback(BucketBase):
     # ---- the protocol -------------------------------------------------------
 
     def _stream(self):
-        t = A.torch_mod()
-        return t.cuda.current_stream(self._tdev).cuda_stream
+        return A.torch_mod()._C._cuda_getCurrentRawStream(self._tdev.index)   # (torch's raw handle)
 
     def _mark_failed(self):
         """Zero the packed buffer, status byte 1 (this rank failed)."""
