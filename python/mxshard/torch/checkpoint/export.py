@@ -166,6 +166,37 @@ def _sharded(model):
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def _full_state_dict(model, keep):
+    """model.state_dict() with every FSDP2 entry (a DTensor sharded on dim 0 over one mesh
+    dimension) gathered whole, one entry at a time, on the CPU where `keep` (rank 0), through
+    mxshard.collectives' plain all_gather: torch 2.11's functional collectives, which
+    DTensor.full_tensor() and get_model_state_dict(full_state_dict=True) use, crash with gloo and
+    CUDA tensors (a segmentation fault, seen on an H100 on 2 gloo ranks). Other placements: the
+    DTensor's own full_tensor(). Every rank calls it, in the state dict's order."""
+    from torch.distributed.tensor import DTensor, Shard
+    from ... import collectives as C
+    from ...fsdp_geometry import chunk_rows
+    out = {}
+    for key, t in model.state_dict().items():
+        if isinstance(t, DTensor):
+            mesh = t.device_mesh
+            if mesh.ndim == 1 and tuple(t.placements) == (Shard(0),) and t.dim() >= 1:
+                world, rows = mesh.size(), t.shape[0]
+                local = t.to_local().detach()
+                S = chunk_rows(rows, world)
+                pad = local.new_zeros((S,) + tuple(t.shape[1:]))
+                pad[:local.shape[0]] = local
+                flat = pad.reshape(-1).view(torch.uint8)
+                whole = torch.empty(world * flat.numel(), dtype=torch.uint8, device=flat.device)
+                C.all_gather_bytes(whole, flat, mesh.get_group(), chunks=list(whole.view(world, -1)))
+                t = whole.view(pad.dtype).view((world * S,) + tuple(t.shape[1:]))[:rows]
+            else:
+                t = t.full_tensor()
+        if keep:
+            out[key] = t.detach().to("cpu")
+    return out
+
+
 def export_safetensors(path, model):
     """A single-file safetensors of the whole model for inference (the module
     doc: names, dtypes, aliases, metadata). convert()'s linears are written
@@ -180,8 +211,7 @@ def export_safetensors(path, model):
     import torch.distributed as dist
     dist_on = dist.is_available() and dist.is_initialized()
     if _sharded(model):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = _full_state_dict(model, keep=not dist_on or dist.get_rank() == 0)
         if dist_on and dist.get_rank() != 0:
             return
     else:
