@@ -62,6 +62,7 @@ class Format:
     option_choices = ()     # its values (roundings | blocks); the first is the default
     fixed_note = ""         # why the other format's option does not apply to this one
     has_amax = False        # a per-tensor fp32 amax beside the block scales (NVFP4)
+    packed = False          # two elements per byte (NVFP4's E2M1): a row of odd length starts inside a byte
     buffers = ()            # the weight's buffer names (a module's state_dict entries)
     codes = {}              # "data" | "scale" -> the encoding of those bytes
     e4m3_buffers = ()       # the buffers that hold E4M3 bytes
@@ -112,10 +113,15 @@ class Format:
         (and 16x16 tiles, stored per row) indexes rows, a column plane blocks of block_elems rows."""
         return 1 if plane == G.PLANE_ROW else self.block_elems
 
+    def transposed(self, plane):
+        """Whether `plane` is stored transposed, data and scales (NVFP4's column plane: data
+        [cols, rows/2] packed, a GEMM reads it as P = W^T; FSDP2 gathers it as a row-major stage)."""
+        return False
+
     def scales_transposed(self, plane):
         """Whether the COMPACT scale plane of `plane` holds the weight's rows along its second axis
         (NVFP4's column plane, [cols, ceil(rows/16)]): a window of rows is then a column range."""
-        return False
+        return self.transposed(plane)
 
     def scale_shape(self, rows, cols, plane, layout):
         """The 2-D shape of a scale plane in `layout` ('compact', 'padded', 'swizzled')."""
@@ -198,6 +204,12 @@ class Format:
         """The format's bucket writeback over `items` (see its class for the options)."""
         return self.writeback_class(items, **options)
 
+    def scale_conversion(self, rows, cols, plane, from_layout, to_layout):
+        """convert_scales of one geometry prepared once (FSDP2's assembly, at every gather):
+        an object whose run(src, out) converts `src` into `out` (torch tensors of the two
+        layouts' shapes) and returns `out`."""
+        raise NotImplementedError
+
     def fsdp_writeback(self, rows, cols, scales, master, start, length, send_data, *, block=None, rounding=None,
                        round_through=None):
         """FSDP2's one-item writeback of a rank's shard [start, start+length) of the flat weight:
@@ -209,6 +221,20 @@ class Format:
 
 def _planes(planes):
     return ("row", "col") if planes == "both" else ("row",)
+
+
+class _Conversion:
+    """Format.scale_conversion of a format without a prepared call: run() is its checked
+    convert function `fn` with the arguments given once."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, rows, cols, plane, from_layout, to_layout):
+        self.fn, self.args = fn, (rows, cols, plane, from_layout, to_layout)
+
+    def run(self, src, out):
+        rows, cols, plane, fl, tl = self.args
+        return self.fn(rows, cols, plane, src, fl, tl, out=out)
 
 
 class _MXFP8(Format):
@@ -274,6 +300,11 @@ class _MXFP8(Format):
             return _mx.convert_scales(rows, cols, plane, src, from_layout, to_layout, out)
         return _mx.convert_scales_built(rows, cols, plane, src, from_layout, to_layout, out)
 
+    def scale_conversion(self, rows, cols, plane, from_layout, to_layout):
+        """ops.ScaleConversion: the options decoded once, run(src, out) per call (the unchecked
+        call of convert_scales(checked=False))."""
+        return _mx.ScaleConversion(rows, cols, plane, from_layout, to_layout)
+
     def fsdp_writeback(self, rows, cols, scales, master, start, length, send_data, *, block=None, rounding=None,
                        round_through=None):
         primary = MXFP8Weight(rows, cols, layout="compact", **{f"{p}_scale": s for p, s in scales.items()})
@@ -296,6 +327,7 @@ class _NVFP4(Format):
     option_choices = blocks
     fixed_note = "NVFP4 scales are E4M3, rounded to nearest"
     has_amax = True
+    packed = True
     buffers = ("row_data", "row_scale", "col_data", "col_scale", "amax")
     codes = {"data": "packed E2M1", "scale": "E4M3"}
     e4m3_buffers = ("row_scale", "col_scale")
@@ -306,7 +338,7 @@ class _NVFP4(Format):
     def block_height(self, plane, block=None):
         return self.block_elems if block == "16x16" else super().block_height(plane, block)
 
-    def scales_transposed(self, plane):
+    def transposed(self, plane):
         return plane == G.PLANE_COL
 
     def scale_shape(self, rows, cols, plane, layout):
@@ -390,6 +422,10 @@ class _NVFP4(Format):
     def convert_scales(self, rows, cols, plane, src, from_layout, to_layout, out=None, checked=True):
         """One scale plane from one layout to another (always the checked call)."""
         return _nv.convert_nvfp4_scales(rows, cols, plane, src, from_layout, to_layout, out=out)
+
+    def scale_conversion(self, rows, cols, plane, from_layout, to_layout):
+        """run(src, out): convert_scales' checked call with these arguments."""
+        return _Conversion(_nv.convert_nvfp4_scales, rows, cols, plane, from_layout, to_layout)
 
     def fsdp_writeback(self, rows, cols, scales, master, start, length, send_data, *, block=None, rounding=None,
                        round_through=None):

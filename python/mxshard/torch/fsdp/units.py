@@ -31,14 +31,8 @@ import math
 
 import torch
 
-from ... import _arrays as A
-from ...nvfp4 import (NVFP4Weight, convert_nvfp4_scales, nvfp4_data_shape, nvfp4_fragment_bytes, nvfp4_scale_shape,
-                     nvfp4_stage_to_col)
-from ...nvfp4_writeback import NVFP4BucketWriteback
-from ...ops import ScaleConversion
-from ...weight import MXFP8Weight
-from ...writeback import BucketWriteback
 from ... import fsdp_geometry as G
+from ...nvfp4 import nvfp4_stage_to_col
 
 __all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported"]
 
@@ -46,34 +40,18 @@ _RT = {"bf16": "bf16", "none": None}
 _U8 = torch.uint8
 
 
-# ---- pure geometry of one weight's packed regions and scale planes -----------------------
+# ---- pure geometry of one weight: the format value's (spec.fmt, mxshard.formats) -------------
 
 def _planes(spec):
     return ("row", "col") if spec.planes == "both" else ("row",)
 
 
-def _regions(spec, rows, cols):
-    """[(region, block height, block rows, entries per block row, stride of those entries)] of
-    the weight's packed entries: an entry of block row b is at off + b*step + j*stride (j <
-    per), step = per when stride is 1, else 1 (NVFP4's column blocks are stored transposed)."""
-    if spec.format == "mxfp8":
-        out = [("row", 1, rows, A.ceil_div(cols, 32), 1)]
-        if spec.planes == "both":
-            out.append(("col", 32, A.ceil_div(rows, 32), cols, 1))
-        return out
-    if spec.block == "16x16":
-        return [("tile", 16, A.ceil_div(rows, 16), A.ceil_div(cols, 16), 1)]
-    out = [("row", 1, rows, A.ceil_div(cols, 16), 1)]
-    if spec.planes == "both":
-        out.append(("col", 16, A.ceil_div(rows, 16), cols, A.ceil_div(rows, 16)))
-    return out
-
-
 def shared_entry_count(spec, rows, cols, world):
     """How many packed entries of this weight travel in the model's reduction (pure: every rank
     computes the same number): NVFP4's tensor amax, and the cut blocks (all blocks when uneven)."""
-    n = 1 if spec.format == "nvfp4" and world > 1 else 0
-    for _, h, nbr, per, _ in _regions(spec, rows, cols):
+    fmt = spec.fmt
+    n = fmt.amax_entries(world)
+    for _, h, nbr, per, _ in fmt.regions(rows, cols, spec.planes, spec.block):
         if not G.is_even(rows, world):
             n += nbr * per
         else:
@@ -81,89 +59,32 @@ def shared_entry_count(spec, rows, cols, world):
     return n
 
 
-def _scale_height(spec, plane):
-    """Rows of the weight per index of the scale window's axis: the compact scale planes index
-    rows (row planes, 16x16 tiles stored per row) or blocks of rows (column planes)."""
-    if plane == "row":
-        return 1
-    return 32 if spec.format == "mxfp8" else 16
-
-
-def _scale_window(spec, plane, rows, world, rank):
+def _scale_window(fmt, plane, rows, world, rank):
     """(b0, b1, T): the compact scale indices rank `rank` sends for `plane` (rows of the compact
     plane, or its columns for NVFP4's column plane [cols, ceil(rows/16)]) and the padded count
     every rank sends."""
-    h = _scale_height(spec, plane)
+    h = fmt.scale_height(plane)
     b0, b1 = G.touched_block_rows(*G.rank_rows(rows, world, rank), h)
     return b0, b1, G.max_touched(rows, world, h)
 
 
-def _compact_scale_shape(spec, rows, cols, plane):
-    if spec.format == "mxfp8":
-        return A.scale_shape(rows, cols, plane, "compact")
-    return nvfp4_scale_shape(rows, cols, plane, "compact")
-
-
-def _layout_scale_shape(spec, rows, cols, plane):
-    if spec.format == "mxfp8":
-        return A.scale_shape(rows, cols, plane, spec.layout)
-    return nvfp4_scale_shape(rows, cols, plane, spec.layout)
-
-
-def _transposed(spec, plane):
-    """The compact plane is stored transposed ([cols, block rows]: NVFP4's column plane), so a
-    scale window is a range of its columns."""
-    return spec.format == "nvfp4" and plane == "col"
-
-
-def _window_unit(spec, rows, cols, plane):
-    """Bytes of the compact scale plane per index of the window's axis."""
-    m, k = _compact_scale_shape(spec, rows, cols, plane)
-    return m if (spec.format == "nvfp4" and plane == "col") else k
-
-
 def _send_scale_bytes(spec, rows, cols, world):
     """Bytes of the scale input of one gather (the larger plane's window, padded)."""
-    return max(_scale_window(spec, p, rows, world, 0)[2] * _window_unit(spec, rows, cols, p) for p in _planes(spec))
-
-
-def _data_send_shape(spec, rows, cols, world):
-    """The data input of one gather: [S, C] bytes (MXFP8; NVFP4 when unevenly sharded: FSDP2's
-    padded-shard shape), or the S*C/2 packed bytes of an evenly sharded NVFP4 weight."""
-    S = G.chunk_rows(rows, world)
-    if spec.format == "nvfp4" and G.is_even(rows, world):
-        return (nvfp4_fragment_bytes(0, S * cols),)
-    return (S, cols)
-
-
-def _packed_plane_bytes(rows, cols):
-    return (rows * cols + 1) // 2
+    fmt = spec.fmt
+    return max(G.max_touched(rows, world, fmt.scale_height(p)) * fmt.window_unit(rows, cols, p) for p in _planes(spec))
 
 
 def scratch_bytes(spec, rows, cols):
     """Bytes of the per-weight scratch FSDP2 allocates and frees with the unsharded weight: a
     plane's scales in the module's layout, and for NVFP4 room for a compacted or transposed
     data plane (and the stage it comes from)."""
-    out = 0
-    for p in _planes(spec):
-        n = math.prod(_layout_scale_shape(spec, rows, cols, p))
-        if spec.format == "nvfp4":
-            n += 2 * _packed_plane_bytes(rows, cols)
-        out = max(out, n)
-    return out
+    return spec.fmt.scratch_bytes(rows, cols, spec.planes, spec.layout)
 
 
 def check_supported(spec, rows, cols, world, name):
-    """What the library's writeback cannot do on FSDP2's shards: NVFP4 needs every shard to start
-    at an even element: ceil(rows/world) * cols even, unless rank 0 holds every row. Raises the
-    same error on every rank."""
-    S = G.chunk_rows(rows, world)
-    if spec.format == "nvfp4" and S < rows and (S * cols) % 2:
-        raise NotImplementedError(
-            f"mxshard: {name} ({rows}x{cols}, NVFP4) over {world} ranks: each rank's {G.chunk_rows(rows, world)} "
-            f"rows x {cols} columns is an odd number of elements, so a shard would start mid-byte of the packed "
-            f"plane (contract 9.8); use an even in_features, a world size with ceil(out_features/world) even, "
-            f"or MXFP8 for this weight")
+    """What the library's writeback cannot do on FSDP2's shards (Format.check_shards: NVFP4 needs
+    every shard to start at an even element). Raises the same error on every rank."""
+    spec.fmt.check_shards(rows, cols, world, name)
 
 
 # ---- the unit ------------------------------------------------------------------------------
@@ -182,7 +103,8 @@ class WeightUnit:
                              f"{rank}); quantized weights need fully_shard's default Shard(0) placement")
         if not local.is_contiguous():
             raise ValueError(f"mxshard: {meta.name}: the master shard is not contiguous")
-        check_supported(spec, R, C, world, meta.name)
+        fmt = self.fmt = spec.fmt
+        fmt.check_shards(R, C, world, meta.name)
         self.meta, self.spec, self.world, self.rank = meta, spec, world, rank
         self.rows, self.cols, self.r0, self.r1 = R, C, r0, r1
         self.even = G.is_even(R, world)
@@ -193,41 +115,31 @@ class WeightUnit:
         dev = self.device = local.device
         self._key = self._storage_key(local)
         self.local = local
-        self.scales = {p: torch.zeros(_compact_scale_shape(spec, R, C, p), dtype=_U8, device=dev)
+        self.scales = {p: torch.zeros(fmt.scale_shape(R, C, p, "compact"), dtype=_U8, device=dev)
                        for p in self.planes}
-        dshape = _data_send_shape(spec, R, C, world)
+        dshape = fmt.data_send_shape(R, C, world)
         # the data planes this rank sends: "row", and "col" (MXFP8's column plane, NVFP4 1x16's
         # column stage); a 16x16 NVFP4 weight sends its row plane for both (finish's source)
-        sources = self.planes if not (spec.format == "nvfp4" and spec.block == "16x16") else ("row",)
-        self.send_data = {p: torch.zeros(dshape, dtype=_U8, device=dev) for p in sources}
-        self.wb = self._writeback(local)
+        self.send_data = {p: torch.zeros(dshape, dtype=_U8, device=dev)
+                          for p in fmt.send_sources(spec.planes, spec.block)}
+        # the library's writeback of this rank's rows into the fragments and the compact scales
+        self.primary, self.wb = fmt.fsdp_writeback(
+            R, C, self.scales, local.reshape(-1), r0 * C, (r1 - r0) * C, self.send_data, block=spec.block,
+            rounding=spec.rounding, round_through=_RT[spec.round_through])
+        self.amax = self.primary.amax if fmt.has_amax else None   # NVFP4's tensor amax (every plane's)
         nscale = _send_scale_bytes(spec, R, C, world)
         self.send_scale = {p: torch.zeros(max(nscale, 1), dtype=_U8, device=dev) for p in self.planes} \
             if self.scales_travel else {}
+        # per plane sent: this rank's scale window (b0, b1, T) and whether the compact plane is
+        # transposed (the window a range of its columns)
+        self.windows = {p: _scale_window(fmt, p, R, world, rank) + (fmt.scales_transposed(p),)
+                        for p in self.send_scale}
         self.shared = self._shared_positions()
         self.n_shared = int(self.shared.numel())
         self.assembly = {}   # plane -> _Assembly (prepared at the plane's first gather)
         self.reduced = None  # the reduced shared entries of the last refresh (int32)
         self.version = None  # the master's version the bytes were made from (None: never)
         self.cached = None   # a world of one: the whole primary (FSDPGroup.local_primary)
-
-    def _writeback(self, local):
-        spec, R, C, r0, r1 = self.spec, self.rows, self.cols, self.r0, self.r1
-        start, n = r0 * C, (r1 - r0) * C
-        if spec.format == "mxfp8":
-            self.primary = MXFP8Weight(R, C, layout="compact", **{f"{p}_scale": self.scales[p] for p in self.planes})
-            frags = {p: self.send_data[p].view(-1)[:n] for p in self.planes}
-            return BucketWriteback([(self.primary, local.reshape(-1), start, n, (frags.get("row"), frags.get("col")))],
-                                   rounding=spec.rounding, round_through=_RT[spec.round_through], mode="fused",
-                                   gather=False)
-        self.amax = torch.zeros(1, dtype=torch.float32, device=self.device)
-        self.primary = NVFP4Weight(R, C, block=spec.block, layout="compact", amax=self.amax,
-                                   **{f"{p}_scale": self.scales[p] for p in self.planes})
-        nb = nvfp4_fragment_bytes(start, n)
-        frag = {p: self.send_data[p].view(-1)[:nb] for p in self.send_data}
-        item = dict(primary=self.primary, master=local.reshape(-1), start=start, length=n,
-                    row_fragment=frag["row"], stage_fragment=frag.get("col"))
-        return NVFP4BucketWriteback([item], round_through=_RT[spec.round_through], gather=False)
 
     # -- identity
 
@@ -246,25 +158,12 @@ class WeightUnit:
 
     # -- the entries that travel
 
-    def _entry_view(self):
-        """The packed buffer as its entries: uint8 (MXFP8), int16 / int32 patterns (NVFP4)."""
-        if self.spec.format == "mxfp8":
-            return self.wb.packed
-        return self.wb.packed.view(torch.int16 if self.wb.entry_bytes == 2 else torch.int32)
-
     def _shared_positions(self):
         """Entry positions in the packed buffer of the shared entries (a LongTensor)."""
         spec, R, C = self.spec, self.rows, self.cols
-        if spec.format == "mxfp8":
-            (row_off, col_off), = self.wb.slots()
-            offs = {"row": row_off, "col": col_off}
-            amax = None
-        else:
-            s, = self.wb.slots()
-            offs = {"row": s["row_entry"], "col": s["col_entry"], "tile": s["tile_entry"]}
-            amax = s["amax_entry"] if self.world > 1 else None
+        offs, amax = self.fmt.slot_offsets(self.wb, self.world)
         idx = [torch.tensor([amax])] if amax is not None else []
-        for region, h, nbr, per, stride in _regions(spec, R, C):
+        for region, h, nbr, per, stride in self.fmt.regions(R, C, spec.planes, spec.block):
             off = offs[region]
             rows_of_blocks = range(nbr) if not self.even else G.shared_block_rows(R, self.world, h)
             step = per if stride == 1 else 1
@@ -280,18 +179,16 @@ class WeightUnit:
 
     def entries(self):
         """The shared entries after partial, as int32 (this rank's partial values)."""
-        e = self._entry_view()[self.shared].to(torch.int32)
-        return e & 0xFFFF if e.dtype == torch.int32 and self._entry_view().dtype == torch.int16 else e
+        view = self.fmt.entry_view(self.wb)   # uint8 (MXFP8), int16 / int32 patterns (NVFP4)
+        e = view[self.shared].to(torch.int32)
+        return e & 0xFFFF if view.dtype == torch.int16 else e
 
     def set_entries(self, reduced):
         """Writes the reduced shared entries back (and a clear status) before apply."""
         self.reduced = reduced.clone()
-        view = self._entry_view()
+        view = self.fmt.entry_view(self.wb)
         view[self.shared] = reduced.to(view.dtype)
-        if self.spec.format == "mxfp8":
-            self.wb.packed[self.wb.status_offset] = 0
-        else:
-            view[-1] = 0
+        self.fmt.clear_status(self.wb)
 
     def apply(self, version):
         """The cast of the shard into the fragments, complete scales; then this rank's scale
@@ -300,9 +197,9 @@ class WeightUnit:
         CUDA: no synchronisation per weight)."""
         self.wb.apply(check_status=False)
         for p, buf in self.send_scale.items():
-            b0, b1, T = _scale_window(self.spec, p, self.rows, self.world, self.rank)
+            b0, b1, T, transposed = self.windows[p]
             sc = self.scales[p]
-            if _transposed(self.spec, p):   # [unit, T]: this rank's columns first (_Assembly's index)
+            if transposed:                  # [unit, T]: this rank's columns first (_Assembly's index)
                 buf[:sc.shape[0] * T].view(sc.shape[0], T)[:, :b1 - b0].copy_(sc[:, b0:b1])
             else:                           # [T, unit]: this rank's rows first
                 buf[:(b1 - b0) * sc.shape[1]].view(b1 - b0, sc.shape[1]).copy_(sc[b0:b1])
@@ -342,11 +239,8 @@ class WeightUnit:
         if len(planes) == 1:
             return planes["row"]
         r, c = planes["row"], planes["col"]
-        if self.spec.format == "mxfp8":
-            return MXFP8Weight(R, C, layout=self.spec.layout, row_data=r.row_data, row_scale=r.row_scale,
-                               col_data=c.col_data, col_scale=c.col_scale)
-        return NVFP4Weight(R, C, block=self.spec.block, layout=self.spec.layout, row_data=r.row_data,
-                           row_scale=r.row_scale, col_data=c.col_data, col_scale=c.col_scale, amax=self.amax)
+        return self.fmt.weight(R, C, layout=self.spec.layout, block=self.spec.block, amax=self.amax,
+                               row_data=r.row_data, row_scale=r.row_scale, col_data=c.col_data, col_scale=c.col_scale)
 
 
 # ---- the prepared assembly of one plane ------------------------------------------------------
@@ -360,17 +254,29 @@ class _Assembly:
     GEMM plan made for it is rebound too, gemm.paths, not rebuilt)."""
 
     def __init__(self, unit, plane):
-        u, spec, R, C = unit, unit.spec, unit.rows, unit.cols
-        self.unit, self.plane, self.fp4 = u, plane, spec.format == "nvfp4"
-        self.shape = _layout_scale_shape(spec, R, C, plane)
+        u, fmt, spec, R, C = unit, unit.fmt, unit.spec, unit.rows, unit.cols
+        self.unit, self.plane = u, plane
+        self.shape = fmt.scale_shape(R, C, plane, spec.layout)
         self.nsc = math.prod(self.shape)
-        self.convert = ScaleConversion(R, C, plane, "compact", spec.layout) if not self.fp4 else None
+        self.convert = fmt.scale_conversion(R, C, plane, "compact", spec.layout)
+        names = self.names = (f"{plane}_data", f"{plane}_scale")
+        amax, layout, block = u.amax, spec.layout, spec.block
+        self.build = lambda data, scale: fmt.weight(R, C, layout=layout, block=block, amax=amax,
+                                                    **dict(zip(names, (data, scale))))
         self.primary = None
         # the scale window every rank sends: T indices of `unit` bytes ([unit, T] when transposed)
-        self.window = (G.max_touched(R, u.world, _scale_height(spec, plane)), _window_unit(spec, R, C, plane))
-        self.transposed = _transposed(spec, plane)
+        self.window = (G.max_touched(R, u.world, fmt.scale_height(plane)), fmt.window_unit(R, C, plane))
+        self.transposed = fmt.scales_transposed(plane)
         self.index = self._scale_index() if u.scales_travel else None
-        self.segments = self._packed_segments() if self.fp4 and not (u.even or u.world == 1) else None
+        # the gathered data: the plane's bytes (total), or a row-major stage of them that the
+        # library transposes into the plane (a transposed plane: NVFP4's column plane)
+        self.total, self.data_shape = fmt.plane_bytes(R, C), fmt.data_shape(R, C, plane)
+        self.from_stage = fmt.transposed(plane)
+        # every rank's fragment fills its send buffer (MXFP8; NVFP4 evenly sharded), so the
+        # gathered buffers are the plane; else copies compact the fragments (NVFP4, uneven)
+        S = G.chunk_rows(R, u.world)
+        fills = math.prod(fmt.data_send_shape(R, C, u.world)) == fmt.fragment_bytes(0, S * C)
+        self.segments = None if fills else self._packed_segments()
 
     # -- geometry, once
 
@@ -383,7 +289,7 @@ class _Assembly:
         ks, ts = [], []
         seen = 0
         for k in range(u.world):
-            b0, b1, _ = _scale_window(u.spec, self.plane, u.rows, u.world, k)
+            b0, b1, _ = _scale_window(u.fmt, self.plane, u.rows, u.world, k)
             for b in range(max(b0, seen), b1):
                 ks.append(k)
                 ts.append(b - b0)
@@ -395,17 +301,17 @@ class _Assembly:
         """NVFP4 on uneven shards: [(first rank, ranks, dst byte offset, bytes per rank)] copies
         that put every rank's fragment at its place in the packed plane: the full shards in one
         copy, the short one in another (empty ranks send nothing)."""
-        u = self.unit
+        u, fb = self.unit, self.unit.fmt.fragment_bytes
         full = [k for k in range(u.world) if G.rank_rows(u.rows, u.world, k)[1] - G.rank_rows(u.rows, u.world, k)[0]
                 == G.chunk_rows(u.rows, u.world)]
         segs = []
         if full:
-            nb = nvfp4_fragment_bytes(0, G.chunk_rows(u.rows, u.world) * u.cols)
+            nb = fb(0, G.chunk_rows(u.rows, u.world) * u.cols)
             segs.append((0, len(full), 0, nb))
         for k in range(len(full), u.world):
             r0, r1 = G.rank_rows(u.rows, u.world, k)
             if r1 > r0:
-                segs.append((k, 1, (r0 * u.cols) // 2, nvfp4_fragment_bytes(r0 * u.cols, (r1 - r0) * u.cols)))
+                segs.append((k, 1, fb(0, r0 * u.cols), fb(r0 * u.cols, (r1 - r0) * u.cols)))
         return segs
 
     # -- per gather
@@ -427,48 +333,33 @@ class _Assembly:
         return w[ks, ts]                                  # [block rows, unit]
 
     def _packed(self, outputs, scratch):
-        """The gathered packed plane (NVFP4): a view of the all-gather output when every rank's
-        fragment fills its send buffer (evenly sharded), else the fragments compacted into scratch."""
-        u = self.unit
-        total = _packed_plane_bytes(u.rows, u.cols)
-        g = outputs[0].view(u.world, -1)
+        """The gathered plane's bytes (or its stage): a view of the all-gather output when every
+        rank's fragment fills its send buffer, else the fragments compacted into scratch."""
         if self.segments is None:
-            return g.reshape(-1)[:total], scratch
-        dst, rest = scratch[:total], scratch[total:]
+            return outputs[0].view(-1)[:self.total], scratch
+        g = outputs[0].view(self.unit.world, -1)
+        dst, rest = scratch[:self.total], scratch[self.total:]
         for k, nk, off, nb in self.segments:
             dst[off:off + nk * nb].view(nk, nb).copy_(g[k:k + nk, :nb])
         return dst, rest
 
     def bind(self, outputs, scratch):
-        u, plane, R, C = self.unit, self.plane, self.unit.rows, self.unit.cols
-        spec = u.spec
         scale, rest = scratch[:self.nsc].view(self.shape), scratch[self.nsc:]
-        cs = self.compact_scales(outputs)
-        if not self.fp4:
-            self.convert.run(cs, scale)   # (a contiguous uint8 compact plane, the layout's: by construction)
-            data = outputs[0].view(-1)[:R * C].view(R, C)
-            return self._rebind(lambda: MXFP8Weight(R, C, layout=spec.layout, **{f"{plane}_data": data,
-                                                                                  f"{plane}_scale": scale}),
-                                data, scale)
-        convert_nvfp4_scales(R, C, plane, cs, "compact", spec.layout, out=scale)
+        self.convert.run(self.compact_scales(outputs), scale)   # (contiguous uint8 planes of the layouts' sizes)
         packed, rest = self._packed(outputs, rest)
-        if plane == "row":
-            data = packed.view(nvfp4_data_shape(R, C, "row"))
-            return self._rebind(lambda: NVFP4Weight(R, C, block=spec.block, layout=spec.layout, row_data=data,
-                                                    row_scale=scale, amax=u.amax), data, scale)
-        col = rest[:_packed_plane_bytes(R, C)].view(nvfp4_data_shape(R, C, "col"))
-        w = self._rebind(lambda: NVFP4Weight(R, C, block=spec.block, layout=spec.layout, col_data=col,
-                                             col_scale=scale, amax=u.amax), col, scale)
-        return nvfp4_stage_to_col(w, packed)
+        if not self.from_stage:
+            return self._rebind(packed.view(self.data_shape), scale)
+        data = rest[:self.total].view(self.data_shape)
+        return nvfp4_stage_to_col(self._rebind(data, scale), packed)
 
-    def _rebind(self, build, data, scale):
+    def _rebind(self, data, scale):
         """The primary object of this plane, built (and checked) at the first gather; later
         gathers bind its plane's tensors, which have the same shapes, dtypes and device by
         construction."""
         w = self.primary
         if w is None:
-            w = self.primary = build()
+            w = self.primary = self.build(data, scale)
         else:
-            setattr(w, f"{self.plane}_data", data)
-            setattr(w, f"{self.plane}_scale", scale)
+            setattr(w, self.names[0], data)
+            setattr(w, self.names[1], scale)
         return w

@@ -60,8 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import _lib as L
-from ...nvfp4 import NVFP4Weight, dequantize_nvfp4
-from ...ops import dequantize as _mx_dequantize
+from ... import formats as _formats
 
 __all__ = ["dequant", "output_dtype", "linear_fwd", "linear_dgrad", "linear_wgrad", "plane_operand", "choose_path", "forced_path",
            "path_counts", "RULE", "RULE_ELEMS", "RULE_TOKENS", "CHUNK_BYTES"]
@@ -193,9 +192,7 @@ def dequant(primary, plane, dtype):
     """The [out, in] weight of `plane` ("row" | "col") of `primary` in `dtype` (a torch dtype):
     a new tensor on the primary's device."""
     code = _CODES[dtype]
-    if isinstance(primary, NVFP4Weight):
-        return dequantize_nvfp4(primary, plane=plane, dtype=code)
-    return _mx_dequantize(primary, plane=plane, dtype=code)
+    return _formats.of(primary).dequantize(primary, plane=plane, dtype=code)
 
 
 # ---- the plane as the kernels read it -----------------------------------------------------
@@ -215,12 +212,13 @@ def plane_operand(primary, plane):
     docs/format.md sections 4 and 6.5."""
     k = _kernels()
     rows, cols = primary.rows, primary.cols
-    fp4 = isinstance(primary, NVFP4Weight)
+    fmt = _formats.of(primary)
     data = _bytes(getattr(primary, f"{plane}_data"))
     scale = _bytes(getattr(primary, f"{plane}_scale"))
-    block = L.NVFP4_BLOCK if fp4 else L.BLOCK
-    colwise_mx = plane == "col" and not fp4          # MXFP8 column plane: blocks down the rows
-    R, C = (cols, rows) if (fp4 and plane == "col") else (rows, cols)
+    block = fmt.block_elems
+    trans = fmt.transposed(plane)                    # NVFP4's column plane: P = W^T
+    colwise_mx = plane == "col" and not trans        # MXFP8 column plane: blocks down the rows
+    R, C = (cols, rows) if trans else (rows, cols)
     M, Kb = (cols, -(-rows // block)) if plane == "col" else (rows, -(-cols // block))
     Mp, Kp = _round_up(M, 128), _round_up(Kb, 4)
     layout = primary.layout
@@ -228,14 +226,14 @@ def plane_operand(primary, plane):
         s_m, s_k = 1, (M if layout == L.COMPACT else Mp)
     else:
         s_m, s_k = (Kb if layout == L.COMPACT else Kp), 1
-    return k.PlaneOperand(data=data, scale=scale, amax=primary.amax.reshape(-1) if fp4 else scale, R=R, C=C,
-                          fp4=fp4, block=block, scale_c=not colwise_mx, swizzled=layout == L.SWIZZLED,
+    return k.PlaneOperand(data=data, scale=scale, amax=primary.amax.reshape(-1) if fmt.has_amax else scale, R=R,
+                          C=C, fp4=fmt.packed, block=block, scale_c=not colwise_mx, swizzled=layout == L.SWIZZLED,
                           s_m=s_m, s_k=s_k, s_kp=Kp)
 
 
-def _plane_row_len(primary, plane):
+def _plane_row_len(fmt, primary, plane):
     """Elements per stored row of the plane (P's C)."""
-    return primary.rows if isinstance(primary, NVFP4Weight) and plane == "col" else primary.cols
+    return primary.rows if fmt.transposed(plane) else primary.cols
 
 
 def _chunk(extent, other, dt):
@@ -253,13 +251,13 @@ def _chunk(extent, other, dt):
 class _Plan:
     """What the GEMMs of one plane in one compute dtype need that depends on the weight only,
     built once per primary (kept while its tensors are the same objects at the same addresses):
-    the PlaneOperand, per chunk axis the chunks [(start, stop, DequantLaunch)], and the paths
-    chosen so far per (op, tokens)."""
+    the PlaneOperand, per chunk axis the chunks [(start, stop, DequantLaunch)], the paths
+    chosen so far per (op, tokens), and whether the plane is stored transposed (P = W^T)."""
 
-    __slots__ = ("names", "ts", "ptrs", "dt", "op", "_chunks", "routes")
+    __slots__ = ("names", "ts", "ptrs", "dt", "op", "_chunks", "routes", "trans")
 
-    def __init__(self, primary, plane, dt, names, ts):
-        self.names, self.ts = names, ts
+    def __init__(self, primary, plane, dt, names, ts, trans):
+        self.names, self.ts, self.trans = names, ts, trans
         self.ptrs = tuple(t.data_ptr() for t in ts)
         self.dt = dt
         self.op = plane_operand(primary, plane)
@@ -315,8 +313,8 @@ class _Plan:
 
 _plans = weakref.WeakKeyDictionary()   # primary -> {(plane, dtype): _Plan}
 _PLAN_CACHE = True                     # False: a new plan every call (the benchmark's "run 14" emulation)
-_NAMES = {(p, fp4): (f"{p}_data", f"{p}_scale") + (("amax",) if fp4 else ()) for p in ("row", "col")
-          for fp4 in (False, True)}
+_NAMES = {(p, amax): (f"{p}_data", f"{p}_scale") + (("amax",) if amax else ()) for p in ("row", "col")
+          for amax in (False, True)}
 
 
 def _plan(primary, plane, dt):
@@ -333,8 +331,9 @@ def _plan(primary, plane, dt):
                 if not p.fresh(primary):
                     p.rebind(primary, plane)
                 return p
-    names = _NAMES[(plane, isinstance(primary, NVFP4Weight))]
-    p = _Plan(primary, plane, dt, names, tuple(getattr(primary, n) for n in names))
+    fmt = _formats.of(primary)
+    names = _NAMES[(plane, fmt.has_amax)]
+    p = _Plan(primary, plane, dt, names, tuple(getattr(primary, n) for n in names), fmt.transposed(plane))
     if _PLAN_CACHE and d is not None:
         d[(plane, dt)] = p
     return p
@@ -381,8 +380,8 @@ def choose_path(op, primary, plane, tokens, dt, device):
         return "dequant", "CPU tensors and TRITON_INTERPRET unset (the Triton kernels run on CUDA)"
     if tokens == 0:
         return "dequant", "no tokens"
-    fp4 = isinstance(primary, NVFP4Weight)
-    if fp4 and _plane_row_len(primary, plane) % 2:
+    fmt = _formats.of(primary)
+    if fmt.packed and _plane_row_len(fmt, primary, plane) % 2:
         return "dequant", "NVFP4 plane with an odd row length (rows start inside a byte)"
     if cuda and _cc_major(device) < 8:
         return "dequant", "compute capability < 8.0 (Triton's bf16 tensor-core dot)"
@@ -390,7 +389,7 @@ def choose_path(op, primary, plane, tokens, dt, device):
         if forced == "fused" and dt == torch.float32:
             return "chunked", "float32 compute dtype (the fused kernel multiplies bf16/f16)"
         return forced, "forced"
-    path, why = _rule_path("nvfp4" if fp4 else "mxfp8", _GEMM_NAME[(op, plane)], primary.rows * primary.cols,
+    path, why = _rule_path(fmt.name, _GEMM_NAME[(op, plane)], primary.rows * primary.cols,
                            tokens)
     if path == "fused" and dt == torch.float32:
         return "chunked", "float32 compute dtype (the fused kernel multiplies bf16/f16)"
@@ -445,7 +444,7 @@ def linear_dgrad(gy, primary, plane, dt):
         return torch.matmul(gy, dequant(primary, plane, dt))
     if plan is None:
         plan = _plan(primary, plane, dt)
-    trans = plane == "col" and isinstance(primary, NVFP4Weight)  # the NVFP4 column plane is P = W^T
+    trans = plan.trans                            # the NVFP4 column plane is P = W^T
     if path == "fused":
         return _kernels().qgemm(gy.reshape(-1, N), plan.op, trans, dt).reshape(*gy.shape[:-1], K)
     # P = W^T: chunks of P's rows; P = W: of its columns; either way slices of gx's columns
