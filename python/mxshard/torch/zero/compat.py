@@ -33,7 +33,11 @@ ELEMENTWISE = tuple(getattr(torch.optim, n) for n in ("SGD", "Adam", "AdamW", "A
                                                        "Adagrad", "Adadelta", "RMSprop", "ASGD", "Rprop")
                     if hasattr(torch.optim, n))
 
-_DCP_STATE_DICT = "torch.distributed.checkpoint.state_dict"
+# torch.distributed.checkpoint's state_dict helpers, and dcp.save / dcp.load, which call a Stateful's
+# state_dict() / load_state_dict() (an optimizer is one): from either, ShardedOptimizer's rank-local
+# dict would be taken for replicated (DCP keeps one rank's copy of a plain tensor)
+_DCP_MODULES = ("torch.distributed.checkpoint.state_dict", "torch.distributed.checkpoint.state_dict_saver",
+                "torch.distributed.checkpoint.state_dict_loader")
 
 # added to an exception of optimizer_factory (Muon refuses 1-D parameters, for one)
 FACTORY_NOTE = ("ShardedOptimizer: optimizer_factory raised. It is given param groups of flat 1-D fp32 views of the "
@@ -71,12 +75,14 @@ def called_from_dcp_state_dict(depth=8):
     """True when one of the `depth` callers of our caller is in
     torch.distributed.checkpoint.state_dict (its get_state_dict initialises an
     optimizer's state by calling step() with zero gradients, then reads
-    state_dict() in torch.optim's form)."""
+    state_dict() in torch.optim's form), or in dcp.save / dcp.load (they call a
+    Stateful's state_dict(): this rank's shards, which DCP would take for a
+    replicated tensor and keep from one rank only)."""
     f = sys._getframe(2)
     for _ in range(depth):
         if f is None:
             return False
-        if f.f_globals.get("__name__") == _DCP_STATE_DICT:
+        if f.f_globals.get("__name__") in _DCP_MODULES:
             return True
         f = f.f_back
     return False
@@ -84,10 +90,11 @@ def called_from_dcp_state_dict(depth=8):
 
 def dcp_error():
     return NotImplementedError(
-        "ShardedOptimizer does not work with torch.distributed.checkpoint.state_dict (get_state_dict, "
-        "set_state_dict, get_optimizer_state_dict, set_optimizer_state_dict): the inner optimizer's parameters are "
-        "shards of the fp32 masters, not the model's parameters, so DCP cannot name them. Use "
-        "mxt.save_checkpoint(path, model, opt) / mxt.load_checkpoint(path, model, opt) (DCP underneath, any DP size)")
+        "Use mxt.save_checkpoint(path, model, opt) / mxt.load_checkpoint(path, model, opt) for a ShardedOptimizer "
+        "(DCP underneath, any DP size). torch.distributed.checkpoint.state_dict's helpers (get_state_dict, "
+        "set_state_dict, get_optimizer_state_dict, set_optimizer_state_dict) and dcp.save / dcp.load of the optimizer "
+        "do not work with it: the inner optimizer's parameters are shards of the fp32 masters, not the model's "
+        "parameters, so DCP cannot name them, and its state_dict() is this rank's part only")
 
 
 def plan_mismatch(rank, diff):

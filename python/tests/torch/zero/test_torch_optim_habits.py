@@ -12,6 +12,9 @@ import copy
 import gc
 import warnings
 
+import os
+import tempfile
+
 import pytest
 
 from conftest import gloo_or_skip
@@ -184,6 +187,17 @@ def test_dcp_state_dict_helpers_raise_naming_save_checkpoint(C, HC):
     with pytest.raises(NotImplementedError, match="mxt.load_checkpoint"):
         set_state_dict(m, o, model_state_dict=m.state_dict(), optim_state_dict={"state": {}, "param_groups": []})
     assert o.steps == 2
+    # dcp.save / dcp.load of the optimizer (a Stateful): its state_dict() is this rank's shards, which
+    # DCP would keep from one rank only; both raise before writing or reading anything
+    import torch.distributed.checkpoint as dcp
+    with tempfile.TemporaryDirectory() as d:
+        before = HC.snapshot(m, o)
+        with pytest.raises(NotImplementedError, match="mxt.save_checkpoint"):
+            dcp.save({"optim": o}, checkpoint_id=d)
+        assert not os.listdir(d)
+        with pytest.raises(NotImplementedError, match="mxt.load_checkpoint"):
+            dcp.load({"optim": o}, checkpoint_id=d)
+        assert not HC.same(before, HC.snapshot(m, o)), "dcp.save / dcp.load changed the optimizer"
 
 
 def test_inner_optimizer_must_be_elementwise(C):
