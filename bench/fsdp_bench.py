@@ -281,6 +281,7 @@ def _step_variant(variant, args, dev, tok, n_linears, rows):
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rank, world = dist.get_rank(), dist.get_world_size()
+    gc.collect()   # the previous variant's model and optimizer (reference cycles) before this one's peak
     if cuda:
         torch.cuda.empty_cache()
     cstats0 = _compile_stats() if args.compile else None

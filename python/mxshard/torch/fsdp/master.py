@@ -27,6 +27,7 @@ recomputed when either moved (units.WeightUnit, FSDPGroup.refresh).
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -61,16 +62,31 @@ class QuantSpec(NamedTuple):
 class WeightMeta:
     """Identity of one converted weight, shared by every tensor derived from its master (views,
     FSDP2's padded shard, device copies): its spec, its qualified name, the full [rows, cols]
-    shape, and the FSDPGroup of the model (None until convert() made one)."""
+    shape, and the FSDPGroup of the model (None until convert() made one, or once the model's
+    converted linears are gone).
 
-    __slots__ = ("spec", "name", "rows", "cols", "group", "writes", "_hash")
+    The group is held weakly: the converted linears hold it (module._group), and a strong
+    reference from here would close a cycle through tensor subclasses (module -> its DTensor
+    weight -> the QuantMaster -> this meta -> the group -> the module) that Python's collector
+    cannot break: a model under fully_shard was never freed."""
+
+    __slots__ = ("spec", "name", "rows", "cols", "_group", "writes", "_hash")
 
     def __init__(self, spec, name, rows, cols, group=None):
-        self.spec, self.name, self.rows, self.cols, self.group = spec, name, rows, cols, group
+        self.spec, self.name, self.rows, self.cols = spec, name, rows, cols
+        self.group = group
         # in-place writes through any QuantMaster of this weight: `.data` hands out an alias with
         # a version counter of its own, so the inner tensor's _version alone misses its writes
         self.writes = 0
         self._hash = hash(self._key())   # (a dict key on the gather path: hashed once)
+
+    @property
+    def group(self):
+        return self._group() if self._group is not None else None
+
+    @group.setter
+    def group(self, g):
+        self._group = weakref.ref(g) if g is not None else None
 
     def __repr__(self):
         return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"

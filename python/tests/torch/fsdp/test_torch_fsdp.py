@@ -73,6 +73,12 @@ def test_torch_compile_of_each_block_under_fsdp2_has_no_graph_break_and_equals_e
             assert r["same_losses"] and not r["differ"] and r["falls"], o
 
 
+def test_a_dropped_fsdp2_model_is_freed(phase_a):
+    """A converted model under fully_shard, after a step, is freed once dropped (it never was)."""
+    out = H.case_results(phase_a, "freed", (2,))
+    assert all(o["alive"] == 0 for o in out.values()), out
+
+
 def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "failure", (2,))
     assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised", "policy": "raised"}, out

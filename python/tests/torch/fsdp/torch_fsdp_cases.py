@@ -573,6 +573,22 @@ def case_meta(rank, world):
     return {"checked": len(seen)}
 
 
+def case_freed(rank, world):
+    """A converted model under fully_shard is freed once dropped (a garbage collection): its
+    weights' metadata hold the model's FSDPGroup weakly (a strong reference closed a cycle through
+    the tensor subclasses that the collector could not break, and every model stayed alive)."""
+    import gc
+    import weakref
+    m = shard_all(build())
+    o = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    loss_of(m, MODULES, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    o.step()
+    refs = [weakref.ref(m), weakref.ref(m.a)]
+    del m, o
+    gc.collect()
+    return {"alive": sum(r() is not None for r in refs)}
+
+
 def only_at(world_needed, case):
     """`case` at one world size; the other groups of the same plan skip it."""
     def run(rank, world, **kw):
@@ -585,7 +601,8 @@ def plan_a(root):
     return [("exact", "exact", {}), ("exact_sgd", "exact", {"opt": "sgd", "steps": 2}),
             ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
             ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {}),
-            ("export", "export@2", {"root": root}), ("meta", "meta", {}), ("compile", "compile@2", {})]
+            ("export", "export@2", {"root": root}), ("meta", "meta", {}), ("compile", "compile@2", {}),
+            ("freed", "freed@2", {})]
 
 
 def plan_b(root):
@@ -598,7 +615,7 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "features@2": only_at(2, case_features), "failure@2": only_at(2, case_failure),
          "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save),
          "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export), "meta": case_meta,
-         "compile@2": only_at(2, case_compile)}
+         "compile@2": only_at(2, case_compile), "freed@2": only_at(2, case_freed)}
 
 
 def worker(rank, world, port, q, plan=None):
