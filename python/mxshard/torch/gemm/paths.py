@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import weakref
 
 import torch
@@ -280,7 +279,7 @@ class _Plan:
         op = self.op
         amax = primary.amax.reshape(-1) if op.fp4 else None
         data, scale = _bytes(ts[0]), _bytes(ts[1])
-        self.op = dataclasses.replace(op, data=data, scale=scale, amax=amax if op.fp4 else scale, spec=())
+        self.op = op.bound(data, scale, amax if op.fp4 else scale)
         for c in self._chunks:
             for _, _, launch in c or ():
                 launch.rebind(self.op)

@@ -427,6 +427,23 @@ def test_plans_are_kept_per_primary_and_rebound_when_its_tensors_change():
     assert len(_gemm._plans) == n - 1                                             # no reference kept
 
 
+def test_a_bound_operand_is_the_operand_of_the_new_tensors():
+    """PlaneOperand.bound (the rebind's fast copy) equals the operand built from the new tensors,
+    its specialisation key included, for aligned and unaligned tensors of both formats."""
+    k = _gemm._kernels()
+    if k is None:
+        pytest.skip("Triton is not available")
+    for w, plane in ((mx_weight(130, 96, "both", "padded", 31), "col"), (mx_weight(64, 64, "row", "swizzled", 32), "row")):
+        op = _gemm.plane_operand(w, plane)
+        for shift in (0, 1):   # an unaligned view changes the data's part of the key
+            data = torch.zeros(op.data.numel() + 1, dtype=torch.uint8, device=op.data.device)[shift:shift + op.data.numel()]
+            b = op.bound(data, op.scale.clone(), op.amax)
+            ref = k.PlaneOperand(**{f: getattr(b, f) for f in ("data", "scale", "amax", "R", "C", "fp4", "block",
+                                                               "scale_c", "swizzled", "s_m", "s_k", "s_kp")})
+            assert b == ref and b.spec == ref.spec and b.data is data, (plane, shift)
+            assert op.data is not data   # the original is untouched
+
+
 def test_several_chunks_give_the_product():
     # 128-row chunks (the smallest) of 300 x 260 weights: every chunk loop, every format and plane
     _gemm.set_rule(chunk_bytes=128 * 300 * 2)
