@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* tools/demo.h - what the CPU demo (demo.c), its CUDA/NCCL backend
- * (demo_cuda.c) and its NVFP4 run (demo_nvfp4.c) share: options, the
- * Llama-style bucket, formatting. */
+ * (demo_cuda.c) and its NVFP4 run (demo_nvfp4.c) share: options, and
+ * demo_common.c's Llama-style bucket and formatting. */
 #ifndef MXSHARD_TOOLS_DEMO_H
 #define MXSHARD_TOOLS_DEMO_H
 
