@@ -61,17 +61,7 @@ done
 
 if [ "${MXS_BUILDTIME_ONLY:-0}" != 1 ]; then
   # the programs of the cuda suite (tests/cuda, examples): the ninja targets among the tests' commands
-  tests=$(cd "$b" && meson introspect --tests . | python3 -c '
-import json, os, subprocess, sys
-targets = {l.split(":")[0] for l in subprocess.run(["ninja", "-t", "targets", "all"], capture_output=True,
-                                                   text=True).stdout.splitlines()}
-b = os.getcwd()
-for t in json.load(sys.stdin):
-    if "cuda" in (s.split(":")[-1] for s in t["suite"]):
-        for c in t["cmd"]:
-            c = os.path.relpath(c, b) if os.path.isabs(c) else c
-            if c in targets:
-                print(c)')
+  tests=$(bash scripts/cuda-suite-programs.sh "$b")
   # shellcheck disable=SC2086
   step build-rest ninja -C "$b" -j "$jobs" $tests bench/cuda_bench
   step suite-cuda meson test -C "$b" --suite cuda --no-rebuild --print-errorlogs --num-processes 1

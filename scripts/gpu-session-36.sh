@@ -52,17 +52,7 @@ if [ "${1:-}" = --stage ]; then
           --buildtype=release || exit 1
       fi
       # the programs of the cuda suite (tests/cuda, examples): the ninja targets among the tests' commands
-      tests=$(cd "$b" && meson introspect --tests . | python3 -c '
-import json, os, subprocess, sys
-targets = {l.split(":")[0] for l in subprocess.run(["ninja", "-t", "targets", "all"], capture_output=True,
-                                                   text=True).stdout.splitlines()}
-b = os.getcwd()
-for t in json.load(sys.stdin):
-    if "cuda" in (s.split(":")[-1] for s in t["suite"]):
-        for c in t["cmd"]:
-            c = os.path.relpath(c, b) if os.path.isabs(c) else c
-            if c in targets:
-                print(c)')
+      tests=$(bash scripts/cuda-suite-programs.sh "$b")
       [ -n "$tests" ] || { echo "no cuda suite programs found in $b"; exit 1; }
       # shellcheck disable=SC2086
       ninja -C "$b" -j "$(nproc)" $tests bench/cuda_bench bench/nvfp4_bench ;;
