@@ -72,14 +72,19 @@ def torch_or_skip():
     return torch
 
 
-def torch_lib_or_skip():
-    """torch and libmxshard_host, else skip (with the reason)."""
-    torch = torch_or_skip()
+def host_lib_or_skip(module_level=False):
+    """libmxshard_host, else skip (with the reason); module_level=True: the whole test file."""
     import mxshard
     try:
         mxshard.library_info()
     except mxshard.LibraryNotFoundError as e:
-        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+        pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}", allow_module_level=module_level)
+
+
+def torch_lib_or_skip():
+    """torch and libmxshard_host, else skip (with the reason)."""
+    torch = torch_or_skip()
+    host_lib_or_skip()
     return torch
 
 
@@ -90,11 +95,7 @@ def gloo_or_skip(host_lib=False):
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
     if host_lib:
-        import mxshard
-        try:
-            mxshard.library_info()
-        except mxshard.LibraryNotFoundError as e:
-            pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}")
+        host_lib_or_skip()
     return torch
 
 

@@ -14,10 +14,9 @@ pytest.importorskip("safetensors", reason="safetensors is not installed (pip ins
 
 import mxshard  # noqa: E402
 
-try:
-    mxshard.host_version()
-except mxshard.LibraryNotFoundError as e:  # pragma: no cover - depends on the machine
-    pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}", allow_module_level=True)
+from conftest import host_lib_or_skip  # noqa: E402
+
+host_lib_or_skip(module_level=True)
 
 import safetensors.torch as st  # noqa: E402
 import torch.nn as nn  # noqa: E402

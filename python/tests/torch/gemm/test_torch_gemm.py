@@ -45,10 +45,9 @@ pytest.importorskip("triton", reason="Triton is not installed (the fused GEMM pa
 
 import mxshard  # noqa: E402
 
-try:
-    mxshard.host_version()
-except mxshard.LibraryNotFoundError as e:  # pragma: no cover - depends on the machine
-    pytest.skip(f"libmxshard_host not found: {str(e).splitlines()[0]}", allow_module_level=True)
+from conftest import host_lib_or_skip  # noqa: E402
+
+host_lib_or_skip(module_level=True)
 
 from mxshard.torch.gemm import paths as _gemm  # noqa: E402
 
