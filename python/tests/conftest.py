@@ -109,3 +109,15 @@ def cuda_or_skip():
     except mxshard.LibraryNotFoundError as e:
         pytest.skip(f"libmxshard_cuda not found: {str(e).splitlines()[0]}")
     return torch
+
+
+def raises_untouched(m, f, exc, match):
+    """f() raises exc (message matching `match`) and leaves module m's parameter and buffer storage
+    and its ShardedOptimizer gradient hooks as they were (a refused construction writes nothing)."""
+    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
+    bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
+    with pytest.raises(exc, match=match):
+        f()
+    assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
+    assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs
+    assert all(getattr(mod, "_mxs_grad_hook", None) is None for mod in m.modules())

@@ -9,7 +9,7 @@ within DEADLINE (its process is killed), it never blocks the run."""
 import pytest
 
 import torch_harness as H
-from conftest import gloo_or_skip
+from conftest import gloo_or_skip, raises_untouched
 
 WORLDS = (2, 3)
 DEADLINE = 90  # seconds for all groups; a hang fails the tests (children killed), never blocks CI
@@ -129,39 +129,30 @@ def test_bad_input_raises_before_anything():
     def adam(g):
         return torch.optim.AdamW(g, lr=1e-3)
 
-    def untouched(m, f, exc, match):
-        ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
-        bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
-        with pytest.raises(exc, match=match):
-            f()
-        assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
-        assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs
-        for mod in m.modules():
-            assert getattr(mod, "_mxs_grad_hook", None) is None
     m = C.build_model()
     m.extra = nn.Parameter(torch.zeros(3, device="meta"))
-    untouched(m, lambda: ShardedOptimizer(m, adam), ValueError, "several devices")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam), ValueError, "several devices")
     m = C.build_model(extra_dense=torch.zeros(4, dtype=torch.float64))
-    untouched(m, lambda: ShardedOptimizer(m, adam), TypeError, "float64")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam), TypeError, "float64")
     m = C.build_model()
-    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.a, m.ln.weight]},
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.a, m.ln.weight]},
                                                                   {"params": [m.ln.weight]}]),
               ValueError, "ln.weight is listed in group 0 and in group 1")
-    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["a", m.a]}]), ValueError, "twice")
-    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.frozen]}]), ValueError,
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["a", m.a]}]), ValueError, "twice")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.frozen]}]), ValueError,
               "not a trainable item")
-    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [nn.Parameter(torch.zeros(2))]}]),
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [nn.Parameter(torch.zeros(2))]}]),
               ValueError, "not a trainable item")
-    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["nope"]}]), ValueError, "'nope'")
-    untouched(m, lambda: ShardedOptimizer(m, adam, param_groups={"params": []}), TypeError, "list of dicts")
-    untouched(m, lambda: ShardedOptimizer(m, adam, bucket_size=0), ValueError, "bucket_size")
-    untouched(m, lambda: ShardedOptimizer(m, adam, grad_reduce="avg"), ValueError, "grad_reduce")
-    untouched(m, lambda: ShardedOptimizer(m, adam, round_through="fp8"), ValueError, "round_through")
-    untouched(m, lambda: ShardedOptimizer(m, adam, max_grad_norm=-1.0), ValueError, "max_grad_norm")
-    untouched(m, lambda: ShardedOptimizer(m, adam, rounding="up"), ValueError, "rounding")
-    untouched(m, lambda: ShardedOptimizer(m, lambda g: torch.optim.AdamW([torch.zeros(2, requires_grad=True)])),
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["nope"]}]), ValueError, "'nope'")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups={"params": []}), TypeError, "list of dicts")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, bucket_size=0), ValueError, "bucket_size")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, grad_reduce="avg"), ValueError, "grad_reduce")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, round_through="fp8"), ValueError, "round_through")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, max_grad_norm=-1.0), ValueError, "max_grad_norm")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, rounding="up"), ValueError, "rounding")
+    raises_untouched(m, lambda: ShardedOptimizer(m, lambda g: torch.optim.AdamW([torch.zeros(2, requires_grad=True)])),
               ValueError, "exactly the param groups")
-    untouched(m, lambda: ShardedOptimizer(m, lambda g: object()), TypeError, "not a torch.optim.Optimizer")
+    raises_untouched(m, lambda: ShardedOptimizer(m, lambda g: object()), TypeError, "not a torch.optim.Optimizer")
     with pytest.raises(ValueError, match="empty model"):
         ShardedOptimizer(nn.Module(), adam)
     frozen = nn.Linear(3, 3).requires_grad_(False)

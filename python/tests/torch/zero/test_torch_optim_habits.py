@@ -10,14 +10,13 @@ buffers; a failed construction leaves nothing alive. The same across gloo
 ranks: test_torch_optim.py (torch_optim_habit_cases)."""
 import copy
 import gc
-import warnings
-
 import os
 import tempfile
+import warnings
 
 import pytest
 
-from conftest import gloo_or_skip
+from conftest import gloo_or_skip, raises_untouched
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +39,6 @@ def _adamw(g):
     import torch
     return torch.optim.AdamW(g, lr=1e-2, weight_decay=0.1)
 
-
-def _untouched(m, f, exc, match):
-    """f() raises exc (message matching) and leaves the model's storage and hooks as they were."""
-    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
-    bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
-    with pytest.raises(exc, match=match):
-        f()
-    assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
-    assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs
-    assert all(getattr(mod, "_mxs_grad_hook", None) is None for mod in m.modules())
 
 
 def test_is_a_torch_optimizer_sharing_the_inner_groups_and_state(C):
@@ -207,7 +196,7 @@ def test_inner_optimizer_must_be_elementwise(C):
     bad = [torch.optim.LBFGS, torch.optim.SparseAdam] + \
         [getattr(torch.optim, n) for n in ("Adafactor",) if hasattr(torch.optim, n)]
     for cls in bad:
-        _untouched(m, lambda: ShardedOptimizer(m, lambda g: cls(g, lr=1e-2)), TypeError,
+        raises_untouched(m, lambda: ShardedOptimizer(m, lambda g: cls(g, lr=1e-2)), TypeError,
                    f"inner optimizer {cls.__name__} is not known to be elementwise")
     if hasattr(torch.optim, "Muon"):  # refuses 1-D parameters itself: its error gets a note saying why
         with pytest.raises(ValueError) as e:
@@ -270,9 +259,9 @@ def test_grad_dtype(C, HC):
         assert o._buckets[0].grad.dtype == gd and all(v.grad is None for v in o._views) == (gd != torch.float32)
     assert torch.equal(masters[0], masters[1])
     m = C.build_model()
-    _untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.float16), ValueError, "grad_dtype")
+    raises_untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.float16), ValueError, "grad_dtype")
     if torch.bfloat16 not in getattr(MXFP8Linear, "MAIN_GRAD_DTYPES", (torch.float32,)):
-        _untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.bfloat16), ValueError,
+        raises_untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.bfloat16), ValueError,
                    "grad_dtype=torch.float32")
     else:  # the linear accumulates into bf16: a real backward through it steps
         mlp = C.MLP("padded")
