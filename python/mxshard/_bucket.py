@@ -18,6 +18,7 @@ import numpy as np
 from . import _arrays as A
 from . import _lib as L
 from . import collectives as C
+from ._plumbing import current_stream
 
 __all__ = ["BucketBase", "Storage", "gkey", "build_then_setup", "item_shard", "add_region", "merged_regions",
            "run_group_protocol"]
@@ -163,6 +164,10 @@ class BucketBase:
 
     def __enter__(self):
         return self
+
+    def _stream(self):
+        """torch's current stream on this bucket's CUDA device (the raw handle)."""
+        return current_stream(self._tdev)
 
     def __exit__(self, *exc):
         self.close()

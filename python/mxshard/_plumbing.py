@@ -58,11 +58,16 @@ def ptr(x):
 
 
 def current_stream(device):
-    """torch's current CUDA stream of `device` ('cuda:N' or 'cuda'), as a c_void_p value (the
-    raw handle torch keeps per device: no Stream object, a few µs less per library call)."""
+    """torch's current CUDA stream of `device` ('cuda:N', 'cuda' or a torch.device), as a c_void_p
+    value (the raw handle torch keeps per device: no Stream object, a few µs less per library
+    call)."""
     t = A.torch_mod()
-    _, _, index = device.partition(":")
-    return t._C._cuda_getCurrentRawStream(int(index) if index else t.cuda.current_device())
+    if isinstance(device, str):
+        _, _, i = device.partition(":")
+        index = int(i) if i else None
+    else:
+        index = device.index
+    return t._C._cuda_getCurrentRawStream(index if index is not None else t.cuda.current_device())
 
 
 # ---- the argument checks of the whole-tensor operations (either format) ---------

@@ -264,11 +264,6 @@ class NVFP4BucketWriteback(BucketBase):
         if self._closed:
             raise ValueError("NVFP4BucketWriteback: closed")
 
-    def _stream(self):
-        t = A.torch_mod()
-        i = self._tdev.index
-        return t._C._cuda_getCurrentRawStream(i if i is not None else t.cuda.current_device())   # (torch's raw handle)
-
     def _mark_failed(self):
         """Zero the packed buffer, every byte of the status entry 1."""
         if self.is_cuda:

@@ -195,9 +195,6 @@ class BucketWriteback(BucketBase):
 
     # ---- the protocol -------------------------------------------------------
 
-    def _stream(self):
-        return A.torch_mod()._C._cuda_getCurrentRawStream(self._tdev.index)   # (torch's raw handle)
-
     def _mark_failed(self):
         """Zero the packed buffer, status byte 1 (this rank failed)."""
         if self.is_torch:
@@ -300,7 +297,7 @@ class BucketWriteback(BucketBase):
             if self._tdev.index != t.cuda.current_device():
                 with t.cuda.device(self._tdev):
                     return self.run(group, gather, error)
-            stream = t.cuda.current_stream(self._tdev).cuda_stream
+            stream = self._stream()
         run_group_protocol(self, group, gather, "BucketWriteback", lambda: self._partial_or(stream, error),
                             lambda: self._apply_open(stream))
 
