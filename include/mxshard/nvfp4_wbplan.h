@@ -166,26 +166,59 @@ MXS_HD void mxs__nvfp4_entry_raise(void *packed, int64_t w, int64_t i, float a) 
         ((uint32_t *)packed)[i] = v;
 }
 
-/* Entries of item `index`'s block regions (a checked shape): rows *
- * ceil(cols/16) and cols*ceil(rows/16) for 1x16 (present planes only),
- * ceil(rows/16) * ceil(cols/16) for 16x16. The running index *at (n_items
- * for the first item: the tensor amaxes come first) advances past them. */
+/* The NVFP4 rule of mxs_wb_region's table (writeback.h), for a checked shape
+ * (rows, cols >= 1, rows*cols in int64: no product below can overflow):
+ * 16x16 blocks give the tiles, whichever the plane (both planes share them);
+ * 1x16 blocks the plane's COMPACT scale order, entry (m, k) at m*K + k with
+ * (m, k) = (r, k) row-wise and (c, g) column-wise. */
+MXS_HD mxs_wb_region mxs__nvfp4_wb_region(int64_t rows, int64_t cols, mxs_dirs plane, mxs_nvfp4_block block) {
+    const int64_t kr = mxs_ceil_div(cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(rows, MXS_NVFP4_BLOCK);
+    const int tiles = block == MXS_NVFP4_16X16, col = !tiles && plane == MXS_COLWISE;
+    mxs_wb_region g;
+    g.height = tiles || col ? MXS_NVFP4_BLOCK : 1;
+    g.block_rows = tiles || col ? kc : rows;
+    g.per_row = col ? cols : kr;
+    g.row_step = col ? 1 : kr;
+    g.col_step = col ? kc : 1;
+    return g;
+}
+
+/* The region of an NVFP4 weight's `plane` (MXS_ROWWISE or MXS_COLWISE)
+ * entries for `block`: with MXS_NVFP4_16X16 the tiles for either plane.
+ * MXS_ERR_INVALID_ARGUMENT for a NULL out, a bad plane or block,
+ * MXS_ERR_SHAPE, MXS_ERR_OVERFLOW (rows*cols beyond int64). */
+MXS_NODISCARD MXS_HD mxs_status mxs_nvfp4_wb_region_make(int64_t rows, int64_t cols, mxs_dirs plane,
+                                                         mxs_nvfp4_block block, mxs_wb_region *out) {
+    int64_t n;
+    if (!out || !mxs_plane_valid((int)plane) || !mxs_nvfp4_block_valid((int)block)) return MXS_ERR_INVALID_ARGUMENT;
+    if (rows < 1 || cols < 1) return MXS_ERR_SHAPE;
+    if (!mxs_mul_ok(rows, cols, &n)) return MXS_ERR_OVERFLOW;
+    *out = mxs__nvfp4_wb_region(rows, cols, plane, block);
+    return MXS_OK;
+}
+
+/* Where item `index`'s block regions start (a checked shape): row-wise then
+ * column-wise blocks for 1x16 (present planes only), the tiles for 16x16;
+ * each region is mxs__nvfp4_wb_region's block_rows * per_row entries. The
+ * running index *at (n_items for the first item: the tensor amaxes come
+ * first) advances past them. */
 MXS_HD void mxs__nvfp4_packed_slot(const mxs_nvfp4_tensor *t, int64_t index, int64_t *at, mxs_nvfp4_wb_slot *s) {
-    const int64_t kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
+    const mxs_wb_region rg = mxs__nvfp4_wb_region(t->rows, t->cols, MXS_ROWWISE, t->block);
+    const mxs_wb_region cg = mxs__nvfp4_wb_region(t->rows, t->cols, MXS_COLWISE, t->block);
     s->row_entry = s->col_entry = s->tile_entry = -1;
     s->amax_entry = index;
     if (t->block == MXS_NVFP4_16X16) {
         s->tile_entry = *at;
-        *at += kc * kr;
+        *at += rg.block_rows * rg.per_row;
         return;
     }
     if (t->dirs & MXS_ROWWISE) {
         s->row_entry = *at;
-        *at += t->rows * kr;
+        *at += rg.block_rows * rg.per_row;
     }
     if (t->dirs & MXS_COLWISE) {
         s->col_entry = *at;
-        *at += t->cols * kc;
+        *at += cg.block_rows * cg.per_row;
     }
 }
 

@@ -106,8 +106,11 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
     float x[MXS__NVFP4_WB_COLS], erow[MXS__NVFP4_WB_COLS], ecol[MXS__NVFP4_WB_COLS];
     const mxs_nvfp4_tensor *t = &it->primary;
     const int64_t rows = t->rows, cols = t->cols, start = it->start, end = it->start + it->len;
-    const int64_t kr = mxs_ceil_div(cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(rows, MXS_NVFP4_BLOCK);
+    /* the entries: row-wise blocks or tiles (rg, from row_first), column-wise blocks (cg) */
+    const mxs_wb_region rg = mxs__nvfp4_wb_region(rows, cols, MXS_ROWWISE, t->block);
+    const mxs_wb_region cg = mxs__nvfp4_wb_region(rows, cols, MXS_COLWISE, t->block);
     const int two_d = t->block == MXS_NVFP4_16X16;
+    const int64_t row_first = two_d ? sl->tile_entry : sl->row_entry;
     uint8_t *const row_out = it->row_fragment ? it->row_fragment : t->row_data;
     uint8_t *const col_out = it->stage_fragment ? it->stage_fragment : it->col_stage;
     const int64_t row_base = it->row_fragment ? start : 0, col_base = it->stage_fragment ? start : 0;
@@ -122,11 +125,12 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
             const int64_t nc = cols - cc < MXS__NVFP4_WB_COLS ? cols - cc : MXS__NVFP4_WB_COLS;
             if (apply && do_col && !two_d) /* 16x1 blocks (c, g) of this pass */
                 for (j = 0; j < nc; j++)
-                    ecol[j] = mxs__nvfp4_wb_mult(packed, w, sl->col_entry + (cc + j) * kc + g, s_enc);
+                    ecol[j] = mxs__nvfp4_wb_mult(packed, w, sl->col_entry + mxs_wb_region_entry(&cg, g, cc + j), s_enc);
             for (r = r0; r < r1; r++) {
                 mxs_range seg = mxs_shard_row_cols(cols, r, start, it->len);
                 const int64_t lo = seg.first > cc ? seg.first : cc;
                 const int64_t hi = seg.first + seg.count < cc + nc ? seg.first + seg.count : cc + nc;
+                const int64_t rb = r / rg.height; /* r's block row: r, or its tile row g */
                 int64_t n = hi - lo, k0, k1, k;
                 if (n <= 0) continue;
                 mxs__host_load(x, it->master, it->master_dtype, r * cols + lo - start, n, rt);
@@ -136,7 +140,7 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
                     const int64_t a = k * MXS_NVFP4_BLOCK > lo ? k * MXS_NVFP4_BLOCK : lo;
                     const int64_t bnd =
                         k * MXS_NVFP4_BLOCK + MXS_NVFP4_BLOCK < hi ? k * MXS_NVFP4_BLOCK + MXS_NVFP4_BLOCK : hi;
-                    const int64_t ent = two_d ? sl->tile_entry + g * kr + k : sl->row_entry + r * kr + k;
+                    const int64_t ent = row_first + mxs_wb_region_entry(&rg, rb, k);
                     if (!apply) {
                         if (two_d || do_row)
                             mxs__nvfp4_entry_raise(packed, w, ent, mxs__nvfp4_amax_run(x + (a - lo), 1, bnd - a));
@@ -148,7 +152,7 @@ MXS_PRIVATE void mxs__nvfp4_wb_walk(const mxs_nvfp4_wb_item *it, mxs_dtype rt, v
                 if (!apply) {
                     if (!two_d && (t->dirs & MXS_COLWISE))
                         for (j = 0; j < n; j++)
-                            mxs__nvfp4_entry_raise(packed, w, sl->col_entry + (lo + j) * kc + g,
+                            mxs__nvfp4_entry_raise(packed, w, sl->col_entry + mxs_wb_region_entry(&cg, g, lo + j),
                                                    mxs_amax_step(0.0f, x[j])); /* |x|, NaN -> 0 */
                     continue;
                 }
@@ -205,6 +209,8 @@ MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs
         const mxs_nvfp4_wb_item *it = &b->items[i];
         const mxs_nvfp4_tensor *t = &it->primary;
         const int64_t kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK), kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
+        const mxs_wb_region rg = mxs__nvfp4_wb_region(t->rows, t->cols, MXS_ROWWISE, t->block);
+        const mxs_wb_region cg = mxs__nvfp4_wb_region(t->rows, t->cols, MXS_COLWISE, t->block);
         mxs_scale_geom gr, gc;
         mxs_nvfp4_wb_slot sl;
         float amax, s_enc;
@@ -222,7 +228,7 @@ MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs
         if (sl.tile_entry >= 0) { /* one scale per tile, repeated over its rows in both planes */
             for (m = 0; m < kc; m++)
                 for (k = 0; k < kr; k++) {
-                    uint8_t sc = mxs__nvfp4_wb_scale(packed, w, sl.tile_entry + m * kr + k, s_enc);
+                    uint8_t sc = mxs__nvfp4_wb_scale(packed, w, sl.tile_entry + mxs_wb_region_entry(&rg, m, k), s_enc);
                     if (t->dirs & MXS_ROWWISE)
                         for (q = m * MXS_NVFP4_BLOCK; q < t->rows && q < (m + 1) * MXS_NVFP4_BLOCK; q++)
                             t->row_scale[mxs_scale_geom_offset(&gr, q, k)] = sc;
@@ -235,12 +241,12 @@ MXS_PRIVATE void mxs__nvfp4_wb_host_apply(const mxs_nvfp4_wb_batch *b, const mxs
             for (m = 0; m < t->rows; m++)
                 for (k = 0; k < kr; k++)
                     t->row_scale[mxs_scale_geom_offset(&gr, m, k)] =
-                        mxs__nvfp4_wb_scale(packed, w, sl.row_entry + m * kr + k, s_enc);
+                        mxs__nvfp4_wb_scale(packed, w, sl.row_entry + mxs_wb_region_entry(&rg, m, k), s_enc);
         if (sl.col_entry >= 0)
             for (m = 0; m < t->cols; m++)
                 for (k = 0; k < kc; k++)
                     t->col_scale[mxs_scale_geom_offset(&gc, m, k)] =
-                        mxs__nvfp4_wb_scale(packed, w, sl.col_entry + m * kc + k, s_enc);
+                        mxs__nvfp4_wb_scale(packed, w, sl.col_entry + mxs_wb_region_entry(&cg, k, m), s_enc);
         if (it->len > 0) mxs__nvfp4_wb_walk(it, b->round_through, (void *)(uintptr_t)packed, w, &sl, 1, s_enc);
     }
 }

@@ -190,6 +190,31 @@ MXS_HD int mxs_layout_valid(int layout) {
 MXS_HD int mxs_rounding_valid(int r) { return r == MXS_ROUND_CEIL || r == MXS_ROUND_FLOOR; }
 MXS_HD int mxs_plane_valid(int plane) { return plane == MXS_ROWWISE || plane == MXS_COLWISE; }
 
+/* Shape of one scale plane as an outer x inner row-major array, as
+ * Transformer Engine allocates it (the offsets of mxs_scale_geom_offset):
+ *
+ *   plane         COMPACT   PADDED, SWIZZLED
+ *   row-wise      M x K     Mp x Kp
+ *   column-wise   K x M     Kp x Mp     (stored k-major: ceil(rows/32) x cols compact)
+ *
+ * (SWIZZLED has the PADDED shape: the same Mp*Kp bytes in 128x4 tiles.)
+ * MXS_ERR_INVALID_ARGUMENT for a NULL output or a bad plane / layout,
+ * MXS_ERR_SHAPE, MXS_ERR_OVERFLOW (rows*cols or the plane beyond int64). */
+MXS_NODISCARD MXS_HD mxs_status mxs_scale_shape(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout layout,
+                                                int64_t *outer, int64_t *inner) {
+    mxs_scale_geom g;
+    int64_t n, m_len, k_len;
+    if (!outer || !inner || !mxs_plane_valid((int)plane) || !mxs_layout_valid((int)layout))
+        return MXS_ERR_INVALID_ARGUMENT;
+    if (rows < 1 || cols < 1) return MXS_ERR_SHAPE;
+    if (!mxs_mul_ok(rows, cols, &n) || !mxs_scale_geom_make(rows, cols, plane, layout, &g)) return MXS_ERR_OVERFLOW;
+    m_len = layout == MXS_SCALES_COMPACT ? g.M : g.Mp;
+    k_len = layout == MXS_SCALES_COMPACT ? g.K : g.Kp;
+    *outer = g.colwise ? k_len : m_len;
+    *inner = g.colwise ? m_len : k_len;
+    return MXS_OK;
+}
+
 /* Checks shape, flags, layout and sizes (not pointers): rows, cols >= 1,
  * rows*cols and every scale plane fit in int64, dirs is a non-empty subset of
  * MXS_BOTH. */

@@ -104,6 +104,59 @@ typedef struct mxs_wb_slot {
     int64_t row_offset, col_offset;
 } mxs_wb_slot;
 
+/* ---- where a block's entry sits (docs/contract.md 4.2 and 9.8) ---------------
+ *
+ * A weight's entries in a packed buffer form regions (MXFP8: one per plane;
+ * NVFP4: one per plane, or one of 16x16 tiles for both planes), each starting
+ * at the plan's slot. A region views the weight's blocks as block rows: block
+ * row b covers the weight's rows [b*height, (b+1)*height), and block (b, j)
+ * is its j-th block - a block column for row-wise blocks and tiles, a column
+ * for column-wise blocks. Block (b, j)'s entry is the region's entry
+ * b*row_step + j*col_step (mxs_wb_region_entry):
+ *
+ *   region           height  block_rows     per_row        row_step       col_step
+ *   MXFP8 row-wise        1  rows           ceil(cols/32)  ceil(cols/32)  1
+ *   MXFP8 col-wise       32  ceil(rows/32)  cols           cols           1
+ *   NVFP4 row-wise        1  rows           ceil(cols/16)  ceil(cols/16)  1
+ *   NVFP4 col-wise       16  ceil(rows/16)  cols           1              ceil(rows/16)
+ *   NVFP4 16x16 tiles    16  ceil(rows/16)  ceil(cols/16)  ceil(cols/16)  1
+ *
+ * That is each plane's COMPACT scale order (mxs_scale_geom_offset: MXFP8's
+ * column-wise plane is k-major, NVFP4's is the row-wise plane of the
+ * transpose) and the tiles row-major. A region holds block_rows * per_row
+ * entries. mxs_wb_region_make (below) and mxs_nvfp4_wb_region_make
+ * (nvfp4_wbplan.h) give the region of a shape. */
+typedef struct mxs_wb_region {
+    int64_t height;     /* weight rows per block row: 1, 16 or 32 */
+    int64_t block_rows; /* ceil(rows / height) */
+    int64_t per_row;    /* blocks per block row */
+    int64_t row_step;   /* entries from block (b, j) to block (b+1, j) */
+    int64_t col_step;   /* entries from block (b, j) to block (b, j+1) */
+} mxs_wb_region;
+
+/* The entry of block (b, j), 0 <= b < block_rows and 0 <= j < per_row,
+ * counted from the region's first. */
+MXS_HD int64_t mxs_wb_region_entry(const mxs_wb_region *g, int64_t b, int64_t j) {
+    return b * g->row_step + j * g->col_step;
+}
+
+/* The region of an MXFP8 weight's `plane` exponents (MXS_ROWWISE or
+ * MXS_COLWISE): the COMPACT plane, entry (r, k) at r*K + k row-wise and
+ * (g, c) at g*cols + c column-wise. MXS_ERR_INVALID_ARGUMENT for a NULL out
+ * or a bad plane, MXS_ERR_SHAPE, MXS_ERR_OVERFLOW (rows*cols beyond int64). */
+MXS_NODISCARD MXS_HD mxs_status mxs_wb_region_make(int64_t rows, int64_t cols, mxs_dirs plane, mxs_wb_region *out) {
+    int64_t n;
+    if (!out || !mxs_plane_valid((int)plane)) return MXS_ERR_INVALID_ARGUMENT;
+    if (rows < 1 || cols < 1) return MXS_ERR_SHAPE;
+    if (!mxs_mul_ok(rows, cols, &n)) return MXS_ERR_OVERFLOW;
+    out->height = plane == MXS_COLWISE ? MXS_BLOCK : 1;
+    out->block_rows = plane == MXS_COLWISE ? mxs_col_groups(rows) : rows;
+    out->per_row = plane == MXS_COLWISE ? cols : mxs_row_blocks_per_row(cols);
+    out->row_step = out->per_row;
+    out->col_step = 1;
+    return MXS_OK;
+}
+
 /* 64-bit FNV-1a over a value's 8 little-endian bytes. */
 MXS_HD uint64_t mxs__fnv_u64(uint64_t h, uint64_t v) {
     int k;

@@ -6,6 +6,7 @@ torch is never imported by this module: a torch tensor can only exist when
 the caller imported torch already, so sys.modules tells."""
 from __future__ import annotations
 
+import ctypes
 import sys
 
 import numpy as np
@@ -206,27 +207,35 @@ def round_through_code(x):
     return dtype_code(x, "round_through")
 
 
-# ---- geometry (mirrors tensor.h; for shapes and allocation only) ------------
-
-def ceil_div(a, b):
-    return -(-a // b)
-
-
-def round_up(a, b):
-    return ceil_div(a, b) * b
-
+# ---- geometry: the C library's rules (tensor.h, writeback.h) -----------------
 
 def scale_shape(rows, cols, plane, layout):
     """The 2-D shape of a scale plane, as Transformer Engine allocates it
-    (PADDED) and as COMPACT stores it. SWIZZLED has the PADDED shape (same
-    bytes, 128x4-tile order)."""
-    plane = dirs_code(plane, allow_both=False)
-    layout = layout_code(layout)
-    if plane == L.ROWWISE:
-        M, K = rows, ceil_div(cols, L.BLOCK)
-        return (M, K) if layout == L.COMPACT else (round_up(M, 128), round_up(K, 4))
-    M, K = cols, ceil_div(rows, L.BLOCK)  # stored K-major: [K][M]
-    return (K, M) if layout == L.COMPACT else (round_up(K, 4), round_up(M, 128))
+    (PADDED) and as COMPACT stores it: [M, K] row-wise, the k-major [K, M]
+    column-wise (mxs_scale_shape). SWIZZLED has the PADDED shape (same bytes,
+    128x4-tile order)."""
+    rows, cols = check_shape(rows, cols)
+    outer, inner = ctypes.c_int64(), ctypes.c_int64()
+    L.check(L.host_lib().scale_shape(rows, cols, dirs_code(plane, allow_both=False), layout_code(layout),
+                                     ctypes.byref(outer), ctypes.byref(inner)), "mxs_scale_shape")
+    return (outer.value, inner.value)
+
+
+def region_tuple(region):
+    """A WbRegion as (height, block_rows, per_row, row_step, col_step)."""
+    return (region.height, region.block_rows, region.per_row, region.row_step, region.col_step)
+
+
+def wb_region(rows, cols, plane):
+    """Where an MXFP8 weight's `plane` exponents sit in a writeback's packed
+    buffer, from the plan's slot (mxs_wb_region_make): (height, block_rows,
+    per_row, row_step, col_step); block (b, j) - block row b of `height`
+    weight rows, its j-th block - is at b*row_step + j*col_step."""
+    rows, cols = check_shape(rows, cols)
+    out = L.WbRegion()
+    L.check(L.host_lib().wb_region(rows, cols, dirs_code(plane, allow_both=False), ctypes.byref(out)),
+            "mxs_wb_region_make")
+    return region_tuple(out)
 
 
 def check_shape(rows, cols):
@@ -235,4 +244,9 @@ def check_shape(rows, cols):
             raise TypeError(f"{n} must be an int, got {type(v).__name__}")
         if v < 1:
             raise ValueError(f"{n} must be >= 1, got {v}")
+        if v > _INT64_MAX:  # ctypes would wrap it silently
+            raise ValueError(f"{n} must fit in int64, got {v}")
     return int(rows), int(cols)
+
+
+_INT64_MAX = (1 << 63) - 1

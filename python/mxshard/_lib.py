@@ -28,7 +28,7 @@ import threading
 
 __all__ = [
     "MxsError", "RemoteError", "LibraryNotFoundError", "host_lib", "cuda_lib", "bundle_info",
-    "Tensor", "WbItem", "WbBatch", "WbPlan", "WbSlot", "status_error", "check",
+    "Tensor", "WbItem", "WbBatch", "WbPlan", "WbSlot", "WbRegion", "status_error", "check",
 ]
 
 # ---- enums (include/mxshard/*.h) ------------------------------------------
@@ -99,6 +99,18 @@ class WbSlot(ctypes.Structure):
     _fields_ = [("row_offset", ctypes.c_int64), ("col_offset", ctypes.c_int64)]
 
 
+class WbRegion(ctypes.Structure):
+    """struct mxs_wb_region (writeback.h): where a weight's block entries sit in a packed
+    buffer, from its slot: block (b, j) at b*row_step + j*col_step (MXFP8 and NVFP4)."""
+    _fields_ = [
+        ("height", ctypes.c_int64),
+        ("block_rows", ctypes.c_int64),
+        ("per_row", ctypes.c_int64),
+        ("row_step", ctypes.c_int64),
+        ("col_step", ctypes.c_int64),
+    ]
+
+
 # which -> (ctypes value computed here) for mxs_host_struct_size(which)
 def _layout_facts():
     return {
@@ -108,6 +120,7 @@ def _layout_facts():
         3: ctypes.sizeof(WbPlan),
         4: ctypes.sizeof(WbSlot),
         5: ctypes.sizeof(ctypes.c_int),
+        6: ctypes.sizeof(WbRegion),
         10: WbItem.master.offset,
         11: WbItem.start.offset,
         12: WbItem.row_fragment.offset,
@@ -315,6 +328,7 @@ def _load(what, env_file, names, pkgs, note=""):
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
+_PI64 = ctypes.POINTER(ctypes.c_int64)
 _INT = ctypes.c_int
 
 
@@ -343,6 +357,8 @@ class _Host:
         self.dequantize = _proto(L, "mxs_host_dequantize", _INT, [ctypes.POINTER(Tensor), _INT, _P, _INT])
         self.convert_scales = _proto(L, "mxs_host_convert_scales", _INT, [_I64, _I64, _INT, _INT, _P, _INT, _P])
         self.scale_bytes = _proto(L, "mxs_scale_bytes", _I64, [ctypes.POINTER(Tensor), _INT])
+        self.scale_shape = _proto(L, "mxs_host_scale_shape", _INT, [_I64, _I64, _INT, _INT, _PI64, _PI64])
+        self.wb_region = _proto(L, "mxs_host_wb_region", _INT, [_I64, _I64, _INT, ctypes.POINTER(WbRegion)])
         self.make_plan = _proto(L, "mxs_wb_make_plan", _INT,
                                 [ctypes.POINTER(WbBatch), ctypes.POINTER(WbPlan), ctypes.POINTER(WbSlot)])
         self.wb_partial = _proto(L, "mxs_host_wb_partial", _INT, [ctypes.POINTER(WbBatch), ctypes.POINTER(WbPlan), _P])
@@ -569,6 +585,9 @@ class _Nvfp4Host:
         self.data_bytes = _proto(L, "mxs_nvfp4_data_bytes", _I64, [T])
         self.scale_bytes = _proto(L, "mxs_nvfp4_scale_bytes", _I64, [T, _INT])
         self.storage_bytes = _proto(L, "mxs_nvfp4_storage_bytes", _I64, [T])
+        self.scale_shape = _proto(L, "mxs_host_nvfp4_scale_shape", _INT, [_I64, _I64, _INT, _INT, _PI64, _PI64])
+        self.wb_region = _proto(L, "mxs_host_nvfp4_wb_region", _INT,
+                                [_I64, _I64, _INT, _INT, ctypes.POINTER(WbRegion)])
         self.quantize = _proto(L, "mxs_host_nvfp4_quantize", _INT, [T, _P, _INT, _INT])
         self.dequantize = _proto(L, "mxs_host_nvfp4_dequantize", _INT, [T, _INT, _P, _INT])
         self.convert_scales = _proto(L, "mxs_host_nvfp4_convert_scales", _INT,

@@ -23,8 +23,10 @@ its planes. Callers ask the object; nobody compares format strings.
 
 The values are immutable, equal by name, hashable and pickle as a lookup of
 their name (an unpickled value is the very object). Their geometry methods
-are small pure functions of integers; the byte counts of a whole plane come
-from the C library through the weight classes.
+are small pure functions of integers; scale-plane shapes and where a block's
+packed entry sits come from the C library (mxs_scale_shape,
+mxs_nvfp4_scale_shape, mxs_wb_region_make, mxs_nvfp4_wb_region_make), the
+byte counts of a whole plane through the weight classes.
 
 This module sits above both formats' modules (it imports them; none of them
 imports it) and below mxshard.torch.
@@ -146,9 +148,10 @@ class Format:
 
     def regions(self, rows, cols, planes="row", block=None):
         """The weight's packed regions of a bucket writeback, in the order the C plan lays them
-        out: [(region, block height, block rows, entries per block row, stride)]. An entry j of
-        block row b sits at the region's slot offset + b*step + j*stride, step = per when stride
-        is 1, else 1 (contract 4.2 and 9.8; the slot offsets are the plan's, slot_offsets)."""
+        out: [(region, block height, block rows, entries per block row, row step, column step)],
+        from the C library (mxs_wb_region_make, mxs_nvfp4_wb_region_make). Block j of block row b
+        sits at the region's slot offset + b*row_step + j*col_step (contract 4.2 and 9.8; the slot
+        offsets are the plan's, slot_offsets)."""
         raise NotImplementedError
 
     def amax_entries(self, world):
@@ -223,6 +226,12 @@ def _planes(planes):
     return ("row", "col") if planes == "both" else ("row",)
 
 
+def _region(name, geometry):
+    """(name, height, block_rows, per_row, row_step, col_step): a region's name before the C
+    library's geometry of it (_arrays.wb_region, nvfp4.nvfp4_wb_region)."""
+    return (name, *geometry)
+
+
 class _Conversion:
     """Format.scale_conversion of a format without a prepared call: run() is its checked
     convert function `fn` with the arguments given once."""
@@ -268,10 +277,7 @@ class _MXFP8(Format):
         return length
 
     def regions(self, rows, cols, planes="row", block=None):
-        out = [("row", 1, rows, A.ceil_div(cols, self.block_elems), 1)]
-        if planes == "both":
-            out.append(("col", self.block_elems, A.ceil_div(rows, self.block_elems), cols, 1))
-        return out
+        return [_region(p, A.wb_region(rows, cols, p)) for p in _planes(planes)]
 
     def slot_offsets(self, wb, world):
         (row_off, col_off), = wb.slots()
@@ -354,13 +360,9 @@ class _NVFP4(Format):
         return _nv.nvfp4_fragment_bytes(start, length)
 
     def regions(self, rows, cols, planes="row", block=None):
-        h = self.block_elems
-        if block == "16x16":
-            return [("tile", h, A.ceil_div(rows, h), A.ceil_div(cols, h), 1)]
-        out = [("row", 1, rows, A.ceil_div(cols, h), 1)]
-        if planes == "both":
-            out.append(("col", h, A.ceil_div(rows, h), cols, A.ceil_div(rows, h)))
-        return out
+        if block == "16x16":   # one region of tiles for both planes
+            return [_region("tile", _nv.nvfp4_wb_region(rows, cols, "row", "16x16"))]
+        return [_region(p, _nv.nvfp4_wb_region(rows, cols, p)) for p in _planes(planes)]
 
     def amax_entries(self, world):
         return 1 if world > 1 else 0

@@ -47,17 +47,31 @@ def _block_code(b):
     raise ValueError(f"block: {b!r} is not '1x16' or '16x16'")
 
 
-# ---- geometry: allocation shapes (the byte counts come from the C library) ----
+# ---- geometry: allocation shapes and packed entries (the C library's rules) ----
 
 def nvfp4_scale_shape(rows, cols, plane, layout):
     """The 2-D shape of an NVFP4 scale plane: [M, K] (compact) or
     [round_up(M,128), round_up(K,4)] (padded, swizzled), with M = rows,
     K = ceil(cols/16) row-wise and M = cols, K = ceil(rows/16) column-wise
-    (the row-wise plane of the transpose, as TE allocates it)."""
+    (the row-wise plane of the transpose, as TE allocates it;
+    mxs_nvfp4_scale_shape)."""
     rows, cols = A.check_shape(rows, cols)
-    p = A.dirs_code(plane, allow_both=False)
-    M, K = (rows, A.ceil_div(cols, L.NVFP4_BLOCK)) if p == L.ROWWISE else (cols, A.ceil_div(rows, L.NVFP4_BLOCK))
-    return (M, K) if A.layout_code(layout) == L.COMPACT else (A.round_up(M, 128), A.round_up(K, 4))
+    outer, inner = ctypes.c_int64(), ctypes.c_int64()
+    L.check(L.nvfp4_host().scale_shape(rows, cols, A.dirs_code(plane, allow_both=False), A.layout_code(layout),
+                                       ctypes.byref(outer), ctypes.byref(inner)), "mxs_nvfp4_scale_shape")
+    return (outer.value, inner.value)
+
+
+def nvfp4_wb_region(rows, cols, plane, block="1x16"):
+    """Where an NVFP4 weight's `plane` block amaxes sit in a writeback's packed
+    buffer, from the plan's slot (mxs_nvfp4_wb_region_make; 16x16: the tiles,
+    for either plane): (height, block_rows, per_row, row_step, col_step), block
+    (b, j) at b*row_step + j*col_step."""
+    rows, cols = A.check_shape(rows, cols)
+    out = L.WbRegion()
+    L.check(L.nvfp4_host().wb_region(rows, cols, A.dirs_code(plane, allow_both=False), _block_code(block),
+                                     ctypes.byref(out)), "mxs_nvfp4_wb_region_make")
+    return A.region_tuple(out)
 
 
 def nvfp4_data_shape(rows, cols, plane):

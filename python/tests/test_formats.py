@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: MIT
 """mxshard.formats: a format is a value. Its geometry equals the rules the
-FSDP2 unit worked out with string branches (kept below, verbatim in meaning,
-as the reference), it pickles to the very object, and the package has no two
-modules importing each other. Runs without torch."""
+FSDP2 unit worked out with string branches and the scale shapes the package
+worked out in Python (kept below, verbatim in meaning, as the reference: the
+package now asks the C library for both), its packed regions say where the C
+writeback puts each block's entry, it pickles to the very object, and the
+package has no two modules importing each other. Runs without torch."""
 import ast
 import math
 import pathlib
@@ -14,7 +16,6 @@ import numpy as np
 import pytest
 
 import mxshard
-from mxshard import _arrays as A
 from mxshard import formats as F
 from mxshard import fsdp_geometry as G
 from mxshard.formats import MXFP8, NVFP4
@@ -27,17 +28,25 @@ PKG = pathlib.Path(mxshard.__file__).parent
 Spec = namedtuple("Spec", "format planes layout block")
 
 
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _rup(a, b):
+    return _cdiv(a, b) * b
+
+
 def _ref_regions(spec, rows, cols):
     if spec.format == "mxfp8":
-        out = [("row", 1, rows, A.ceil_div(cols, 32), 1)]
+        out = [("row", 1, rows, _cdiv(cols, 32), _cdiv(cols, 32), 1)]
         if spec.planes == "both":
-            out.append(("col", 32, A.ceil_div(rows, 32), cols, 1))
+            out.append(("col", 32, _cdiv(rows, 32), cols, cols, 1))
         return out
     if spec.block == "16x16":
-        return [("tile", 16, A.ceil_div(rows, 16), A.ceil_div(cols, 16), 1)]
-    out = [("row", 1, rows, A.ceil_div(cols, 16), 1)]
+        return [("tile", 16, _cdiv(rows, 16), _cdiv(cols, 16), _cdiv(cols, 16), 1)]
+    out = [("row", 1, rows, _cdiv(cols, 16), _cdiv(cols, 16), 1)]
     if spec.planes == "both":
-        out.append(("col", 16, A.ceil_div(rows, 16), cols, A.ceil_div(rows, 16)))
+        out.append(("col", 16, _cdiv(rows, 16), cols, 1, _cdiv(rows, 16)))
     return out
 
 
@@ -56,9 +65,12 @@ def _ref_block_height(fmt, plane, block=None):
 
 
 def _ref_scale_shape(spec, rows, cols, plane, layout):
-    if spec.format == "mxfp8":
-        return A.scale_shape(rows, cols, plane, layout)
-    return mxshard.nvfp4_scale_shape(rows, cols, plane, layout)
+    """[M, K] (padded [round_up(M,128), round_up(K,4)]); MXFP8's column plane k-major [K, M]."""
+    n = 32 if spec.format == "mxfp8" else 16
+    M, K = (rows, _cdiv(cols, n)) if plane == "row" else (cols, _cdiv(rows, n))
+    if layout != "compact":
+        M, K = _rup(M, 128), _rup(K, 4)
+    return (K, M) if spec.format == "mxfp8" and plane == "col" else (M, K)
 
 
 def _ref_window_unit(spec, rows, cols, plane):
@@ -139,6 +151,76 @@ def test_geometry_equals_the_branches_it_replaces():
                 else:
                     with pytest.raises(NotImplementedError, match="odd number of elements"):
                         fmt.check_shards(rows, cols, world, "w")
+
+
+def test_scale_shapes_are_the_librarys_on_random_shapes():
+    """The library's scale shapes (mxs_scale_shape, mxs_nvfp4_scale_shape) are the formulas the
+    package used to work out itself, for every plane and layout; 64-bit shapes included."""
+    for rows, cols in _shapes(150, seed=35) + [(1 << 20, 1 << 20), (3, (1 << 40) + 5)]:
+        for fmt in F.ALL:
+            spec = Spec(fmt.name, "both", None, None)
+            for plane in ("row", "col"):
+                for layout in ("compact", "padded", "swizzled"):
+                    assert fmt.scale_shape(rows, cols, plane, layout) == _ref_scale_shape(spec, rows, cols, plane,
+                                                                                          layout), (rows, cols)
+    assert mxshard.scale_shape(33, 65, "col", "padded") == (4, 128)
+    assert mxshard.nvfp4_scale_shape(33, 65, "col", "padded") == (128, 4)
+
+
+def test_geometry_of_no_shape_plane_or_layout_is_an_error():
+    for fmt in F.ALL:
+        with pytest.raises(ValueError, match="rows must be >= 1"):
+            fmt.scale_shape(0, 5, "row", "compact")
+        with pytest.raises(ValueError, match="not 'row', 'col' or 'both'"):
+            fmt.scale_shape(5, 5, "diagonal", "compact")
+        with pytest.raises(ValueError, match="one plane"):
+            fmt.scale_shape(5, 5, "both", "compact")
+        with pytest.raises(ValueError, match="not 'compact', 'padded' or 'swizzled'"):
+            fmt.scale_shape(5, 5, "row", "tiled")
+        with pytest.raises(ValueError, match="cols must be >= 1"):
+            fmt.regions(5, 0)
+        with pytest.raises(mxshard.SizeOverflowError):
+            fmt.regions(1 << 62, 3)
+        with pytest.raises(ValueError, match="fit in int64"):   # not wrapped by ctypes
+            fmt.scale_shape(1 << 63, 3, "row", "compact")
+
+
+def _block_values(fmt, x, region, h, nbr, per, rounding="ceil"):
+    """[nbr, per]: what the C writeback's partial writes for block (b, j) of a region of the
+    [rows, cols] weight x (one rank holding all of it): MXFP8 the block's E8M0 exponent (the
+    COMPACT scale of a quantize), NVFP4 its amax as f32 bits."""
+    rows, cols = x.shape
+    if fmt is MXFP8:
+        q = MXFP8.empty(rows, cols, planes="both", layout="compact")
+        MXFP8.quantize(q, x, rounding=rounding)
+        return q.row_scale if region == "row" else q.col_scale
+    width = 1 if region == "col" else 16   # a column's 16x1 blocks; 1x16 blocks and 16x16 tiles
+    padded = np.zeros((nbr * h, per * width), np.float32)
+    padded[:rows, :cols] = np.abs(x)
+    return padded.reshape(nbr, h, per, width).max(axis=(1, 3)).view(np.uint32)
+
+
+def test_a_regions_entry_is_where_the_writeback_puts_that_blocks_value():
+    """Block j of block row b at slot + b*row_step + j*col_step (regions' rule, as the FSDP2 unit
+    reads it) holds block (b, j)'s value after the C writeback's
+    partial, on random shapes with 1-element dimensions and non-multiples of the block."""
+    rng = np.random.default_rng(34)
+    for rows, cols in _shapes(16, seed=36):
+        # a wide exponent spread: neighbouring blocks hold different exponents and amaxes
+        x = (rng.standard_normal((rows, cols)) * 2.0 ** rng.integers(-40, 40, (rows, cols))).astype(np.float32)
+        for spec in (s for s in _specs() if s.layout == "compact"):
+            fmt = F.get(spec.format)
+            w = fmt.empty(rows, cols, planes=spec.planes, layout="compact", block=spec.block)
+            wb = fmt.writeback([(w, x.reshape(-1), 0)], **({} if fmt is MXFP8 else {"round_through": None}))
+            wb.partial()
+            entries = wb.packed if fmt is MXFP8 else wb.packed.view(np.uint32)   # 4-byte entries: f32 amaxes
+            offs, amax = fmt.slot_offsets(wb, 1)
+            assert amax is None
+            for region, h, nbr, per, row_step, col_step in fmt.regions(rows, cols, spec.planes, spec.block):
+                at = offs[region] + np.arange(nbr)[:, None] * row_step + np.arange(per)[None, :] * col_step
+                want = _block_values(fmt, x, region, h, nbr, per)
+                assert np.array_equal(entries[at], want), (spec, rows, cols, region)
+            wb.close()
 
 
 def test_plane_byte_counts_are_the_libraries():

@@ -23,6 +23,7 @@ MXS__HOST_EXPORT int mxs_host_version(void) {
  * check its own layout at load time. `which`:
  *   0 mxs_tensor   1 mxs_wb_item   2 mxs_wb_batch   3 mxs_wb_plan
  *   4 mxs_wb_slot  5 sizeof(enum)  (mxs_status, mxs_dtype, ...)
+ *   6 mxs_wb_region
  *  10 offsetof(mxs_wb_item, master)         11 offsetof(mxs_wb_item, start)
  *  12 offsetof(mxs_wb_item, row_fragment)   13 offsetof(mxs_wb_batch, rounding)
  *  14 offsetof(mxs_wb_plan, fingerprint)    15 offsetof(mxs_tensor, row_data)
@@ -47,6 +48,7 @@ MXS__HOST_EXPORT size_t mxs_host_struct_size(int which) {
     case 3: return sizeof(mxs_wb_plan);
     case 4: return sizeof(mxs_wb_slot);
     case 5: return sizeof(mxs_status);
+    case 6: return sizeof(mxs_wb_region);
     case 10: return offsetof(mxs_wb_item, master);
     case 11: return offsetof(mxs_wb_item, start);
     case 12: return offsetof(mxs_wb_item, row_fragment);
@@ -73,4 +75,39 @@ MXS__HOST_EXPORT size_t mxs_host_struct_size(int which) {
     case 40: return offsetof(mxs_nvfp4_wb_plan, local_hash);
     default: return 0;
     }
+}
+
+/* The geometry rules that are MXS_HOST_DEVICE in the headers (static inline,
+ * so shared with the kernels but no symbol of their own), exported under
+ * mxs_host_* names for FFI users: the Python package asks these instead of
+ * working the shapes and the packed layout out again. */
+
+/* mxs_scale_shape (tensor.h). */
+MXS__HOST_EXPORT mxs_status mxs_host_scale_shape(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout layout,
+                                                 int64_t *outer, int64_t *inner);
+MXS__HOST_EXPORT mxs_status mxs_host_scale_shape(int64_t rows, int64_t cols, mxs_dirs plane, mxs_scale_layout layout,
+                                                 int64_t *outer, int64_t *inner) {
+    return mxs_scale_shape(rows, cols, plane, layout, outer, inner);
+}
+
+/* mxs_nvfp4_scale_shape (nvfp4.h). */
+MXS__HOST_EXPORT mxs_status mxs_host_nvfp4_scale_shape(int64_t rows, int64_t cols, mxs_dirs plane,
+                                                       mxs_scale_layout layout, int64_t *outer, int64_t *inner);
+MXS__HOST_EXPORT mxs_status mxs_host_nvfp4_scale_shape(int64_t rows, int64_t cols, mxs_dirs plane,
+                                                       mxs_scale_layout layout, int64_t *outer, int64_t *inner) {
+    return mxs_nvfp4_scale_shape(rows, cols, plane, layout, outer, inner);
+}
+
+/* mxs_wb_region_make (writeback.h). */
+MXS__HOST_EXPORT mxs_status mxs_host_wb_region(int64_t rows, int64_t cols, mxs_dirs plane, mxs_wb_region *out);
+MXS__HOST_EXPORT mxs_status mxs_host_wb_region(int64_t rows, int64_t cols, mxs_dirs plane, mxs_wb_region *out) {
+    return mxs_wb_region_make(rows, cols, plane, out);
+}
+
+/* mxs_nvfp4_wb_region_make (nvfp4_wbplan.h). */
+MXS__HOST_EXPORT mxs_status mxs_host_nvfp4_wb_region(int64_t rows, int64_t cols, mxs_dirs plane, mxs_nvfp4_block block,
+                                                     mxs_wb_region *out);
+MXS__HOST_EXPORT mxs_status mxs_host_nvfp4_wb_region(int64_t rows, int64_t cols, mxs_dirs plane, mxs_nvfp4_block block,
+                                                     mxs_wb_region *out) {
+    return mxs_nvfp4_wb_region_make(rows, cols, plane, block, out);
 }

@@ -87,6 +87,101 @@ Test(nvfp4_writeback, packed_layout_slots_and_fingerprint) {
     one_free(&o);
 }
 
+/* The amax of the weight's rows [r0, r1) x cols [c0, c1) (f32 master). */
+static float block_amax(const float *x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    float a = 0.0f;
+    int64_t r, c;
+    for (r = r0; r < r1; r++)
+        for (c = c0; c < c1; c++) a = fabsf(x[r * cols + c]) > a ? fabsf(x[r * cols + c]) : a;
+    return a;
+}
+
+/* docs/contract.md section 9.8: block (b, j) of a region - block row b of
+ * `height` weight rows, its j-th block: a 1x16 block column, a column (16x1
+ * blocks) or a tile column - holds that block's amax at the region's entry
+ * b*row_step + j*col_step (mxs_wb_region_entry): the COMPACT scale order of
+ * its plane ((r, k) at r*ceil(cols/16) + k, (c, g) at c*ceil(rows/16) + g),
+ * the tiles row-major. The regions fill the buffer between the tensor amax
+ * and the status entry. One rank, the whole weight as its shard, random
+ * shapes with 1-element dimensions and non-multiples of 16. */
+Test(nvfp4_writeback, region_entry_of_a_block_holds_that_blocks_amax) {
+    static const int64_t dims[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 48, 49};
+    t_rng rng = t_rng_seed(34);
+    int iter, p;
+    for (iter = 0; iter < 120; iter++) {
+        const int64_t rows = iter & 2 ? dims[t_below(&rng, 12)] : t_between(&rng, 1, 90);
+        const int64_t cols = iter & 4 ? dims[t_below(&rng, 12)] : t_between(&rng, 1, 90);
+        const int block = iter & 1 ? MXS_NVFP4_16X16 : MXS_NVFP4_1X16;
+        const int64_t kr = (cols + 15) / 16, kc = (rows + 15) / 16;
+        int64_t i, filled = 0;
+        mxs_nvfp4_wb_plan plan;
+        mxs_nvfp4_wb_slot sl;
+        const uint32_t *entries;
+        float *x;
+        one o;
+        memset(&o, 0, sizeof o);
+        one_item(&o, 0, rows, cols, MXS_BOTH, block);
+        x = (float *)(void *)o.bufs[0][6]; /* the master: distinct amaxes per block */
+        for (i = 0; i < rows * cols; i++) x[i] = (float)t_between(&rng, -1000000, 1000000);
+        o.batch.items = o.items;
+        o.batch.n_items = 1;
+        o.batch.round_through = MXS_F32; /* 4-byte entries: the amax's f32 bits */
+        cr_assert_eq(mxs_nvfp4_wb_make_plan(&o.batch, &plan, &sl), MXS_OK);
+        o.packed = t_alloc((size_t)plan.packed_bytes);
+        cr_assert_eq(mxs_host_nvfp4_wb_partial(&o.batch, &plan, o.packed), MXS_OK);
+        entries = (const uint32_t *)(const void *)o.packed;
+        for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
+            const int tiles = block == MXS_NVFP4_16X16, col = !tiles && p == MXS_COLWISE;
+            const int64_t first = tiles ? sl.tile_entry : col ? sl.col_entry : sl.row_entry;
+            mxs_wb_region g;
+            int64_t b, j;
+            cr_assert_eq(mxs_nvfp4_wb_region_make(rows, cols, (mxs_dirs)p, (mxs_nvfp4_block)block, &g), MXS_OK);
+            cr_assert_eq(g.height, tiles || col ? 16 : 1);
+            cr_assert_eq(g.block_rows, tiles || col ? kc : rows, "%ldx%ld plane %d block %d", (long)rows, (long)cols, p,
+                         block);
+            cr_assert_eq(g.per_row, col ? cols : kr);
+            for (b = 0; b < g.block_rows; b++) {
+                const int64_t r0 = b * g.height, r1 = r0 + g.height < rows ? r0 + g.height : rows;
+                for (j = 0; j < g.per_row; j++) {
+                    const int64_t c0 = col ? j : 16 * j, c1 = col ? j + 1 : (c0 + 16 < cols ? c0 + 16 : cols);
+                    const int64_t at = first + mxs_wb_region_entry(&g, b, j);
+                    const int64_t want_at = first + (col ? j * kc + b : b * kr + j);
+                    if (at != want_at || entries[at] != mxs_f32_bits(block_amax(x, cols, r0, r1, c0, c1)))
+                        cr_assert_fail("%ldx%ld plane %d block %d: block (%ld, %ld) at entry %ld, holding %08x",
+                                       (long)rows, (long)cols, p, block, (long)b, (long)j, (long)at, entries[at]);
+                }
+            }
+            if (!tiles || p == MXS_ROWWISE) filled += g.block_rows * g.per_row; /* the tiles serve both planes */
+        }
+        cr_assert_eq(plan.packed_count, 1 + filled + 1, "the tensor amax, the regions, the status entry");
+        one_free(&o);
+    }
+}
+
+/* A region of no shape, plane or block is an error, and *out is left alone;
+ * a 16x16 weight has the one region of tiles for either plane. */
+Test(nvfp4_writeback, region_of_a_bad_shape_plane_or_block_is_an_error) {
+    mxs_wb_region g, h, before;
+    memset(&g, 0x5A, sizeof g);
+    before = g;
+    cr_assert_eq(mxs_nvfp4_wb_region_make(4, 4, MXS_ROWWISE, MXS_NVFP4_1X16, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(4, 4, MXS_BOTH, MXS_NVFP4_1X16, &g), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(4, 4, MXS_BOTH, MXS_NVFP4_16X16, &g), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(4, 4, MXS_ROWWISE, (mxs_nvfp4_block)2, &g), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(0, 4, MXS_ROWWISE, MXS_NVFP4_1X16, &g), MXS_ERR_SHAPE);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(4, 0, MXS_COLWISE, MXS_NVFP4_16X16, &g), MXS_ERR_SHAPE);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(INT64_MAX / 2, 3, MXS_ROWWISE, MXS_NVFP4_1X16, &g), MXS_ERR_OVERFLOW);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(3, INT64_MAX / 2, MXS_COLWISE, MXS_NVFP4_16X16, &g), MXS_ERR_OVERFLOW);
+    cr_assert_eq(memcmp(&g, &before, sizeof g), 0);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(33, 70, MXS_ROWWISE, MXS_NVFP4_16X16, &g), MXS_OK);
+    cr_assert_eq(mxs_nvfp4_wb_region_make(33, 70, MXS_COLWISE, MXS_NVFP4_16X16, &h), MXS_OK);
+    cr_assert_eq(memcmp(&g, &h, sizeof g), 0);
+    cr_assert(g.height == 16 && g.block_rows == 3 && g.per_row == 5 && g.row_step == 5 && g.col_step == 1);
+    /* 64-bit: a 2^40-element weight's last column block */
+    cr_assert_eq(mxs_nvfp4_wb_region_make((int64_t)1 << 20, (int64_t)1 << 20, MXS_COLWISE, MXS_NVFP4_1X16, &g), MXS_OK);
+    cr_assert_eq(mxs_wb_region_entry(&g, g.block_rows - 1, g.per_row - 1), ((int64_t)1 << 36) - 1);
+}
+
 /* ---- odd boundaries and the bucket helpers ------------------------------------ */
 
 Test(nvfp4_writeback, odd_shard_boundaries_are_rejected_before_any_write) {

@@ -95,6 +95,58 @@ Test(tensor, scale_geometry_is_the_spec_s_m_by_k_view) {
     }
 }
 
+/* docs/contract.md section 2.3: a plane's scales are allocated as S[M][K]
+ * row-wise and k-major, K x M, column-wise (ceil(rows/32) x cols compact);
+ * PADDED and SWIZZLED round M up to 128 and K to 4. */
+Test(tensor, scale_shape_is_m_by_k_row_wise_and_k_by_m_column_wise) {
+    t_rng rng = t_rng_seed(24);
+    int idx, l, p;
+    for (idx = 0; idx < 300; idx++) {
+        int64_t rows, cols;
+        shape_at(&rng, idx, &rows, &cols);
+        for (l = 0; l < 3; l++) {
+            for (p = 0; p < 2; p++) {
+                int64_t M, K, outer = -1, inner = -1;
+                ref_mk(rows, cols, planes[p], &M, &K);
+                if (layouts[l] != MXS_SCALES_COMPACT) {
+                    M = ref_rup(M, 128);
+                    K = ref_rup(K, 4);
+                }
+                cr_assert_eq(
+                    mxs_scale_shape(rows, cols, (mxs_dirs)planes[p], (mxs_scale_layout)layouts[l], &outer, &inner),
+                    MXS_OK);
+                cr_assert_eq(outer, planes[p] == MXS_ROWWISE ? M : K, "%ldx%ld layout %d plane %d", (long)rows,
+                             (long)cols, layouts[l], planes[p]);
+                cr_assert_eq(inner, planes[p] == MXS_ROWWISE ? K : M);
+                cr_assert_eq(outer * inner, ref_scale_bytes(rows, cols, planes[p], layouts[l]));
+            }
+        }
+    }
+}
+
+/* Bad arguments, no shape and sizes beyond int64 are errors that write
+ * nothing; 64-bit shapes are normal. */
+Test(tensor, scale_shape_of_a_bad_plane_layout_or_size_is_an_error) {
+    int64_t o = -7, i = -7;
+    cr_assert_eq(mxs_scale_shape(33, 65, MXS_ROWWISE, MXS_SCALES_COMPACT, NULL, &i), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_scale_shape(33, 65, MXS_ROWWISE, MXS_SCALES_COMPACT, &o, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_scale_shape(33, 65, MXS_BOTH, MXS_SCALES_COMPACT, &o, &i), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_scale_shape(33, 65, MXS_ROWWISE, (mxs_scale_layout)3, &o, &i), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_scale_shape(0, 65, MXS_ROWWISE, MXS_SCALES_PADDED, &o, &i), MXS_ERR_SHAPE);
+    cr_assert_eq(mxs_scale_shape(33, -1, MXS_COLWISE, MXS_SCALES_PADDED, &o, &i), MXS_ERR_SHAPE);
+    cr_assert_eq(mxs_scale_shape(INT64_MAX / 2, 3, MXS_ROWWISE, MXS_SCALES_COMPACT, &o, &i), MXS_ERR_OVERFLOW);
+    cr_assert_eq(mxs_scale_shape(INT64_MAX - 100, 1, MXS_ROWWISE, MXS_SCALES_COMPACT, &o, &i), MXS_ERR_OVERFLOW,
+                 "round_up(M, 128) overflows");
+    cr_assert_eq(mxs_scale_shape(1, INT64_MAX - 100, MXS_COLWISE, MXS_SCALES_PADDED, &o, &i), MXS_ERR_OVERFLOW);
+    cr_assert(o == -7 && i == -7, "nothing written");
+    cr_assert_eq(mxs_scale_shape(33, 65, MXS_COLWISE, MXS_SCALES_COMPACT, &o, &i), MXS_OK);
+    cr_assert(o == 2 && i == 65);
+    cr_assert_eq(mxs_scale_shape(33, 65, MXS_COLWISE, MXS_SCALES_SWIZZLED, &o, &i), MXS_OK);
+    cr_assert(o == 4 && i == 128);
+    cr_assert_eq(mxs_scale_shape(262144, 8192, MXS_ROWWISE, MXS_SCALES_SWIZZLED, &o, &i), MXS_OK);
+    cr_assert(o == 262144 && i == 256);
+}
+
 Test(tensor, scale_offset_is_the_spec_formula_in_every_layout) {
     t_rng rng = t_rng_seed(23);
     int idx, l, p;

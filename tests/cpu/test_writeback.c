@@ -103,6 +103,56 @@ Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {
     free(arena);
 }
 
+/* docs/contract.md section 4.2: a plane's region is its COMPACT exponents -
+ * block (b, j) of block row b (one row, or one 32-row group) is entry
+ * b*row_step + j*col_step: row block (r, k) at r*ceil(cols/32) + k, column
+ * block (g, c) at g*cols + c - and holds block_rows * per_row entries, the
+ * bytes the plan gives the plane. Random shapes: 1-element dimensions, block
+ * multiples and the sizes beside them. */
+Test(writeback, region_entry_of_a_block_is_its_compact_exponent_offset) {
+    static const int64_t dims[] = {1, 2, 31, 32, 33, 63, 64, 65, 95, 96, 97};
+    mxs_sim_rng rng = {34};
+    int iter, p;
+    for (iter = 0; iter < 400; iter++) {
+        const int64_t rows = iter & 1 ? dims[mxs_sim_range_i(&rng, 0, 10)] : mxs_sim_range_i(&rng, 1, 300);
+        const int64_t cols = iter & 2 ? dims[mxs_sim_range_i(&rng, 0, 10)] : mxs_sim_range_i(&rng, 1, 300);
+        const int64_t kr = (cols + 31) / 32, kc = (rows + 31) / 32;
+        for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
+            const int row = p == MXS_ROWWISE;
+            mxs_wb_region g;
+            int64_t b, j;
+            cr_assert_eq(mxs_wb_region_make(rows, cols, (mxs_dirs)p, &g), MXS_OK);
+            cr_assert_eq(g.height, row ? 1 : 32);
+            cr_assert_eq(g.block_rows, row ? rows : kc, "%ldx%ld plane %d", (long)rows, (long)cols, p);
+            cr_assert_eq(g.per_row, row ? kr : cols);
+            cr_assert_eq(g.block_rows * g.per_row, row ? rows * kr : kc * cols, "the plane's compact bytes");
+            for (b = 0; b < g.block_rows; b++)
+                for (j = 0; j < g.per_row; j++)
+                    if (mxs_wb_region_entry(&g, b, j) != (row ? b * kr + j : b * cols + j))
+                        cr_assert_fail("%ldx%ld plane %d: block (%ld, %ld) at entry %ld", (long)rows, (long)cols, p,
+                                       (long)b, (long)j, (long)mxs_wb_region_entry(&g, b, j));
+        }
+    }
+}
+
+/* A region of no shape is an error, and *out is left alone. */
+Test(writeback, region_of_a_bad_shape_or_plane_is_an_error) {
+    mxs_wb_region g, before;
+    memset(&g, 0x5A, sizeof g);
+    before = g;
+    cr_assert_eq(mxs_wb_region_make(4, 4, MXS_ROWWISE, NULL), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_wb_region_make(4, 4, MXS_BOTH, &g), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_wb_region_make(4, 4, (mxs_dirs)0, &g), MXS_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(mxs_wb_region_make(0, 4, MXS_ROWWISE, &g), MXS_ERR_SHAPE);
+    cr_assert_eq(mxs_wb_region_make(4, -1, MXS_COLWISE, &g), MXS_ERR_SHAPE);
+    cr_assert_eq(mxs_wb_region_make(INT64_MAX / 2, 3, MXS_ROWWISE, &g), MXS_ERR_OVERFLOW);
+    cr_assert_eq(mxs_wb_region_make(3, INT64_MAX / 2, MXS_COLWISE, &g), MXS_ERR_OVERFLOW);
+    cr_assert_eq(memcmp(&g, &before, sizeof g), 0);
+    /* 64-bit: a 2^40-element weight's last column block */
+    cr_assert_eq(mxs_wb_region_make((int64_t)1 << 20, (int64_t)1 << 20, MXS_COLWISE, &g), MXS_OK);
+    cr_assert_eq(mxs_wb_region_entry(&g, g.block_rows - 1, g.per_row - 1), ((int64_t)1 << 35) - 1);
+}
+
 /* Every rank computes the same plan from shapes and flags alone; a different
  * batch (shape, flags, count, rounding, round-through) changes the
  * fingerprint. */

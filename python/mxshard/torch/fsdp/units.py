@@ -51,7 +51,7 @@ def shared_entry_count(spec, rows, cols, world):
     computes the same number): NVFP4's tensor amax, and the cut blocks (all blocks when uneven)."""
     fmt = spec.fmt
     n = fmt.amax_entries(world)
-    for _, h, nbr, per, _ in fmt.regions(rows, cols, spec.planes, spec.block):
+    for _, h, nbr, per, _, _ in fmt.regions(rows, cols, spec.planes, spec.block):
         if not G.is_even(rows, world):
             n += nbr * per
         else:
@@ -163,12 +163,11 @@ class WeightUnit:
         spec, R, C = self.spec, self.rows, self.cols
         offs, amax = self.fmt.slot_offsets(self.wb, self.world)
         idx = [torch.tensor([amax])] if amax is not None else []
-        for region, h, nbr, per, stride in self.fmt.regions(R, C, spec.planes, spec.block):
+        for region, h, nbr, per, row_step, col_step in self.fmt.regions(R, C, spec.planes, spec.block):
             off = offs[region]
             rows_of_blocks = range(nbr) if not self.even else G.shared_block_rows(R, self.world, h)
-            step = per if stride == 1 else 1
             for b in rows_of_blocks:
-                idx.append(off + b * step + torch.arange(per) * stride)
+                idx.append(off + b * row_step + torch.arange(per) * col_step)
         pos = torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long)
         if pos.numel() != shared_entry_count(spec, R, C, self.world):
             raise AssertionError("mxshard: shared entry count differs from its geometry")
