@@ -98,8 +98,10 @@ for f in step-llama step-mlp step-llama-compiled step-llama-base; do
   [ -f "$out/$f.md" ] && { echo "--- $f"; grep -E '^\| (variant|fsdp)' "$out/$f.md"; }
 done
 # one archive of everything (the device tool brings back a few files per call)
-(cd "$out" && tar czf session-35.tgz --exclude session-35.tgz . && find . -type f ! -name session-35.tgz \
-  ! -name session-35.log ! -name 'step-*.md' -delete)
+# (packed outside $out: tar of a folder that the archive itself grows in fails "file changed as we read it")
+tgz=$(mktemp -d)/session-35.tgz
+(cd "$out" && tar czf "$tgz" . && mv "$tgz" . && find . -type f ! -name session-35.tgz ! -name session-35.log \
+  ! -name 'step-*.md' -delete)
 bad=0
 for s in "${order[@]}"; do case "${result[$s]}" in "rc 0"*) ;; *) bad=1 ;; esac; done
 exit $bad
