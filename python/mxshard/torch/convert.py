@@ -195,8 +195,9 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         if v == "dense":
             continue
         if uses.get(id(mod.weight), 0) > 1:
-            raise ValueError(f"convert: the weight of {mod_names[0] or '<root>'} is shared with another module "
-                             f"(tied); keep it dense (policy or skip)")
+            who = mod_names[0] or '<root>'
+            raise ValueError(f"convert: keep {who} dense (leave it out of the policy, or skip=[{who!r}]): its "
+                             f"weight is shared with another module (tied)")
         if _is_dtensor(mod.weight):
             raise ValueError(f"convert: call convert(model, ...) before fully_shard: {mod_names[0] or '<root>'}"
                              f".weight is already sharded (a DTensor)")

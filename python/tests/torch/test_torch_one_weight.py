@@ -354,3 +354,85 @@ def test_clip_grad_norm_under_sharded_optimizer_says_what_to_use():
             opt.close()
     a, b = run(False), run(True)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2]
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_assigning_weight_data_takes_effect_like_on_a_plain_linear(fmt, dtype):
+    """`weight.data = t` (Hugging Face's _init_weights idiom: trunc_normal_ of an fp32 copy, then
+    `.to(weight.dtype)`, a new tensor on a bf16 model) used to be a silent no-op: the master is now
+    t's values, the next forward uses their quantization, later writes into t are seen (t is the
+    storage, as for a plain Parameter), and the optimizer keeps training the same Parameter."""
+    def init(m):
+        torch.manual_seed(7)
+        w = m.up.weight
+        w.data = nn.init.trunc_normal_(w.data.to(torch.float32), std=1e-3).to(w.dtype)
+    torch.manual_seed(0)
+    plain = Net().to(dtype)
+    init(plain)
+    model = build(format=fmt, policy={"up": "both", "down": "row"}).to(dtype)
+    param = model.up.weight
+    init(model)
+    assert model.up.weight is param and isinstance(param, mxt.QuantMaster) and param.dtype == dtype
+    assert torch.equal(param.detach()._data, plain.up.weight.detach())
+    assert param.abs().max().item() < 1e-2 and torch.equal(param.detach(), plain.up.weight.detach())
+    assert_primary_is_whole_quantize(model.up)
+    deq = mxt.dequantized_weight(model.up)
+    assert deq.abs().max().item() < 1e-2
+    # t itself is the master's storage (a contiguous tensor of the master's dtype), as for nn.Linear
+    t = torch.zeros(72, 40, dtype=dtype)
+    model.up.weight.data = t
+    assert mxt.dequantized_weight(model.up).abs().max().item() == 0
+    t.fill_(0.5)
+    assert torch.equal(mxt.dequantized_weight(model.up), torch.full((72, 40), 0.5))
+    # another dtype: its values in the master's dtype
+    model.up.weight.data = torch.full((72, 40), 0.25, dtype=torch.float64)
+    assert param.dtype == dtype and torch.equal(mxt.dequantized_weight(model.up), torch.full((72, 40), 0.25))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 40, dtype=dtype)).float().sum().backward()
+    opt.step()
+    assert not torch.equal(param.detach()._data, torch.full((72, 40), 0.25, dtype=dtype))
+    assert_primary_is_whole_quantize(model.up)
+
+
+def test_assigning_weight_data_of_another_shape_says_what_to_do_first():
+    model = build()
+    with pytest.raises(ValueError, match=r"^mxshard: assign a tensor of the weight's shape \(72, 40\) to up.weight"):
+        model.up.weight.data = torch.zeros(40, 72)
+    with pytest.raises(TypeError, match=r"^mxshard: assign a floating-point tensor to up.weight.data"):
+        model.up.weight.data = torch.zeros(72, 40, dtype=torch.int32)
+    assert_primary_is_whole_quantize(model.up)
+    with torch.device("meta"):
+        meta = Net()
+    meta = mxt.convert(meta, {"up": "both", "down": "row"})
+    with pytest.raises(RuntimeError, match=r"^mxshard: materialise up.weight with model.to_empty\(device=...\)"):
+        meta.up.weight.data = torch.zeros(72, 40)   # (torch refuses a plain meta Parameter this too)
+    assert meta.up.weight.is_meta and meta.up.weight.detach()._data.is_meta
+
+
+@pytest.mark.parametrize("fmt,policy", [("mxfp8", "both"), ("nvfp4", "row")])
+def test_a_sharded_optimizer_state_dict_into_a_converted_model_names_the_checkpoint_tools(fmt, policy):
+    """torch.save(model.state_dict()) of a model under ShardedOptimizer holds row_data, row_scale,
+    ... and no weight: loading it into a convert()ed model (strict or not) raises, naming
+    save_checkpoint / load_checkpoint and export_safetensors / load_safetensors, instead of torch's
+    missing / unexpected keys (or, with strict=False, silently keeping the old weights)."""
+    torch.manual_seed(0)
+    model = mxt.convert(Net(), {"up": policy, "down": "row"}, format=fmt)
+    mxt.ShardedOptimizer(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3))
+    sd = model.state_dict()
+    assert "up.row_data" in sd and "up.weight" not in sd
+    words = r"^mxshard: save and load a ShardedOptimizer model with mxshard.torch.save_checkpoint / load_checkpoint"
+    for strict in (True, False):
+        fresh = build(seed=3, format=fmt, policy={"up": policy, "down": "row"})
+        with pytest.raises(RuntimeError, match=words + r".*export_safetensors / load_safetensors"):
+            fresh.load_state_dict(sd, strict=strict)
+
+
+def test_convert_of_a_tied_weight_says_what_to_do_first():
+    tied = nn.ModuleDict({"emb": nn.Embedding(5, 24), "up": nn.Linear(24, 24), "head": nn.Linear(24, 5, bias=False)})
+    tied["emb"].weight = tied["head"].weight
+    first = r"^convert: keep head dense \(leave it out of the policy, or skip=\['head'\]\): its weight is shared"
+    with pytest.raises(ValueError, match=first):
+        mxt.convert(tied, "row")
+    out = mxt.convert(tied, "row", skip=["head"])
+    assert type(out["head"]) is nn.Linear and isinstance(out["up"], mxt.MXFP8ParamLinear)

@@ -87,11 +87,15 @@ class _ParamLinear(nn.Linear):
         """load_state_dict(assign=True) (meta-device loading, Hugging Face's low_cpu_mem_usage): the
         weight stays this module's QuantMaster Parameter; a master on the meta device takes the
         loaded tensor as its storage (assign's meaning), any other one its values (a copy). The
-        bias is assigned as usual."""
+        bias is assigned as usual. Under FSDP2 (a sharded master) weight and bias are copied, as
+        without assign (a master on the meta device there raises: to_empty() first)."""
         key = prefix + "weight"
+        if key not in state_dict:
+            _no_quantized_planes(state_dict, prefix)
         w = self._parameters.get("weight")
+        sharded = _is_dtensor(w) and isinstance(w._local_tensor, QuantMaster)   # under FSDP2
         if not (local_metadata.get("assign_to_params_buffers", False) and key in state_dict
-                and isinstance(w, QuantMaster) and isinstance(state_dict[key], torch.Tensor)):
+                and (isinstance(w, QuantMaster) or sharded) and isinstance(state_dict[key], torch.Tensor)):
             return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                                  unexpected_keys, error_msgs)
         t = state_dict[key]
@@ -99,6 +103,20 @@ class _ParamLinear(nn.Linear):
             error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(t.shape)} from "
                               f"checkpoint, the shape in current model is {tuple(w.shape)}.")
             return
+        if sharded:
+            # FSDP2: a new Parameter would reach FSDP2 as a plain sharded tensor (the all-gather of
+            # quantized bytes gone); the module's values are copied instead (its weight and bias
+            # keep their Parameters, so an optimizer made before keeps training them)
+            if not _is_dtensor(t) or w._local_tensor.is_meta:
+                raise RuntimeError(
+                    f"mxshard: load {key} with load_state_dict(sd) (the default assign=False: copies into the "
+                    f"existing parameters), or set_model_state_dict(model, full_sd, options=StateDictOptions("
+                    f"full_state_dict=True)) for full tensors; assign=True into an FSDP2-sharded converted weight "
+                    f"takes a sharded state dict (DTensors) into a materialised model (to_empty() first when "
+                    f"built on the meta device)")
+            copy = dict(local_metadata, assign_to_params_buffers=False)
+            return super()._load_from_state_dict(state_dict, prefix, copy, strict, missing_keys, unexpected_keys,
+                                                 error_msgs)
         with torch.no_grad():
             if w.is_meta:
                 if type(t) not in (torch.Tensor, nn.Parameter):
@@ -193,6 +211,24 @@ def make_spec(fmt, planes, layout, rounding, block, compute_dtype, round_through
     fmt = _formats.get(fmt)
     rounding, block = fmt.spec_options(rounding, block)
     return QuantSpec(fmt.name, planes, layout, rounding, block, compute_dtype, round_through)
+
+
+_PLANE_KEYS = ("row_data", "row_scale", "col_data", "col_scale", "amax")   # ShardedOptimizer's linears
+
+
+def _no_quantized_planes(state_dict, prefix):
+    """A state dict of a model under ShardedOptimizer (torch.save(model.state_dict())) holds a
+    linear's quantized planes, not its weight: a converted linear cannot load it (torch would
+    report missing and unexpected keys, or, with strict=False, leave the weight as it was)."""
+    found = [k for k in _PLANE_KEYS if prefix + k in state_dict]
+    if found:
+        name = prefix[:-1] or "the module"
+        raise RuntimeError(
+            f"mxshard: save and load a ShardedOptimizer model with mxshard.torch.save_checkpoint / load_checkpoint "
+            f"(the training state: masters, optimizer) or export_safetensors / load_safetensors (its quantized "
+            f"weights; load_safetensors also fills a plain or convert()ed model), not torch.save(model.state_dict()). "
+            f"The state dict holds {name}'s quantized planes ({', '.join(found)}) and no {prefix}weight: it comes "
+            f"from a model under ShardedOptimizer, and a converted linear loads a weight")
 
 
 def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):

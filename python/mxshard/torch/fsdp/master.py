@@ -11,7 +11,7 @@ MXFP8 / NVFP4 bytes.
 
 Everything a torch user does to a parameter works on the master: torch.optim
 (foreach or not), clip_grad_norm_, load_state_dict, HF-style
-`weight.data.normal_()`, DCP (the state dict holds plain tensors, see
+`weight.data.normal_()` and `weight.data = t` (QuantMaster.data), DCP (the state dict holds plain tensors, see
 state_dict_hooks in linear). Ops that create a new tensor return plain
 tensors, except the ones FSDP2 and nn.Module need to keep the subclass (views,
 detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`, empty_like for
@@ -151,6 +151,9 @@ def _tracing_tensor(t):
     return isinstance(t, (FakeTensor, FunctionalTensor))
 
 
+_TENSOR_DATA = torch._C.TensorBase.data   # torch's `.data` descriptor (QuantMaster.data wraps it)
+
+
 class QuantMaster(torch.Tensor):
     """A [rows, cols] (or FSDP2's [rows of this rank, cols]) float master of a quantized linear's
     weight. `_data` is the plain tensor holding the values; `_meta` the weight's WeightMeta."""
@@ -170,6 +173,46 @@ class QuantMaster(torch.Tensor):
 
     def __repr__(self, *, tensor_contents=None):
         return f"QuantMaster({self._meta.name!r}, {self._meta.spec.format} planes={self._meta.spec.planes}, {self._data!r})"
+
+    # -- `weight.data = t` (Hugging Face's _init_weights idiom, old-style device moves)
+    #
+    # torch's set_data swaps the storage of the outer tensor in C++, past __torch_dispatch__: the
+    # wrapper would point at t while `_data` (what the bytes are made from) kept the old values.
+    # The master instead takes t's values in the master's dtype as its new storage (t itself
+    # when it already is a contiguous tensor of that dtype: the same aliasing as a plain
+    # Parameter), and counts a write, so the next use re-derives the bytes from it.
+
+    @property
+    def data(self):
+        return _TENSOR_DATA.__get__(self, type(self))
+
+    @data.setter
+    def data(self, value):
+        meta = self._meta
+        if isinstance(value, QuantMaster):
+            value = value._data
+        if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter \
+                and not _tracing_tensor(value):
+            raise TypeError(f"mxshard: assign a plain torch.Tensor to {meta.name}.weight.data (or copy into it: "
+                            f"weight.data.copy_(t)); got a {type(value).__name__}")
+        if tuple(value.shape) != tuple(self.shape):
+            raise ValueError(f"mxshard: assign a tensor of the weight's shape {tuple(self.shape)} to "
+                             f"{meta.name}.weight.data; got {tuple(value.shape)} (a quantized weight keeps its shape)")
+        if not value.is_floating_point():
+            raise TypeError(f"mxshard: assign a floating-point tensor to {meta.name}.weight.data (its values become "
+                            f"the {self.dtype} master); got {value.dtype}")
+        new = value.detach().to(self.dtype).contiguous()
+        if type(new) is torch.nn.Parameter:
+            new = new.detach()
+        try:
+            _TENSOR_DATA.__set__(self, QuantMaster(new, meta))   # the wrapper's device / strides follow
+        except RuntimeError as e:   # (torch refuses a plain Parameter the same move: meta -> cpu)
+            raise RuntimeError(
+                f"mxshard: materialise {meta.name}.weight with model.to_empty(device=...) and copy into it "
+                f"(weight.data.copy_(t)), or load it with load_state_dict(sd, assign=True): torch cannot move "
+                f"it from {self.device} to {value.device} through `.data =` ({e})") from None
+        self._data = new
+        meta.writes += 1   # fresh bytes at the next use (the storage changed too: a new unit)
 
     # -- dispatch
 

@@ -16,7 +16,9 @@ compute dtype), its master the module's weight:
 
 A model under fully_shard is refused (FSDP2 and ShardedOptimizer are two
 ways to shard the same masters: use one), and so is a frozen converted
-weight (ShardedOptimizer trains every converted weight). From then on the
+weight (ShardedOptimizer trains every converted weight), and a converted weight
+that another module also holds (a tie made after convert: keep tied weights
+dense). From then on the
 optimizer's writeback quantizes the masters, rounded through its own
 round_through= (the module's spec.round_through served its own quantization
 only). The swap is undone when the construction fails, so a failed
@@ -45,16 +47,33 @@ def _check_adoptable(name, m):
                          f"converted weight")
 
 
+def _check_not_tied(name, m, holders):
+    """A converted weight that another module also holds (a tie made after convert(), e.g.
+    emb.weight = fc.weight) is refused: the optimizer would swap the linear for its own storage
+    and the other module would keep the old Parameter (the tie silently broken)."""
+    others = sorted({n for n, h in holders if h is not m})
+    if others:
+        raise ValueError(f"ShardedOptimizer: keep tied weights dense: convert the model with a policy (or skip=) "
+                         f"that leaves {name!r} an nn.Linear, then tie. {name}.weight is also "
+                         f"{', '.join(others)}; ShardedOptimizer holds a converted weight as quantized planes of its "
+                         f"own, so the other module would keep the old Parameter and the tie would silently break")
+
+
 def adopt_param_linears(model, undo):
     """Swaps every MXFP8ParamLinear / NVFP4ParamLinear of `model` for the MXFP8Linear / NVFP4Linear
     ShardedOptimizer owns (checked first, swapped after). Appends to `undo` the functions that put
     the modules back. Returns {id(old module) or id(its weight Parameter): new module}, so that
     param_groups may name what the user saw before the swap."""
-    found = []
+    found, holders = [], {}
     for name, m in model.named_modules(remove_duplicate=False):
         if isinstance(m, _ParamLinear):
             _check_adoptable(name or "<root>", m)
             found.append((name, m))
+        for pname, p in m._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((f"{name}.{pname}" if name else pname, m))
+    for name, m in found:
+        _check_not_tied(name or "<root>", m, holders.get(id(m._parameters.get("weight")), []))
     if found and found[0][0] == "":
         raise ValueError("ShardedOptimizer: the model is itself a converted linear; wrap it in an nn.Module "
                          "(nn.Sequential(model)) so that its optimizer can swap its storage")

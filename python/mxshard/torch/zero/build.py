@@ -117,10 +117,16 @@ class Construction:
     def _collect(self, model):
         """The trainable items in model order (a quantized module's weight before its bias)."""
         items, seen_p, names = [], set(), {}
+        self._frozen_params = []   # (name, Parameter) left out for requires_grad=False: step() checks them
         for mname, m in model.named_modules():
             if is_quantized(m):
                 if owned_hook(getattr(m, "_mxs_grad_hook", None)):
-                    raise ValueError(f"{mname}: already managed by another ShardedOptimizer (still alive)")
+                    raise ValueError(f"{mname}: already managed by another ShardedOptimizer (still alive; "
+                                     f"opt.close() it first)")
+                if not getattr(m, "_mxs_weight_requires_grad", True):
+                    raise ValueError(f"{mname}.weight is frozen (requires_grad_(False)). Keep frozen linears dense "
+                                     f"(convert(..., skip=...)) or unfreeze them: ShardedOptimizer trains every "
+                                     f"quantized weight")
                 if m.planes not in ("row", "both"):
                     raise ValueError(f"{mname}: {type(m).__name__} planes {m.planes!r} (expected 'row' or 'both')")
                 if self.grad_dtype not in _main_grad_dtypes(m):
@@ -136,9 +142,10 @@ class Construction:
                 if id(p) in seen_p:
                     continue
                 seen_p.add(id(p))
-                if not p.requires_grad:
-                    continue
                 name = f"{mname}.{pname}" if mname else pname
+                if not p.requires_grad:
+                    self._frozen_params.append((name, p))
+                    continue
                 hooks = getattr(p, "_post_accumulate_grad_hooks", None) or {}
                 if any(owned_hook(h) for h in hooks.values()):
                     raise ValueError(f"{name}: already managed by another ShardedOptimizer (still alive)")

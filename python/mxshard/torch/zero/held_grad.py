@@ -6,6 +6,9 @@ its gradient went into the optimizer's bucket.
     backward   (no_sync, another micro-batch) autograd's p.grad += new  ->  added into the bucket
     anything else on it (clip_grad_norm_, p.grad.norm(), an optimizer of your own)
                -> RuntimeError: clip with ShardedOptimizer(max_grad_norm=...)
+               (clip_grad_value_: value clipping is not available, norm clipping is;
+               DistributedDataParallel's reducer, an out= function or a copy from
+               .grad: unwrap the model from DDP)
 
 The gradient a parameter shows would be this rank's local, unreduced one,
 and only for the dense parameters (the converted weights are no Parameters
@@ -51,11 +54,30 @@ class HeldGrad(torch.Tensor):
         if me is not None and func in _KEEP:
             return me   # zero_grad(set_to_none=False): the bucket is zeroed by the optimizer
         names = sorted({t._name for t in _held_in((args, kwargs))})
+        which = f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+        why = (f"the optimizer holds the gradients in its buckets (reduced over the ranks in step()), so {func} "
+               f"cannot run on the .grad of {which}")
+        base = func.name().split("::")[-1].split(".")[0].lstrip("_")
+        if base in _VALUE_CLIP:
+            raise RuntimeError(
+                f"ShardedOptimizer: gradient value clipping (torch.nn.utils.clip_grad_value_, clamping .grad) is "
+                f"not available under ShardedOptimizer; what it offers is norm clipping: "
+                f"ShardedOptimizer(..., max_grad_norm=...) (the global norm is opt.last_grad_norm). {why}")
+        if func._overloadname == "out" or (func is _aten.copy_.default and len(args) > 1
+                                           and isinstance(args[1], HeldGrad) and not isinstance(args[0], HeldGrad)):
+            # DistributedDataParallel's reducer copies (or scales with out=) every .grad into its own buckets
+            raise RuntimeError(
+                f"ShardedOptimizer: if the model is wrapped in DistributedDataParallel, unwrap it: ShardedOptimizer "
+                f"reduces the gradients itself (build it on the bare model; opt.no_sync() for accumulation); to "
+                f"clip, use ShardedOptimizer(..., max_grad_norm=...). {why}")
         raise RuntimeError(
             f"ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...) and read the norm from "
-            f"opt.last_grad_norm: the optimizer holds the gradients in its buckets (reduced over the ranks in "
-            f"step()), so {func} cannot run on the .grad of {', '.join(names[:3])}"
-            f"{', ...' if len(names) > 3 else ''}")
+            f"opt.last_grad_norm: {why}")
+
+
+# clip_grad_value_'s functions (torch._foreach_clamp_min_ / _max_, or .clamp_ per gradient)
+_VALUE_CLIP = {"clamp", "clamp_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_", "clip", "clip_",
+               "foreach_clamp_min", "foreach_clamp_min_", "foreach_clamp_max", "foreach_clamp_max_"}
 
 
 def _held_in(tree):

@@ -25,6 +25,7 @@ The user guide, with the interface ShardedOptimizer relies on: docs/torch.md.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -38,7 +39,7 @@ from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_ch
 from ..fsdp.linear import MXFP8ParamLinear
 from ... import formats as _formats
 
-__all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight"]
+__all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight", "ReadOnlyPlane"]
 
 
 
@@ -156,7 +157,8 @@ class _QuantLinear(nn.Module):
             bound = 1.0 / math.sqrt(self.in_features)
             with torch.no_grad():
                 nn.init.uniform_(self.bias, -bound, bound)
-        self._set_master(w, keep=True)
+        # (under ShardedOptimizer nothing is kept: masters_from_model() takes the planes, as after set_master_)
+        self._set_master(w, keep=not self._under_optimizer())
 
     # -- the primary
 
@@ -187,13 +189,23 @@ class _QuantLinear(nn.Module):
     def _set_master(self, w, keep):
         w = w.detach().contiguous()
         self._quantize(w)
+        # the quantization writes the planes' bytes outside torch: bump their version counters as
+        # an in-place write would, so that a ShardedOptimizer that owns them sees the write at its
+        # next step() (and raises, naming masters_from_model, instead of writing its masters back
+        # over it)
+        for n in self._BUFS:
+            t = self._buffers.get(n)
+            if t is not None and not t.is_inference():
+                torch.autograd.graph.increment_version(t)
         if keep:
             self._master_init = w if w.dtype == torch.float32 else w.to(torch.float32)
 
     def set_master_(self, w_fp32):
         """Quantizes the whole [out, in] tensor into the primary's planes (round
         through none). While the module still keeps its initial master, the
-        kept copy becomes (an fp32 copy of) this tensor."""
+        kept copy becomes (an fp32 copy of) this tensor. Under ShardedOptimizer
+        (which holds the fp32 master, sharded) call it on every rank, then
+        opt.masters_from_model(): the next step() raises until then."""
         self._check_master(w_fp32, "set_master_")
         keep = self._master_init is not None
         src = w_fp32.detach()
@@ -212,17 +224,66 @@ class _QuantLinear(nn.Module):
     def weight(self):
         """A READ-ONLY fp32 [out, in] view of the weight the forward uses (the row plane,
         dequantized; a new tensor each time, not a Parameter). Writing into it raises: the weight
-        is held only as the quantized primary; set values with set_master_(w) (or, under
-        ShardedOptimizer, masters_from_model / its checkpoints). A weight that is an
-        nn.Parameter (FSDP2, torch.optim, HF-style init) is convert()'s MXFP8ParamLinear."""
-        return ReadOnlyWeight(self._dequant("row", "f32"), self._who)
+        is held only as the quantized primary; set values with set_master_(w) (under
+        ShardedOptimizer: on every rank, then opt.masters_from_model()). A weight that is an
+        nn.Parameter (FSDP2, torch.optim, HF-style init) is convert()'s MXFP8ParamLinear.
+        weight.requires_grad_(flag) is the module's requires_grad_(flag)."""
+        return ReadOnlyWeight(self._dequant("row", "f32"), self._who, self)
+
+    def _under_optimizer(self):
+        """True while a live ShardedOptimizer owns this module's planes."""
+        from .grads import owned_hook
+        return owned_hook(self.__dict__.get("_mxs_grad_hook"))
+
+    def _write_advice(self):
+        """The first sentence of every refused write into the weight: what to do instead."""
+        if self._under_optimizer():
+            return (f"To change {self._who}.weight under ShardedOptimizer, call module.set_master_(w) on every "
+                    f"rank, then opt.masters_from_model() (every rank; or load a state dict into the model, then "
+                    f"opt.masters_from_model()).")
+        return (f"Set {self._who}.weight with module.set_master_(w) (for a weight that is an nn.Parameter: "
+                f"HF-style init, torch.optim, FSDP2, use convert()'s MXFP8ParamLinear / NVFP4ParamLinear).")
+
+    def requires_grad_(self, requires_grad=True):
+        """nn.Module.requires_grad_ (the bias), and the weight's flag: ShardedOptimizer refuses a
+        frozen weight at construction and raises at step() when it changed after."""
+        self._mxs_weight_requires_grad = bool(requires_grad)
+        return super().requires_grad_(requires_grad)
 
     def __setattr__(self, name, value):
         if name == "weight":
-            raise AttributeError(f"{self._who}.weight is a read-only dequantized view: the weight lives as "
-                                 f"quantized planes. Use set_master_(w) to set its values; a tied or replaced weight "
-                                 f"needs the linear dense (convert's policy or skip), or convert()'s MXFP8ParamLinear")
+            raise AttributeError(f"{self._write_advice()} {self._who}.weight is a read-only dequantized view: the "
+                                 f"weight lives as quantized planes. A tied or replaced weight needs the linear "
+                                 f"dense (convert's policy or skip)")
         super().__setattr__(name, value)
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy: an independent module. A copy of a module whose planes a live
+        ShardedOptimizer owns (e.g. AveragedModel's copy for an EMA) is outside the optimizer
+        (no main_grad, no gradient hook) and holds its planes as ReadOnlyPlane tensors: its
+        forward works, an in-place write into a plane (copy_, lerp_: AveragedModel's
+        update_parameters) raises, since averaging quantized bytes, or copying the model's
+        over the average, would be silently wrong."""
+        adopted = self._under_optimizer()
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        state = {}
+        for k, v in self.__dict__.items():
+            if adopted and k in ("main_grad", "_mxs_grad_hook"):
+                state[k] = None
+            elif adopted and k == "_forward_pre_hooks":   # (not the optimizer's zero-grad hook)
+                state[k] = copy.deepcopy(type(v)((i, h) for i, h in v.items()
+                                                 if getattr(h, "_mxs_owner", None) is None), memo)
+            else:
+                state[k] = copy.deepcopy(v, memo)
+        new.__setstate__(state)
+        if adopted:
+            for n in self._BUFS:
+                t = new._buffers.get(n)
+                if t is not None:
+                    new._buffers[n] = ReadOnlyPlane(t, f"{self._who}.{n}")
+        return new
 
     def release_master_init(self):
         """Drops the kept fp32 copy (the optimizer owns the master from now on)."""
@@ -326,18 +387,30 @@ class _QuantLinear(nn.Module):
 class ReadOnlyWeight(torch.Tensor):
     """The dequantized weight of a quantized linear (`module.weight`): reads work like on any
     tensor (the results are plain tensors, views stay read-only, .data included); any write
-    raises, naming what to use instead."""
+    raises, naming what to use instead. requires_grad_(flag) is the module's."""
 
     @staticmethod
-    def __new__(cls, data, who):
+    def __new__(cls, data, who, module=None):
         return torch.Tensor._make_wrapper_subclass(cls, data.size(), strides=data.stride(), dtype=data.dtype,
                                                    device=data.device)
 
-    def __init__(self, data, who):
-        self._data, self._who = data, who
+    def __init__(self, data, who, module=None):
+        self._data, self._who, self._module = data, who, module
 
     def __repr__(self, *, tensor_contents=None):
         return f"ReadOnlyWeight({self._who}, {self._data!r})"
+
+    def requires_grad_(self, requires_grad=True):
+        """Freezes / unfreezes the module's weight (module.requires_grad_ for the weight alone):
+        this tensor is a transient dequantized view, never a leaf that trains."""
+        m = self._module
+        if m is not None:
+            m._mxs_weight_requires_grad = bool(requires_grad)
+        return self
+
+    def _advice(self):
+        m = self._module
+        return m._write_advice() if m is not None else f"Set {self._who}.weight with module.set_master_(w)."
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -345,17 +418,104 @@ class ReadOnlyWeight(torch.Tensor):
         for i, a in enumerate(func._schema.arguments):
             v = args[i] if i < len(args) else kwargs.get(a.name)
             if a.alias_info is not None and a.alias_info.is_write and isinstance(v, ReadOnlyWeight):
-                raise RuntimeError(f"{v._who}.weight is a read-only dequantized view ({func} would write into "
-                                   f"it): set the weight with set_master_(w); for a Parameter weight (HF-style "
-                                   f"init, torch.optim, FSDP2) use convert()'s MXFP8ParamLinear")
+                raise RuntimeError(f"{v._advice()} {v._who}.weight is a read-only dequantized view of the "
+                                   f"quantized planes ({func} would write into it)")
         from torch.utils._pytree import tree_map_only
         a2, k2 = tree_map_only(ReadOnlyWeight, lambda t: t._data, (args, kwargs))
         out = func(*a2, **k2)
         rets = func._schema.returns
         if rets and rets[0].alias_info is not None:  # a view (.data, .t(), slices): read-only as well
-            who = next(a._who for a in args if isinstance(a, ReadOnlyWeight))
-            return tree_map_only(torch.Tensor, lambda t: ReadOnlyWeight(t, who), out)
+            sets = rets[0].alias_info.before_set
+            src = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(func._schema.arguments)
+                   if a.alias_info is not None and a.alias_info.before_set == sets]
+            if src and isinstance(src[0], ReadOnlyWeight):   # (not ema.lerp_(weight, w): that returns ema)
+                return tree_map_only(torch.Tensor, lambda t: ReadOnlyWeight(t, src[0]._who, src[0]._module), out)
         return out
+
+
+# functions that keep a ReadOnlyPlane read-only although their result is new storage: device
+# moves (module.to(device), AveragedModel(model, device=...))
+_PLANE_KEEP = frozenset(("to", "cuda", "cpu"))
+_INPLACE_DUNDERS = frozenset(f"__i{op}__" for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow",
+                                                     "and", "or", "xor", "lshift", "rshift", "matmul")) | {"__setitem__"}
+
+
+class ReadOnlyPlane(torch.Tensor):
+    """A plane buffer (row_data, row_scale, ...) of a COPY of a quantized linear whose planes a
+    ShardedOptimizer owns (copy.deepcopy of the model, torch.optim.swa_utils.AveragedModel): real
+    storage (the copy's forward reads it as usual), but every in-place or out= function on it,
+    or on a view of it, raises. An EMA that averages the planes (use_buffers=True) averages FP8 /
+    FP4 bytes, one that copies them from the model (the default) is no average at all; the fp32
+    weights exist only as the optimizer's sharded masters."""
+
+    @staticmethod
+    def __new__(cls, data, who):
+        t = torch.Tensor._make_subclass(cls, data.detach(), False)
+        t._who = who
+        return t
+
+    def __init__(self, data, who):
+        pass
+
+    def __deepcopy__(self, memo):
+        new = ReadOnlyPlane(self.as_subclass(torch.Tensor).clone(), self._who)
+        memo[id(self)] = new
+        return new
+
+    def __reduce_ex__(self, proto):   # pickles (torch.save of a copy's state_dict) as a plain tensor
+        return torch.Tensor.__reduce_ex__(self.as_subclass(torch.Tensor), proto)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in _INPLACE_DUNDERS or (name.endswith("_") and not name.startswith("__")
+                                        and name != "requires_grad_"):
+            writes = _planes_in(args[:1])            # an in-place function writes into its first argument
+        else:
+            writes = _planes_in(kwargs.get("out"))
+        if writes:
+            who = sorted({t._who for t in writes})
+            raise RuntimeError(
+                f"Keep an EMA (or any average) of a model trained by ShardedOptimizer yourself from each quantized "
+                f"linear's module.weight (the dequantized fp32 weight: e.g. ema_w.lerp_(module.weight, 1 - decay) "
+                f"per linear, on every rank), or train with torch.optim in one process or under FSDP2, where the "
+                f"converted weights are Parameters and torch.optim.swa_utils.AveragedModel averages their fp32 "
+                f"masters. {name} would write into {', '.join(who)}, a quantized plane of a copy of a linear whose "
+                f"fp32 master ShardedOptimizer holds sharded: averaging its FP8/FP4 bytes, or copying the model's "
+                f"bytes over it, would be silently wrong (to set the copy's weight use its set_master_(w))")
+        src = _planes_in((args, kwargs))
+        keep = name in _PLANE_KEEP
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+            if not src:
+                return out
+            ptrs = {t.untyped_storage().data_ptr() for t in src}
+
+            def wrap(t):   # views of a plane (.data, .detach(), slices) stay read-only
+                if isinstance(t, torch.Tensor) and not isinstance(t, ReadOnlyPlane) and t.layout == torch.strided \
+                        and (keep or t.untyped_storage().data_ptr() in ptrs):
+                    return ReadOnlyPlane(t, src[0]._who)
+                return t
+            if isinstance(out, (tuple, list)):
+                return type(out)(wrap(t) for t in out)
+            return wrap(out)
+
+
+def _planes_in(tree):
+    out = []
+
+    def walk(x):
+        if isinstance(x, ReadOnlyPlane):
+            out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+    walk(tree)
+    return out
 
 
 # ---- MXFP8 ---------------------------------------------------------------------

@@ -57,7 +57,14 @@ quantized weight's master becomes its row plane dequantized to fp32, a
 dense parameter's its value; the inner state is kept) or
 ``model_from_masters()`` (undo the write, e.g. after evaluating EMA
 weights); restore a whole training state with mxt.load_checkpoint or
-load_state_dict(). Do not wrap the model in DistributedDataParallel (refused
+load_state_dict(). A quantized linear's ``set_master_(w)`` is such a write
+(on every rank, then ``masters_from_model()``). Freezing or unfreezing
+(requires_grad) after construction, or casting the model, also makes
+step() raise on every rank: do it before building the optimizer. A deep
+copy of the model (torch.optim.swa_utils.AveragedModel's) evaluates as the
+model does, outside the optimizer, but its quantized planes refuse in-place
+writes (an EMA of them would be silently wrong: the fp32 weights exist only
+as the sharded masters). Do not wrap the model in DistributedDataParallel (refused
 at construction): ShardedOptimizer reduces the gradients itself. A dense
 parameter's ``.grad`` is a HeldGrad placeholder after each backward (the
 gradient is in the bucket buffer; held_grad): clip with
@@ -419,6 +426,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
                         f"a module used several times in one forward). Gradients arrived after their bucket's "
                         f"reduction had started: {shown}")
         errs += self._check_storage()
+        errs += self._check_trainable()
         if not errs:
             # every rank's reduced shard counts, also where this rank wrote no gradient itself (it
             # holds the others' sum): the norm must not depend on which ranks ran a backward
@@ -583,6 +591,10 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         for h in self._handles:
             h.remove()
         self._handles = []
+        for it in self._items:   # the quantized linears' gradient hooks (unless a rollback restored another's)
+            m = it.module
+            if m is not None and getattr(getattr(m, "_mxs_grad_hook", None), "_mxs_owner", lambda: None)() is self:
+                m._mxs_grad_hook = None
         for b in self._buckets:
             b.work = None
             for k in ("wb", "nvwb"):

@@ -12,7 +12,13 @@ makes every rank raise):
 - nothing was WRITTEN from outside: the version counter of every tensor the
   model exposes (each dense Parameter, each MXFP8Linear / NVFP4Linear plane
   buffer) is the one recorded after the last writeback. model.load_state_dict()
-  copies into them in place and bumps them. Without this check the next
+  copies into them in place and bumps them; module.set_master_() bumps them
+  too (its quantization writes the bytes outside torch).
+
+A third, _check_trainable: no item's requires_grad changed (a dense
+Parameter's, a quantized linear's weight flag set by module.requires_grad_ /
+module.weight.requires_grad_) and no parameter frozen at construction was
+unfrozen: what trains is fixed at construction. Without this check the next
   writeback would silently put the fp32 masters back over what was loaded.
   (Writes through ``p.data`` escape every version counter, torch's autograd
   checks included: after such a write call masters_from_model() yourself.)
@@ -153,10 +159,11 @@ class Writeback:
     def _check_storage(self, written=True):
         """Local: nothing moved since construction, and (`written`) nothing was
         written into the model's weights since the last writeback. Returns
-        error strings."""
+        error strings (each one's first sentence says what to do)."""
         errs = []
         if self._pointers() != self._ptrs:
             errs.append("an optimizer buffer moved")
+        moved = []
         for it, a, gview in self._expect:
             if it.module is not None:
                 m = it.module
@@ -164,8 +171,7 @@ class Writeback:
                 for k, v in a.items():
                     t = bufs.get(k)
                     if t is None or (t is not v and (t.data_ptr() != v.data_ptr() or t.shape != v.shape)):
-                        errs.append(f"{it.name}: module {k} was replaced or reshaped after the optimizer "
-                                    f"was built")
+                        moved.append(f"{it.name}: module {k} was replaced or reshaped")
                 mg = m.__dict__.get("main_grad")
                 if mg is None or mg.data_ptr() != gview.data_ptr() or tuple(mg.shape) != it.shape:
                     errs.append(f"{it.name}: module main_grad was replaced (write into it in place)")
@@ -173,17 +179,55 @@ class Writeback:
                 p = it.param
                 if p.data_ptr() != a.data_ptr() or tuple(p.shape) != it.shape or p.dtype != a.dtype \
                         or p.device != a.device:
-                    errs.append(f"{it.name}: the parameter's storage was replaced or reshaped after the optimizer "
-                                f"was built")
+                    moved.append(f"{it.name}: the parameter's storage was replaced or reshaped"
+                                 + (f" (now {p.dtype}, built as {a.dtype})" if p.dtype != a.dtype else "")
+                                 + (f" (now on {p.device}, built on {a.device})" if p.device != a.device else ""))
+        if moved:
+            shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")
+            errs.append(f"Cast or move the model (model.to(dtype / device), .half(), .bfloat16(), .cuda()) before "
+                        f"building ShardedOptimizer, not after: it owns the model's storage from its construction "
+                        f"on (to change it now: opt.close(), then build a new ShardedOptimizer on the model; it starts "
+                        f"from the model's current values, with a fresh optimizer state). After the optimizer was "
+                        f"built: {shown}")
         if written and not errs:
             written = self._written_from_outside()
             if written:
                 shown = ", ".join(written[:4]) + (f" and {len(written) - 4} more" if len(written) > 4 else "")
-                errs.append(f"the model's weights were written from outside the optimizer since its last writeback "
-                            f"({shown}: model.load_state_dict(), an in-place copy into a parameter or a quantized "
-                            f"linear's buffer, DistributedDataParallel's broadcast), and this step would write the "
-                            f"fp32 masters back over them. Right after such a write, on every rank, call "
-                            f"opt.masters_from_model() (the model's values become the masters; a quantized "
-                            f"weight's master becomes its dequantized row plane) or opt.model_from_masters() (undo "
-                            f"the write); to restore a whole training state use mxt.load_checkpoint()")
+                errs.append(f"Right after writing into the model's weights, call opt.masters_from_model() on every "
+                            f"rank (the written values become the fp32 masters; a quantized weight's master becomes "
+                            f"its dequantized row plane), or opt.model_from_masters() to undo the write; to restore "
+                            f"a whole training state use mxt.load_checkpoint(). The model's weights were written from "
+                            f"outside the optimizer since its last writeback ({shown}: model.load_state_dict(), "
+                            f"module.set_master_(w), an in-place copy into a parameter or a quantized linear's "
+                            f"buffer, or DistributedDataParallel(model) after the optimizer was built: unwrap it, "
+                            f"ShardedOptimizer reduces the gradients itself), and this step would write the fp32 "
+                            f"masters back over them")
         return errs
+
+    def _check_trainable(self):
+        """Local: every item still trains (requires_grad) and no parameter frozen at
+        construction was unfrozen since. Returns error strings."""
+        frozen, unfrozen = [], []
+        for it in self._items:
+            if it.module is not None:
+                if not getattr(it.module, "_mxs_weight_requires_grad", True):
+                    frozen.append(it.name)
+            elif not it.param.requires_grad:
+                frozen.append(it.name)
+        for name, p in getattr(self, "_frozen_params", ()):
+            if p.requires_grad:
+                unfrozen.append(name)
+        if not frozen and not unfrozen:
+            return []
+
+        def show(names):
+            return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        what = "; ".join(x for x in (f"frozen after it was built: {show(frozen)}" if frozen else "",
+                                     f"unfrozen after it was built: {show(unfrozen)}" if unfrozen else "") if x)
+        return [f"Freeze or unfreeze parameters (requires_grad_) before building ShardedOptimizer: its trainable "
+                f"items, buckets and shards are fixed at construction, so it would keep stepping a frozen "
+                f"parameter (and never an unfrozen one). To change what trains, undo the change, or opt.close() "
+                f"and build a new ShardedOptimizer on the model (it starts from the model's current values, with a "
+                f"fresh optimizer state); to hold parameters still for a while, give them a param group at "
+                f"construction and set its lr and weight_decay to 0. "
+                f"requires_grad changed ({what})"]

@@ -79,6 +79,17 @@ def test_a_dropped_fsdp2_model_is_freed(phase_a):
     assert all(o["alive"] == 0 for o in out.values()), out
 
 
+def test_assign_true_loads_into_the_sharded_masters_and_data_assignment_matches_plain_fsdp2(phase_a):
+    """load_state_dict(sd, assign=True) after a step (MXFP8 / NVFP4, row-only / "both"): the masters
+    take the values, the gathered planes are their quantize, the optimizer keeps training them; a
+    full state dict with assign=True raises on every rank; `weight.data = t` on a sharded converted
+    weight does what it does to a plain FSDP2 parameter, without an error or a hang."""
+    out = H.case_results(phase_a, "assign", (2,))
+    for o in out.values():
+        assert o["checked"] == 2 * 4 and o["full_assign"] == "ok", o
+        assert o["data_changed"]["converted"] == o["data_changed"]["plain"], o
+
+
 def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "failure", (2,))
     assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised", "policy": "raised"}, out

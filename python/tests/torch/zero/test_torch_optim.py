@@ -88,7 +88,19 @@ def test_weights_written_from_outside_raise_on_every_rank_until_told(dist_result
 
 def test_ddp_model_refused_on_every_rank(dist_results):
     for o in _case(dist_results, "ddp").values():
-        assert o == {"is": "refused", "contains": "refused", "wrapped_after": "raised"}
+        assert o == {"is": "refused", "contains": "refused", "wrapped_after": "raised",
+                     "converted_wrapped_after": "raised"}
+
+
+def test_set_master_under_the_optimizer_raises_on_every_rank_until_told(dist_results):
+    for (w, r), o in _case(dist_results, "set_master").items():
+        assert o == {k: ("local" if r == 1 else "remote") for k in ("mxfp8_one_rank", "nvfp4_one_rank")}, (w, r, o)
+
+
+def test_requires_grad_changed_after_construction_raises_on_every_rank(dist_results):
+    for (w, r), o in _case(dist_results, "requires_grad_changed").items():
+        assert o == {k: ("local" if r == 1 else "remote") for k in ("dense", "weight", "module_no_bias", "unfrozen")}, \
+            (w, r, o)
 
 
 def test_bf16_gradient_buffers_exact_vs_fp32_reference(dist_results):

@@ -288,3 +288,170 @@ def test_failed_construction_leaves_nothing_alive(C, HC):
     finally:
         if enabled:
             gc.enable()
+
+
+def test_tie_made_after_convert_is_refused(C, HC):
+    """emb.weight = fc.weight after convert(): ShardedOptimizer would swap fc for its own storage and
+    emb would keep the old Parameter (the tie silently broken). Refused, naming both, saying to keep
+    tied weights dense; the model is left as it was (fc still the converted linear, still tied)."""
+    import torch
+    from torch import nn
+    import mxshard.torch as mxt
+    from mxshard.torch import ShardedOptimizer
+    for fmt in ("mxfp8", "nvfp4"):
+        t = nn.Module()
+        t.emb, t.fc = nn.Embedding(64, 64), nn.Linear(64, 64)
+        mxt.convert(t, "row", format=fmt)
+        t.emb.weight = t.fc.weight
+        fc = t.fc
+        raises_untouched(t, lambda: ShardedOptimizer(t, _adamw), ValueError, "keep tied weights dense")
+        with pytest.raises(ValueError) as e:
+            ShardedOptimizer(t, _adamw)
+        assert HC.first_sentence(e.value).startswith("ShardedOptimizer: keep tied weights dense") \
+            and "'fc'" in str(e.value) and "emb.weight" in str(e.value), e.value
+        assert t.fc is fc and mxt.is_param_linear(t.fc) and t.emb.weight is t.fc.weight
+    # a tie of dense modules (a policy that skips them) trains tied
+    t = nn.Module()
+    t.emb, t.fc, t.head = nn.Embedding(64, 64), nn.Linear(64, 64), nn.Linear(64, 64)
+    mxt.convert(t, "row", skip=["fc"])
+    t.emb.weight = t.fc.weight
+    o = ShardedOptimizer(t, _adamw)
+    t.head(t.fc(t.emb(torch.arange(8)))).pow(2).sum().backward()
+    o.step()
+    assert t.emb.weight is t.fc.weight and [it.name for it in o.items].count("emb.weight") == 1
+    o.close()
+
+
+def test_ema_of_a_sharded_model_raises_and_copies_evaluate(C, HC):
+    """torch.optim.swa_utils.AveragedModel made after the optimizer: its update_parameters raises
+    (default: it would copy the model's planes over the average; use_buffers=True: it would
+    average FP8 / FP4 bytes), saying what to do, and leaves the model and optimizer alone. A deep
+    copy evaluates like the model, is outside the optimizer (a backward through it reaches none
+    of the optimizer's gradients) and its planes refuse in-place writes, views included."""
+    import copy
+    import torch
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    from mxshard.torch import ShardedOptimizer
+    for fmt, policy in (("mxfp8", "row"), ("mxfp8", "both"), ("nvfp4", "row")):
+        m = HC.converted(fmt, policy)
+        o = ShardedOptimizer(m, _adamw)
+        HC.backward(m, 0, 0)
+        o.step()
+        o.zero_grad()
+        for use_buffers in (False, True):
+            ema = AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(0.5), use_buffers=use_buffers)
+            HC.backward(m, 0, 1)
+            o.step()
+            o.zero_grad()
+            before = HC.snapshot(m, o)
+            planes = {k: v.clone() for k, v in ema.module.state_dict().items() if not k.endswith("bias")}
+            with pytest.raises(RuntimeError) as e:
+                ema.update_parameters(m)
+            assert HC.first_sentence(e.value).startswith("Keep an EMA (or any average) of a model trained by "
+                                                         "ShardedOptimizer yourself from each quantized linear's "
+                                                         "module.weight"), e.value
+            assert not HC.same(before, HC.snapshot(m, o)), "update_parameters changed the model or optimizer"
+            assert all(torch.equal(v, ema.module.state_dict()[k]) for k, v in planes.items()), \
+                "update_parameters wrote into the EMA's planes"
+        c = copy.deepcopy(m)
+        x = torch.randn(4, 64)
+        with torch.no_grad():
+            assert torch.equal(c(x), m(x))
+        grads = [bk.grad.clone() for bk in o._buckets]
+        c(x).pow(2).sum().backward()
+        assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets)), "a copy's backward reached the optimizer"
+        assert c[0].main_grad is not None and c[0].main_grad.data_ptr() != m[0].main_grad.data_ptr()
+        for write in (lambda p: p.copy_(torch.zeros_like(p)), lambda p: p.data.add_(1), lambda p: p[0].zero_(),
+                      lambda p: torch._foreach_mul_([p.detach()], 2)):
+            with pytest.raises(RuntimeError, match="Keep an EMA"):
+                write(c[0].row_data)
+        assert torch.equal(c[0].row_data, m[0].row_data)
+        c[0].set_master_(torch.zeros(96, 64))      # a copy's weight is its own to set
+        assert not c[0].weight.any() and m[0].weight.any()
+        o.close()
+
+
+def test_cast_after_construction_says_to_cast_before(C, HC):
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
+        m = HC.converted()
+        o = ShardedOptimizer(m, _adamw)
+        masters = [bk.master.clone() for bk in o._buckets]
+        cast(m)
+        with pytest.raises(RuntimeError) as e:
+            o.step()
+        assert HC.first_sentence(e.value).startswith("ShardedOptimizer.step: Cast or move the model"), e.value
+        assert "2.bias" in str(e.value) and "now torch." in str(e.value), e.value
+        assert all(torch.equal(a, bk.master) for a, bk in zip(masters, o._buckets)) and o.steps == 0
+        o.close()
+
+
+def test_held_gradient_messages_name_the_way_out(C, HC):
+    """A dense .grad under ShardedOptimizer: clip_grad_value_ says value clipping is not available
+    (norm clipping is: max_grad_norm); an out= function reading it (DistributedDataParallel's
+    reducer) says to unwrap DDP; clip_grad_norm_ names max_grad_norm. Nothing is clipped."""
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = HC.converted()
+    o = ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1))
+    HC.backward(m, 0, 0)
+    before = HC.snapshot(m, o)
+    grads = [bk.grad.clone() for bk in o._buckets]
+    with pytest.raises(RuntimeError) as e:
+        torch.nn.utils.clip_grad_value_(m.parameters(), 1e-4)
+    assert HC.first_sentence(e.value).startswith("ShardedOptimizer: gradient value clipping "
+                                                 "(torch.nn.utils.clip_grad_value_, clamping .grad) is not "
+                                                 "available under ShardedOptimizer"), e.value
+    assert "max_grad_norm" in HC.first_sentence(e.value)
+    with pytest.raises(RuntimeError) as e:
+        torch.mul(m[2].bias.grad, 0.5, out=torch.empty(64))
+    assert HC.first_sentence(e.value).startswith("ShardedOptimizer: if the model is wrapped in "
+                                                 "DistributedDataParallel, unwrap it"), e.value
+    with pytest.raises(RuntimeError) as e:
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+    assert HC.first_sentence(e.value).startswith("ShardedOptimizer: clip with ShardedOptimizer(..., "
+                                                 "max_grad_norm=...)"), e.value
+    assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets)) and not HC.same(before, HC.snapshot(m, o))
+    o.close()
+
+
+def test_frozen_quantized_weight_refused_at_construction(C, HC):
+    """A quantized linear whose weight was frozen (module.weight.requires_grad_(False)) is refused
+    by the next ShardedOptimizer, as a frozen converted weight is; close() lets another optimizer
+    take the model over."""
+    from mxshard.torch import ShardedOptimizer
+    m = HC.converted()
+    o = ShardedOptimizer(m, _adamw)
+    with pytest.raises(ValueError, match="already managed by another ShardedOptimizer"):
+        ShardedOptimizer(m, _adamw)
+    o.close()
+    m[0].weight.requires_grad_(False)
+    raises_untouched(m, lambda: ShardedOptimizer(m, _adamw), ValueError, r"0.weight is frozen \(requires_grad_")
+    m[0].requires_grad_(True)
+    ShardedOptimizer(m, _adamw).close()
+
+
+def test_reset_parameters_of_an_owned_linear_is_a_write(C, HC):
+    """module.reset_parameters() (an HF-style re-init) on a linear the optimizer owns quantizes new
+    planes: the next step raises (nothing changes), and masters_from_model() takes the new values
+    as the masters (nothing else kept on the module)."""
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = HC.converted()
+    o = ShardedOptimizer(m, _adamw)
+    m[2].reset_parameters()
+    masters = [bk.master.clone() for bk in o._buckets]
+    HC.backward(m, 0, 0)
+    with pytest.raises(RuntimeError, match=r"^ShardedOptimizer.step: Right after writing into the model's weights, "
+                                           r"call opt.masters_from_model\(\) on every rank"):
+        o.step()
+    assert all(torch.equal(a, bk.master) for a, bk in zip(masters, o._buckets)) and o.steps == 0
+    new = m[2].weight.clone()
+    o.masters_from_model()
+    assert m[2]._master_init is None and torch.equal(C.full_masters(o)["2.weight"], new.reshape(-1))
+    o.zero_grad()
+    HC.backward(m, 0, 1)
+    o.step()
+    assert o.steps == 1
+    o.close()

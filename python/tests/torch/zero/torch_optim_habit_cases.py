@@ -83,6 +83,25 @@ def _adamw(g):
     return torch.optim.AdamW(g, lr=1e-2, weight_decay=0.1)
 
 
+def converted(fmt="mxfp8", policy="row", seed=0, bias0=True):
+    """The QA probes' model: Linear(64, 96), GELU, Linear(96, 64), convert()ed."""
+    import mxshard.torch as mxt
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(64, 96, bias=bias0), nn.GELU(), nn.Linear(96, 64))
+    return mxt.convert(m, policy, format=fmt)
+
+
+def backward(m, rank, step):
+    """One forward and backward of `m` (a converted() model) on this rank's batch `step`."""
+    g = torch.Generator().manual_seed(100 + 10 * rank + step)
+    x, y = torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g)
+    torch.nn.functional.mse_loss(m(x).float(), y).backward()
+
+
+def first_sentence(e):
+    return str(e).split(". ")[0]
+
+
 # ---- the cases -------------------------------------------------------------------
 
 def case_no_gradient_step(rank, world):
@@ -150,6 +169,99 @@ def case_model_written(rank, world):
     return {"refused": got}
 
 
+def case_set_master(rank, world):
+    """set_master_ on a converted linear the optimizer owns: on one rank only, the next step
+    raises on every rank (that rank naming masters_from_model) and changes nothing; on every
+    rank followed by masters_from_model(), the masters take the new values and training goes
+    on from them. A write through module.weight says so in its first sentence."""
+    bad = 1
+    out = {}
+    for fmt, policy in (("mxfp8", "row"), ("nvfp4", "both")):
+        m = converted(fmt, policy)
+        o = ShardedOptimizer(m, _adamw)
+        backward(m, rank, 0)
+        o.step()
+        o.zero_grad()
+        before = snapshot(m, o)
+        try:
+            with torch.no_grad():
+                m[0].weight.mul_(0)
+            raise AssertionError("a write into module.weight was accepted")
+        except RuntimeError as e:
+            first = first_sentence(e)
+            assert "set_master_(w) on every rank, then opt.masters_from_model()" in first, e
+            assert "ParamLinear" not in str(e), e
+        diff = same(before, snapshot(m, o))
+        assert not diff, f"a refused write into module.weight changed {diff}"
+        if rank == bad:
+            m[0].set_master_(torch.zeros(96, 64))
+        backward(m, rank, 1)
+        out[f"{fmt}_one_rank"] = C._expect_raise(o.step, rank, bad, RuntimeError,
+                                                 "step: Right after writing into the model's weights, call "
+                                                 "opt.masters_from_model() on every rank")
+        diff = same(before, snapshot(m, o))   # (rank 1: only the planes set_master_ wrote)
+        assert (diff and all(d.startswith("0.") for d in diff)) if rank == bad else not diff, diff
+        o.model_from_masters()   # undo rank 1's write
+        assert not same(before, snapshot(m, o)), "model_from_masters did not undo set_master_"
+        o.zero_grad()
+        w = torch.linspace(-0.5, 0.5, 96 * 64).reshape(96, 64)
+        m[0].set_master_(w)
+        written = m[0].weight.clone()
+        o.masters_from_model()
+        full = C.full_masters(o)
+        assert torch.equal(full["0.weight"], written.reshape(-1)), "the master is not the value set_master_ wrote"
+        assert (written - w).abs().max() <= 0.2 * w.abs().max()
+        backward(m, rank, 2)
+        o.step()
+        moved = (C.full_masters(o)["0.weight"] - written.reshape(-1)).abs().max().item()
+        assert 0 < moved < 0.05, f"the step after set_master_ + masters_from_model moved the master by {moved}"
+        o.close()
+    return out
+
+
+def case_requires_grad_changed(rank, world):
+    """requires_grad changed on one rank after the optimizer was built (a dense parameter
+    frozen; a converted weight frozen through module.weight or the module, with or without a
+    bias; a parameter frozen at construction unfrozen): the next step raises on every rank,
+    that rank first saying to freeze before building the optimizer, and changes nothing;
+    undone, training goes on."""
+    bad = 1
+
+    def frozen_extra(m):
+        m.register_parameter("extra", nn.Parameter(torch.zeros(3), requires_grad=False))
+        return m
+    changes = {
+        "dense": (lambda m: m[2].bias.requires_grad_(False), lambda m: m[2].bias.requires_grad_(True), True),
+        "weight": (lambda m: m[0].weight.requires_grad_(False), lambda m: m[0].weight.requires_grad_(True), True),
+        "module_no_bias": (lambda m: m[0].requires_grad_(False), lambda m: m[0].requires_grad_(True), False),
+        "unfrozen": (lambda m: m.extra.requires_grad_(True), lambda m: m.extra.requires_grad_(False), True),
+    }
+    out = {}
+    for what, (change, undo, bias0) in changes.items():
+        m = frozen_extra(converted(bias0=bias0))
+        o = ShardedOptimizer(m, _adamw)
+        backward(m, rank, 0)
+        o.step()
+        o.zero_grad()
+        if rank == bad:
+            change(m)
+        before = snapshot(m, o)
+        backward(m, rank, 1)
+        out[what] = C._expect_raise(o.step, rank, bad, RuntimeError,
+                                    "ShardedOptimizer.step: Freeze or unfreeze parameters (requires_grad_) before "
+                                    "building ShardedOptimizer")
+        diff = same(before, snapshot(m, o))
+        assert not diff, f"{what}: a refused step changed {diff}"
+        if rank == bad:
+            undo(m)
+        o.zero_grad()
+        backward(m, rank, 2)
+        o.step()
+        assert o.steps == 2
+        o.close()
+    return out
+
+
 def case_ddp(rank, world):
     """A model that is, or contains, a DistributedDataParallel is refused on
     every rank, before anything of it is touched."""
@@ -177,6 +289,18 @@ def case_ddp(rank, world):
     except RuntimeError as e:
         assert "DistributedDataParallel" in str(e), e
         out["wrapped_after"] = "raised"
+    o.close()
+    # a converted model wrapped after construction: DDP's reducer meets a dense .grad the optimizer holds
+    m = converted()
+    o = ShardedOptimizer(m, _adamw)
+    try:
+        backward(DDP(m), rank, 0)
+        o.step()
+        raise AssertionError("a step through DDP was accepted")
+    except RuntimeError as e:
+        assert "DistributedDataParallel" in str(e), e
+        out["converted_wrapped_after"] = "raised"
+    o.close()
     return out
 
 
@@ -226,7 +350,8 @@ def case_failed_construction_frees(rank, world):
 
 
 CASES = dict(C.CASES, no_gradient_step=case_no_gradient_step, model_written=case_model_written, ddp=case_ddp,
-             bf16_exact=case_bf16_exact, failed_construction_frees=case_failed_construction_frees)
+             bf16_exact=case_bf16_exact, failed_construction_frees=case_failed_construction_frees,
+             set_master=case_set_master, requires_grad_changed=case_requires_grad_changed)
 
 HABITS = [
     ("no_gradient_step", "no_gradient_step", {}),
@@ -234,6 +359,8 @@ HABITS = [
     ("ddp", "ddp", {}),
     ("bf16_exact", "bf16_exact", {}),
     ("failed_construction_frees", "failed_construction_frees", {}),
+    ("set_master", "set_master", {}),
+    ("requires_grad_changed", "requires_grad_changed", {}),
 ]
 PLAN = C.PLAN + HABITS
 
