@@ -144,6 +144,33 @@ def _written_args(func, args, kwargs):
     return out
 
 
+def _broadcast_into(func, args, kwargs):
+    """(master, source) when `func` would write a lower-rank float tensor of more than one element
+    into a QuantMaster by broadcasting it (a bias into a weight: torch.optim.swa_utils.AveragedModel
+    built before ShardedOptimizer pairs each converted weight with the next parameter, and
+    square layers broadcast silently), else None. Foreach ops pair their lists by position."""
+    def bad(w, t):
+        return (isinstance(t, torch.Tensor) and t is not w and t.is_floating_point() and t.numel() > 1
+                and t.dim() < w.dim())
+    schema = func._schema
+    vals = [args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(schema.arguments)]
+    for a, v in zip(schema.arguments, vals):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        if isinstance(v, QuantMaster):
+            for t in vals:
+                if bad(v, t):
+                    return v, t
+        elif isinstance(v, (list, tuple)):
+            for k, w in enumerate(v):
+                if not isinstance(w, QuantMaster):
+                    continue
+                for t in vals:
+                    if isinstance(t, (list, tuple)) and t is not v and k < len(t) and bad(w, t[k]):
+                        return w, t[k]
+    return None
+
+
 def _tracing_tensor(t):
     """torch.compile's stand-ins for a plain tensor (fake and functional tensors)."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -226,6 +253,19 @@ class QuantMaster(torch.Tensor):
             return t._data
 
         written = _written_args(func, args, kwargs)
+        if written:
+            hit = _broadcast_into(func, args, kwargs)
+            if hit is not None:
+                w, t = hit
+                name = w._meta.name
+                raise RuntimeError(
+                    f"mxshard: write a tensor of {name}.weight's shape {tuple(w.shape)} into it, not one of shape "
+                    f"{tuple(t.shape)} broadcast over it ({func}; nothing was written). An EMA "
+                    f"(torch.optim.swa_utils.AveragedModel) built before ShardedOptimizer does this: the optimizer "
+                    f"takes the converted weights out of model.parameters(), so the EMA pairs them with other "
+                    f"parameters; keep an EMA of a ShardedOptimizer model yourself, from each converted linear's "
+                    f"module.weight (the dequantized weight), or train with torch.optim / FSDP2, where "
+                    f"AveragedModel works")
         uargs, ukwargs = tree_map_only(QuantMaster, unwrap, (args, kwargs))
         out = func(*uargs, **ukwargs)
         for w in written:  # a write into the master: the quantized bytes derived from it are stale

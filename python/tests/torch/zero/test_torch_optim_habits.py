@@ -371,6 +371,36 @@ def test_ema_of_a_sharded_model_raises_and_copies_evaluate(C, HC):
         o.close()
 
 
+def test_ema_made_before_the_optimizer_raises_instead_of_averaging_a_bias_into_a_weight(C, HC):
+    """AveragedModel built on the converted model before ShardedOptimizer: the optimizer takes the
+    converted weights out of model.parameters(), so update_parameters pairs each EMA weight with
+    the next parameter (a bias). Square layers broadcast the bias over the weight silently; the
+    EMA's master refuses that write (nothing written) and says what to do."""
+    import torch
+    from torch import nn
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    import mxshard.torch as mxt
+    from mxshard.torch import ShardedOptimizer
+    for fmt, ema_fn in (("mxfp8", None), ("nvfp4", get_ema_multi_avg_fn(0.5))):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+        mxt.convert(m, "row", format=fmt)
+        ema = AveragedModel(m, multi_avg_fn=ema_fn) if ema_fn else AveragedModel(m)
+        o = ShardedOptimizer(m, _adamw)
+        m(torch.randn(8, 64)).pow(2).sum().backward()
+        o.step()
+        o.zero_grad()
+        before = [p.detach().clone() for p in ema.module.parameters()]
+        for _ in range(2):   # the first update copies, later ones average
+            with pytest.raises(RuntimeError) as e:
+                ema.update_parameters(m)
+            assert HC.first_sentence(e.value).startswith("mxshard: write a tensor of 0.weight's shape (64, 64) "
+                                                         "into it, not one of shape (64,) broadcast over it"), e.value
+            assert "AveragedModel" in str(e.value) and "module.weight" in str(e.value)
+            assert all(torch.equal(a, b.detach()) for a, b in zip(before, ema.module.parameters()))
+        o.close()
+
+
 def test_cast_after_construction_says_to_cast_before(C, HC):
     import torch
     from mxshard.torch import ShardedOptimizer
