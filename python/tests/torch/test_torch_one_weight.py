@@ -436,3 +436,17 @@ def test_convert_of_a_tied_weight_says_what_to_do_first():
         mxt.convert(tied, "row")
     out = mxt.convert(tied, "row", skip=["head"])
     assert type(out["head"]) is nn.Linear and isinstance(out["up"], mxt.MXFP8ParamLinear)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_a_float64_master_says_to_cast_back(fmt):
+    """model.double() casts a converted weight's master to float64, which the writeback does not
+    read: the forward raises saying what to do, and model.float() trains again."""
+    m = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64))
+    mxt.convert(m, "row", format=fmt)
+    m.double()
+    with pytest.raises(ValueError, match=r"^mxshard: keep 0\.weight in float32, bfloat16 or float16"):
+        m(torch.randn(4, 64, dtype=torch.float64))
+    m.float()
+    m(torch.randn(4, 64)).sum().backward()
+    assert m[0].weight.grad is not None and m[0].weight.grad.dtype == torch.float32

@@ -38,6 +38,7 @@ __all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported
 
 _RT = {"bf16": "bf16", "none": None}
 _U8 = torch.uint8
+_MASTER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # what the library's writeback reads
 
 
 # ---- pure geometry of one weight: the format value's (spec.fmt, mxshard.formats) -------------
@@ -103,6 +104,10 @@ class WeightUnit:
                              f"{rank}); quantized weights need fully_shard's default Shard(0) placement")
         if not local.is_contiguous():
             raise ValueError(f"mxshard: {meta.name}: the master shard is not contiguous")
+        if local.dtype not in _MASTER_DTYPES:
+            raise ValueError(f"mxshard: keep {meta.name}.weight in float32, bfloat16 or float16 (e.g. model.float(), "
+                             f"or leave {meta.name} out of convert()): its master is {local.dtype}, which the "
+                             f"{spec.fmt.name} writeback does not read (model.double() casts it)")
         fmt = self.fmt = spec.fmt
         fmt.check_shards(R, C, world, meta.name)
         self.meta, self.spec, self.world, self.rank = meta, spec, world, rank
