@@ -133,7 +133,7 @@ Test(nvfp4_writeback, region_entry_of_a_block_holds_that_blocks_amax) {
         for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
             const int tiles = block == MXS_NVFP4_16X16, col = !tiles && p == MXS_COLWISE;
             const int64_t first = tiles ? sl.tile_entry : col ? sl.col_entry : sl.row_entry;
-            mxs_wb_region g;
+            mxs_wb_region g = {0, 0, 0, 0, 0};
             int64_t b, j;
             cr_assert_eq(mxs_nvfp4_wb_region_make(rows, cols, (mxs_dirs)p, (mxs_nvfp4_block)block, &g), MXS_OK);
             cr_assert_eq(g.height, tiles || col ? 16 : 1);
@@ -161,7 +161,7 @@ Test(nvfp4_writeback, region_entry_of_a_block_holds_that_blocks_amax) {
 /* A region of no shape, plane or block is an error, and *out is left alone;
  * a 16x16 weight has the one region of tiles for either plane. */
 Test(nvfp4_writeback, region_of_a_bad_shape_plane_or_block_is_an_error) {
-    mxs_wb_region g, h, before;
+    mxs_wb_region g = {0, 0, 0, 0, 0}, h = {0, 0, 0, 0, 0}, before = {0, 0, 0, 0, 0};
     memset(&g, 0x5A, sizeof g);
     before = g;
     cr_assert_eq(mxs_nvfp4_wb_region_make(4, 4, MXS_ROWWISE, MXS_NVFP4_1X16, NULL), MXS_ERR_INVALID_ARGUMENT);

@@ -119,7 +119,7 @@ Test(writeback, region_entry_of_a_block_is_its_compact_exponent_offset) {
         const int64_t kr = (cols + 31) / 32, kc = (rows + 31) / 32;
         for (p = MXS_ROWWISE; p <= MXS_COLWISE; p++) {
             const int row = p == MXS_ROWWISE;
-            mxs_wb_region g;
+            mxs_wb_region g = {0, 0, 0, 0, 0};
             int64_t b, j;
             cr_assert_eq(mxs_wb_region_make(rows, cols, (mxs_dirs)p, &g), MXS_OK);
             cr_assert_eq(g.height, row ? 1 : 32);
@@ -137,7 +137,7 @@ Test(writeback, region_entry_of_a_block_is_its_compact_exponent_offset) {
 
 /* A region of no shape is an error, and *out is left alone. */
 Test(writeback, region_of_a_bad_shape_or_plane_is_an_error) {
-    mxs_wb_region g, before;
+    mxs_wb_region g = {0, 0, 0, 0, 0}, before = {0, 0, 0, 0, 0};
     memset(&g, 0x5A, sizeof g);
     before = g;
     cr_assert_eq(mxs_wb_region_make(4, 4, MXS_ROWWISE, NULL), MXS_ERR_INVALID_ARGUMENT);
