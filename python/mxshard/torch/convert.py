@@ -101,6 +101,26 @@ def _unmatched_message(kind, pats, names):
             f"model (its nn.Linear modules: {shown}); fix the pattern, or pass strict=False to allow it")
 
 
+def _spec_text(spec, other=None):
+    """'MXFP8 'row'' (and the options where they differ from `other`'s spec)."""
+    text = f"{spec.format.upper()} {spec.planes!r}"
+    if other is not None:
+        extra = [f"{f}={getattr(spec, f)!r}" for f in ("layout", "rounding", "block", "compute_dtype", "round_through")
+                 if getattr(spec, f) != getattr(other, f)]
+        text += f" ({', '.join(extra)})" if extra else ""
+    return text
+
+
+def _already_converted_message(done, detail):
+    by_spec = {}
+    for n, m in done:
+        by_spec.setdefault(_spec_text(m.spec), []).append(n or "<root>")
+    shown = "; ".join(f"{', '.join(ns[:6])}{', ...' if len(ns) > 6 else ''}: {sp}" for sp, ns in by_spec.items())
+    return (f"convert: the model is already converted ({shown}); convert a model once, from its plain nn.Linear "
+            f"modules (build a fresh model, or load its state dict into one, and convert that with the policy you "
+            f"want). {detail}")
+
+
 def _group_of(model):
     """The FSDPGroup of a model that convert() already touched (one per model), or a new one."""
     for m in model.modules():
@@ -151,7 +171,11 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     Format options: rounding ('ceil' by default, or 'floor') is MXFP8's, block ('1x16' by
     default, or '16x16') NVFP4's; giving the other format's option is a ValueError. layout and
     compute_dtype apply to both. One call converts to one format; for a model of both, call
-    convert twice (the second call sees only the nn.Linear modules the first one left dense)."""
+    convert twice (the second call sees only the nn.Linear modules the first one left dense).
+
+    A module converts once: a policy that selects a linear this call's format already converted
+    with another spec (planes or options) is a ValueError ("the model is already converted"), and
+    so is, under strict, a call that finds every selected linear converted already."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert: model must be an nn.Module, got {type(model).__name__}")
     decide, pol_pats = _policy_fn(policy)
@@ -173,10 +197,13 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
             names.setdefault(id(mod), (mod, []))[1].append(name)
     all_names = [n for _, ns in names.values() for n in ns]
     conv1d_all = _transposed_linears(model)
+    done = [(n, m) for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, _ParamLinear)]
     if strict:
         # (a skip pattern may name Conv1D modules: that is how they are left dense on purpose)
-        for kind, pats, among in (("policy pattern", pol_pats, all_names),
-                                  ("skip pattern", skips, all_names + list(conv1d_all))):
+        # (a pattern naming a converted linear is checked below: "already converted")
+        done_names = [n for n, _ in done]
+        for kind, pats, among in (("policy pattern", pol_pats, all_names + done_names),
+                                  ("skip pattern", skips, all_names + done_names + list(conv1d_all))):
             bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in among)]
             if bad:
                 raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names))
@@ -204,6 +231,24 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         if mod.weight.device.type != "meta":  # a model built on meta (torchtitan): to_empty() later
             _require_library(_check_device(mod.weight.device, "convert"), "convert")
         todo.append((mod, mod_names, v))
+    # converted linears the policy selects: the same spec is already done (a no-op); another spec of this
+    # call's format is a second conversion of one module, which convert cannot do (the first one rounded
+    # the master). Linears of another format belong to an earlier call that made the other format of a
+    # two-format model: this call sees only the plain nn.Linear modules, as documented.
+    selected, clash = [], []
+    for n, m in done:
+        v = "dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, m)
+        if v == "dense":
+            continue
+        selected.append(n)
+        if m.spec.format != fmt.name:
+            continue
+        want = make_spec(fmt, v, layout, rounding, block, compute_dtype, _ROUND_THROUGH[round_through])
+        if want != m.spec:
+            clash.append(f"{n or '<root>'} -> {_spec_text(want, m.spec)}")
+    if clash:
+        raise ValueError(_already_converted_message(
+            done, f"This call would convert {', '.join(clash[:6])}{', ...' if len(clash) > 6 else ''} again"))
     conv1d = [n for n, m in conv1d_all.items()
               if not any(fnmatch.fnmatchcase(n, p) for p in skips) and decide(n, m) != "dense"]
     if conv1d:
@@ -214,6 +259,9 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         if strict:
             raise ValueError(msg)
         warnings.warn(msg, stacklevel=2)
+    if strict and not todo and policy != "dense" and selected:
+        raise ValueError(_already_converted_message(
+            done, "Pass strict=False to allow a call that finds every selected linear converted already"))
     if strict and not todo and policy != "dense":
         raise ValueError(f"convert: the policy converts no nn.Linear of the model (its nn.Linear modules: "
                          f"{', '.join(all_names[:6]) or 'none'}); pass strict=False to allow it")

@@ -450,3 +450,102 @@ def test_a_float64_master_says_to_cast_back(fmt):
     m.float()
     m(torch.randn(4, 64)).sum().backward()
     assert m[0].weight.grad is not None and m[0].weight.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_share_memory_shares_the_master_and_keeps_training(fmt):
+    """weight.share_memory_() and model.share_memory() (torch.multiprocessing's Hogwild habit)
+    move the master's values into shared memory (the wrapper has no storage of its own: torch's
+    own share_memory_ crashed on it), change nothing the forward computes, and the model then
+    trains like a twin that was never shared (the bytes follow the master)."""
+    model, twin = build(format=fmt), build(format=fmt)
+    x, y = torch.randn(16, 40), torch.randn(16, 5)
+    y0 = model(x)
+    w = model.up.weight
+    assert w.share_memory_() is w
+    assert w.is_shared() and w._data.is_shared()
+    assert not model.down.weight.is_shared()
+    assert model.share_memory() is model
+    for m in (model.up, model.down):
+        assert isinstance(m.weight, mxt.QuantMaster) and m.weight.is_shared()
+    assert torch.equal(model(x), y0)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, twin)]
+    for _ in range(3):
+        for m, opt in zip((model, twin), opts):
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    assert not torch.equal(model(x), y0)
+    assert torch.equal(model(x), twin(x))
+    assert_primary_is_whole_quantize(model.up)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_double_backward_says_to_keep_the_layer_dense(fmt, path):
+    """create_graph=True (a gradient penalty) through a converted linear: its backward multiplies
+    by the quantized planes outside autograd, so a second backward would silently miss the terms
+    through the weight; it raises instead, naming the layer to leave out of the policy, on the
+    eager path and on the custom op's (torch.compile's) autograd alike."""
+    model = build(format=fmt)
+    x = torch.randn(4, 40, requires_grad=True)
+    if path == "eager":
+        y = model.up(x)
+    else:
+        up = model.up
+        y = torch.ops.mxshard.param_linear(x.to(up.spec.compute_dtype), up.weight,
+                                           up.bias.to(up.spec.compute_dtype), up._plan)
+    with pytest.raises(RuntimeError, match=r"^mxshard: keep layers that need double backward \(create_graph=True"
+                                           r".*leave up out of convert\(\)'s policy"):
+        torch.autograd.grad(y.square().sum(), x, create_graph=True)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_still_trains_like_eager(reentrant):
+    """torch.utils.checkpoint (reentrant or not) recomputes the forward with grad mode on, but runs
+    the converted linears' backward without create_graph: not a double backward, the same grads."""
+    a, b = build(), build()
+    x = torch.randn(6, 40)
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()   # (reentrant needs an input that does)
+    a(xa).square().sum().backward()
+    torch.utils.checkpoint.checkpoint(b, xb, use_reentrant=reentrant).square().sum().backward()
+    assert torch.equal(xa.grad, xb.grad)
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p.grad, q.grad), n
+
+
+def test_first_order_grads_with_a_dense_layer_kept_out_of_the_policy():
+    """The advice works: the layer a gradient penalty needs twice stays an nn.Linear, the others
+    convert, and the double backward reaches the dense layer's weight."""
+    model = build(policy={"down": "row"})
+    assert type(model.up) is nn.Linear
+    x = torch.randn(4, 40, requires_grad=True)
+    g, = torch.autograd.grad(model.up(x).square().sum(), x, create_graph=True)
+    g.square().sum().backward()
+    assert model.up.weight.grad is not None and model.up.weight.grad.abs().sum() > 0
+
+
+def test_converting_a_converted_model_again_says_it_is_already_converted():
+    """convert() twice on one model: the same policy says the model is already converted (not
+    'converts no nn.Linear'); another spec for a converted linear raises even with strict=False
+    (it used to keep the first spec silently); separate submodules in separate calls, and the
+    documented two-format model (the second call sees only the linears the first left dense), work."""
+    model = build(policy="row")
+    first = r"^convert: the model is already converted \(up, down, head: MXFP8 'row'\); convert a model once"
+    with pytest.raises(ValueError, match=first):
+        mxt.convert(model, "row")
+    assert mxt.convert(model, "row", strict=False) is model   # the same spec: nothing to do
+    for kw in ({}, {"strict": False}):
+        with pytest.raises(ValueError, match=first + r".*up -> MXFP8 'both'"):
+            mxt.convert(model, "both", **kw)
+        with pytest.raises(ValueError, match=first + r".*down -> MXFP8 'row' \(layout='compact'\)"):
+            mxt.convert(model, {"down": "row"}, layout="compact", **kw)
+    assert all(m.spec.planes == "row" and m.spec.layout == "padded" for m in (model.up, model.down, model.head))
+    torch.manual_seed(0)
+    net = Net()
+    mxt.convert(net, {"up": "both"})
+    mxt.convert(net, {"down": "row", "head": "row"})
+    assert (net.up.spec.planes, net.down.spec.planes, net.head.spec.planes) == ("both", "row", "row")
+    mixed = build(policy={"up": "row"})
+    mxt.convert(mixed, "both", format="nvfp4")   # the rest as NVFP4
+    assert (mixed.up.spec.format, mixed.down.spec.format, mixed.down.spec.planes) == ("mxfp8", "nvfp4", "both")

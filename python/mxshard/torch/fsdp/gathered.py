@@ -91,11 +91,18 @@ class GatheredWeight(torch.Tensor):
             return GatheredWeight(t.shape, t.dtype, t.device, t._box)
         if func.namespace == "mxshard":  # the converted linear's own ops (fsdp.ops) read the planes themselves
             return func(*_stand_ins(args), **_stand_ins(kwargs or {}))
-        name = args[0]._box.source._meta.name if args and isinstance(args[0], GatheredWeight) else "a weight"
+        from torch.utils._pytree import tree_leaves
+        g = next((t for t in tree_leaves((args, kwargs or {})) if isinstance(t, GatheredWeight)), None)
+        meta = g._box.source._meta if g is not None else None
+        what = f"{meta.name}.weight" if meta is not None and meta.name else "this converted weight"
+        fmt = meta.spec.format.upper() if meta is not None else "MXFP8/NVFP4"
         raise NotImplementedError(
-            f"mxshard: {name} is an FSDP2-gathered MXFP8/NVFP4 weight: it holds quantized planes, not values, "
-            f"so {func} cannot run on it. Call the module (module(x)); for its values use "
-            f"mxshard.torch.dequantized_weight(module)")
+            f"mxshard: call reshard() on the fully_shard module that holds {what} (model.reshard() reshards "
+            f"the root's own parameters only; for all: `for mod in model.modules(): if isinstance(mod, "
+            f"FSDPModule): mod.reshard()`), or run the module (module(x)), before reading {what}: under FSDP2 "
+            f"(reshard_after_forward=False keeps it after a forward) it is still the gathered {fmt} weight, "
+            f"which holds quantized planes, not values, so {func} cannot run on it. For the values the forward "
+            f"multiplies by, call mxshard.torch.dequantized_weight(module) while the module is unsharded")
 
     # -- planes
 

@@ -241,6 +241,19 @@ class QuantMaster(torch.Tensor):
         self._data = new
         meta.writes += 1   # fresh bytes at the next use (the storage changed too: a new unit)
 
+    # -- shared memory (nn.Module.share_memory(), torch.multiprocessing)
+    #
+    # The wrapper has no storage of its own (torch's Tensor.share_memory_ would move the wrapper's
+    # empty storage and crash): `_data` holds the values, so it is the one moved into shared memory.
+    # The values do not change, so the quantized bytes derived from them stay valid.
+
+    def share_memory_(self):
+        self._data.share_memory_()
+        return self
+
+    def is_shared(self):
+        return self._data.is_shared()
+
     # -- dispatch
 
     @classmethod

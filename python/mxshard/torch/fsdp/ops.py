@@ -81,6 +81,19 @@ def _forward(m, w, x, bias):
     return _gemm.linear_fwd(x, _primary(m, w, "row"), bias, m.spec.compute_dtype)
 
 
+def _refuse_double_backward(m):
+    """Raise when this backward runs with grad mode on (autograd.grad / backward with
+    create_graph=True): its GEMMs read quantized planes, outside autograd, so a graph of the
+    gradients would silently miss every term through the weight (and through x for gw)."""
+    if torch.is_grad_enabled():
+        name = m.meta.name or "this linear (the converted model's root)"
+        raise RuntimeError(
+            f"mxshard: keep layers that need double backward (create_graph=True: gradient penalties, "
+            f"Hessian-vector products, MAML) dense: leave {name} out of convert()'s policy. Its "
+            f"backward multiplies by the quantized weight outside autograd, so the gradients it returns "
+            f"cannot be differentiated again (their terms through the weight would be silently missing)")
+
+
 def _backward_parts(m, gy, x, weight_dtype, need_gx, need_gw, need_gb):
     """(gx, gw, gb), None where not needed: the one backward rule of both paths below."""
     plane = m.spec.dgrad_plane()
@@ -103,6 +116,7 @@ class ParamLinearFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, gy):
+        _refuse_double_backward(ctx.module)
         (x,) = ctx.saved_tensors
         gx, gw, gb = _backward_parts(ctx.module, gy, x, ctx.weight_dtype, ctx.needs_input_grad[0],
                                      ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
@@ -146,6 +160,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, gy):
+    if torch.is_grad_enabled():
+        _refuse_double_backward(_module(ctx.plan))
     x, weight = ctx.saved_tensors
     need_gx, need_gw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_gb = ctx.has_bias and ctx.needs_input_grad[2]

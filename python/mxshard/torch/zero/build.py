@@ -291,6 +291,7 @@ class Construction:
             b.spec = bs
         self._attach()
         self._hook_forwards(model, items)
+        self._model_ref = weakref.ref(model)   # (step() refuses a model fully_shard'ed after this)
 
     def _hook_forwards(self, model, items):
         """zero_pending_hook on every module that owns a trainable item (undone by _rollback)."""

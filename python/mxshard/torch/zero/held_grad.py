@@ -5,7 +5,7 @@ its gradient went into the optimizer's bucket.
     backward   p.grad (autograd) -> dense_hook adds it into the bucket -> p.grad = HeldGrad
     backward   (no_sync, another micro-batch) autograd's p.grad += new  ->  added into the bucket
     anything else on it (clip_grad_norm_, p.grad.norm(), an optimizer of your own)
-               -> RuntimeError: clip with ShardedOptimizer(max_grad_norm=...)
+               -> RuntimeError: clip with ShardedOptimizer(max_grad_norm=...), step only it
                (clip_grad_value_: value clipping is not available, norm clipping is;
                DistributedDataParallel's reducer, an out= function or a copy from
                .grad: unwrap the model from DDP)
@@ -47,7 +47,7 @@ class HeldGrad(torch.Tensor):
         kwargs = kwargs or {}
         me = args[0] if args and isinstance(args[0], HeldGrad) else None
         if me is not None and func in _ACCUMULATE and len(args) >= 2 and isinstance(args[1], torch.Tensor) \
-                and not isinstance(args[1], HeldGrad):
+                and not isinstance(args[1], (HeldGrad, torch.nn.Parameter)):
             # autograd accumulating another backward's gradient (grad += new, or grad + new)
             me._gview.add_(args[1].reshape(me._gview.shape), alpha=kwargs.get("alpha", 1))
             return me
@@ -71,8 +71,10 @@ class HeldGrad(torch.Tensor):
                 f"reduces the gradients itself (build it on the bare model; opt.no_sync() for accumulation); to "
                 f"clip, use ShardedOptimizer(..., max_grad_norm=...). {why}")
         raise RuntimeError(
-            f"ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...) and read the norm from "
-            f"opt.last_grad_norm: {why}")
+            f"ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...) (the norm: opt.last_grad_norm), "
+            f"and step only the ShardedOptimizer (it owns the gradients: a torch.optim optimizer over "
+            f"model.parameters(), a second one or one built before it, cannot step them; give parameters their "
+            f"own settings with ShardedOptimizer(..., param_groups=...)): {why}")
 
 
 # clip_grad_value_'s functions (torch._foreach_clamp_min_ / _max_, or .clamp_ per gradient)

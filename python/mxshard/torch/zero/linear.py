@@ -43,6 +43,42 @@ __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight", "ReadOnl
 
 
 
+# ---- FSDP2 over a model ShardedOptimizer owns ----------------------------------------
+
+FSDP_ADVICE = "Use ShardedOptimizer or FSDP2's fully_shard for a model, not both:"
+_FSDP_CLS = []
+
+
+def _fsdp_module_cls():
+    """torch.distributed.fsdp.FSDPModule (None where torch has no FSDP2)."""
+    if not _FSDP_CLS:
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except Exception:  # noqa: BLE001
+            FSDPModule = None
+        _FSDP_CLS.append(FSDPModule)
+    return _FSDP_CLS[0]
+
+
+def fsdp_touched(model):
+    """(names of the modules of `model` that fully_shard made FSDP2 modules, names of its
+    parameters that are DTensors)."""
+    cls = _fsdp_module_cls()
+    try:
+        from torch.distributed.tensor import DTensor
+    except Exception:  # noqa: BLE001
+        DTensor = None
+    mods, params = [], []
+    for name, m in model.named_modules(remove_duplicate=False):
+        if cls is not None and isinstance(m, cls):
+            mods.append(name or "<root>")
+        if DTensor is not None:
+            for pn, p in m._parameters.items():
+                if isinstance(p, DTensor):
+                    params.append(f"{name}.{pn}" if name else pn)
+    return mods, params
+
+
 # ---- the autograd function -------------------------------------------------------
 
 class _QuantLinearFn(torch.autograd.Function):
@@ -50,30 +86,46 @@ class _QuantLinearFn(torch.autograd.Function):
     (module: an MXFP8Linear or NVFP4Linear).
 
     Inputs: x and b already in compute_dtype (the casts are outside, so autograd
-    returns their gradients in the callers' dtypes); `anchor` is an empty tensor
-    that requires grad, passed when neither x nor b does, so that the backward
-    (and with it the weight gradient) still runs."""
+    returns their gradients in the callers' dtypes); `token`: the module's
+    empty leaf that requires grad (module._grad_token()), standing for the
+    weight in the graph. The backward always runs when the forward recorded a
+    graph, and adds the weight gradient into main_grad (then calls the
+    module's gradient hook) only when the engine would execute the token's
+    AccumulateGrad node, i.e. when the pass accumulates leaf gradients as
+    loss.backward() does; torch.autograd.grad(loss, x) (or backward(inputs=...)
+    without the weight) leaves main_grad alone, as it leaves .grad alone in
+    torch. Double backward (create_graph=True) raises: the weight's
+    second-order term would be missing."""
 
     @staticmethod
-    def forward(ctx, x, b, anchor, module):
+    def forward(ctx, x, b, token, module):
         y = _gemm.linear_fwd(x, module.primary, b, module.compute_dtype)
         ctx.module = module
+        ctx.token = token
         ctx.has_bias = b is not None
         ctx.save_for_backward(x)
         return y
 
     @staticmethod
     def backward(ctx, gy):
-        (x,) = ctx.saved_tensors
         m = ctx.module
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"Keep layers that need double backward (create_graph=True) dense: leave them out of convert()'s "
+                f"policy (convert(..., skip=...)). {m._who} computes its backward from the quantized weight "
+                f"outside autograd, so a gradient of its gradients (a gradient penalty, "
+                f"torch.autograd.grad(..., create_graph=True)) would silently miss the weight's second-order term")
+        (x,) = ctx.saved_tensors
         gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.compute_dtype, ctx.needs_input_grad[0],
                                                  ctx.has_bias and ctx.needs_input_grad[1], lambda: m.primary,
                                                  "col" if m.planes == "both" else "row")
-        x2 = x.reshape(-1, x.shape[-1])
-        m._accumulate_main_grad(gy2, x2)
-        hook = m._mxs_grad_hook
-        if hook is not None:
-            hook()
+        tok = ctx.token
+        if tok is None or torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(tok).node):
+            x2 = x.reshape(-1, x.shape[-1])
+            m._accumulate_main_grad(gy2, x2)
+            hook = m._mxs_grad_hook
+            if hook is not None:
+                hook()
         return gx, gb, None, None
 
 
@@ -357,15 +409,29 @@ class _QuantLinear(nn.Module):
         if x.device != dev:
             raise ValueError(f"{who}: input on {x.device}, the weight on {dev}")
         self._require(dev)
+        fsdp = _fsdp_module_cls()
+        if fsdp is not None and isinstance(self, fsdp) and self._under_optimizer():
+            raise RuntimeError(f"{FSDP_ADVICE} fully_shard was applied to this {who} after ShardedOptimizer "
+                               f"took the model over; the two shard the same masters two ways (to use FSDP2, "
+                               f"convert() the model again, fully_shard it and train it with a torch.optim "
+                               f"optimizer; to use ShardedOptimizer, do not call fully_shard on its model)")
         dt = self.compute_dtype
         xc = x.to(dt)
         b = self.bias.to(dt) if self.bias is not None else None
-        anchor = None
-        if torch.is_grad_enabled() and not xc.requires_grad and not (b is not None and b.requires_grad):
-            anchor = torch.empty(0, device=dev, requires_grad=True)
-        y = _QuantLinearFn.apply(xc, b, anchor, self)
+        y = _QuantLinearFn.apply(xc, b, self._grad_token(dev) if torch.is_grad_enabled() else None, self)
         out = _gemm.output_dtype(x)
         return y if y.dtype == out else y.to(out)
+
+    def _grad_token(self, dev):
+        """The module's empty leaf that requires grad, the weight's stand-in in the autograd graph
+        (_QuantLinearFn): neither a Parameter nor a buffer (not in parameters() / state_dict()),
+        one per module, so that its AccumulateGrad node tells whether a backward pass
+        accumulates leaf gradients."""
+        t = self.__dict__.get("_mxs_token")
+        if t is None or t.device != dev:
+            t = torch.empty(0, device=dev, requires_grad=True)
+            self.__dict__["_mxs_token"] = t
+        return t
 
     def _apply(self, fn, *args, **kwargs):
         # buffers of a fixed dtype (NVFP4's fp32 amax) follow device moves only

@@ -198,6 +198,7 @@ from . import layout as LY
 from .build import Construction
 from .build import plain as _plain  # noqa: F401 - mxshard.torch.checkpoint imports it from here
 from .grads import Gradients, sum_squares
+from .linear import FSDP_ADVICE as _FSDP_ADVICE, fsdp_touched
 from .writeback import PLANE_BUFFERS, Writeback
 from .comm import Comm
 
@@ -425,6 +426,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             errs.append(f"accumulate over several backwards inside `with opt.no_sync():` (or pass overlap=False for "
                         f"a module used several times in one forward). Gradients arrived after their bucket's "
                         f"reduction had started: {shown}")
+        errs = self._check_not_fsdp() + errs   # (first: what follows from it would only confuse)
         errs += self._check_storage()
         errs += self._check_trainable()
         if not errs:
@@ -474,6 +476,27 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         if remote:
             raise remote[0]
         return loss
+
+    def _check_not_fsdp(self):
+        """Local: no module of the model became an FSDP2 module (fully_shard) and no parameter a
+        DTensor since the optimizer took the model over. Returns error strings."""
+        ref = getattr(self, "_model_ref", None)
+        model = ref() if ref is not None else None
+        if model is None:
+            return []
+        mods, params = fsdp_touched(model)
+        if not mods and not params:
+            return []
+
+        def show(names):
+            return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+        what = "; ".join(x for x in (f"FSDP2 modules: {show(mods)}" if mods else "",
+                                     f"DTensor parameters: {show(params)}" if params else "") if x)
+        return [f"{_FSDP_ADVICE} fully_shard was applied to the model after ShardedOptimizer took it over ({what}); "
+                f"the two shard the same masters two ways, and FSDP2's sharded parameters are not the tensors "
+                f"ShardedOptimizer steps, so training would silently diverge. To use FSDP2, build the model "
+                f"again (convert(), then fully_shard) with a torch.optim optimizer over model.parameters(); to use "
+                f"ShardedOptimizer, do not call fully_shard on its model"]
 
     # ---- the model's weights ------------------------------------------------------------
 

@@ -6,6 +6,8 @@ cases). Skips without torch, gloo or the host library; a rank that hangs or
 dies fails the tests within DEADLINE (its process killed), never blocks."""
 import os
 
+import re
+
 import pytest
 
 import torch_harness as H
@@ -60,6 +62,10 @@ def test_fsdp_features_train_and_stay_exact(phase_a):
         assert o["reduces"] == [1] * len(o["losses"]), o
         assert o["fetches"] == [4] * len(o["losses"]), o
         assert o["checked"] > 0 and abs(o["lr"] - 1e-2 / 1.5) < 1e-12, o
+        assert re.match(r"mxshard: call reshard\(\) on the fully_shard module that holds blocks\.1\.up\.weight "
+                        r"\(model\.reshard\(\).*or run the module \(module\(x\)\), before reading "
+                        r"blocks\.1\.up\.weight: under FSDP2 \(reshard_after_forward=False", o["read_gathered"] or ""), o
+        assert o["resharded"] > 0, o
 
 
 def test_torch_compile_of_each_block_under_fsdp2_has_no_graph_break_and_equals_eager(phase_a):

@@ -165,8 +165,11 @@ def test_what_cannot_work_fails_clearly():
         m[0](torch.randn(2, 39))
     from mxshard.torch.fsdp.gathered import GatheredWeight, _Box
     gathered = GatheredWeight((33, 40), torch.float32, torch.device("cpu"), _Box(m[0].weight, None))
-    with pytest.raises(NotImplementedError, match="holds quantized planes.*module\\(x\\)"):
+    first = r"^mxshard: call reshard\(\) on the fully_shard module that holds 0\.weight .*before reading 0\.weight:"
+    with pytest.raises(NotImplementedError, match=first + ".*gathered MXFP8 weight.*dequantized_weight"):
         gathered.sum()
+    with pytest.raises(NotImplementedError, match=first):   # (a copy out of it names the weight too)
+        torch.empty(33, 40).copy_(gathered)
 
 
 def test_convert_strict_rejects_patterns_that_match_nothing():

@@ -160,8 +160,24 @@ def case_features(rank, world, steps=5):
         losses.append(total)
     assert all(x > 0 and x == x for x in norms), norms
     assert losses[-1] < losses[0], losses
+    # an eval forward leaves blocks[1] (reshard_after_forward=False) gathered: reading its weight
+    # says to reshard first, and after reshard() it reads like any parameter
+    m.eval()
+    with torch.no_grad():
+        m(batch(0, rank)[0])
+    w = dict(m.named_parameters())["blocks.1.up.weight"]
+    try:
+        w.detach().clone()
+        read_gathered = None
+    except NotImplementedError as e:
+        read_gathered = str(e)
+    from torch.distributed.fsdp import FSDPModule
+    for mod in m.modules():   # (the message's advice)
+        if isinstance(mod, FSDPModule):
+            mod.reshard()
+    resharded = float(dict(m.named_parameters())["blocks.1.up.weight"].detach().full_tensor().abs().sum())
     return {"losses": losses, "reduces": reduces, "fetches": fetches, "checked": checked,
-            "lr": o.param_groups[0]["lr"]}
+            "lr": o.param_groups[0]["lr"], "read_gathered": read_gathered, "resharded": resharded}
 
 
 def case_compile(rank, world, steps=3):

@@ -214,6 +214,59 @@ def test_wgrad_without_any_input_requiring_grad():
         m(x).sum().backward()
 
 
+@pytest.mark.parametrize("planes", PLANES)
+def test_autograd_grad_wrt_input_leaves_main_grad(planes):
+    """torch.autograd.grad(loss, x) (saliency, an input-gradient penalty) and
+    backward(inputs=[x]) return x's gradient and leave main_grad, the gradient
+    hook and the bias' .grad alone, as they leave .grad alone in torch; a
+    retained graph's loss.backward() after them accumulates exactly what a plain
+    backward does. The token standing for the weight is neither a parameter nor
+    in the state dict."""
+    m = make(24, 12, planes, "padded", torch.float32, 1)
+    calls = []
+    m._mxs_grad_hook = lambda: calls.append(1)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 24, generator=g, requires_grad=True)
+    gy = torch.randn(4, 12, generator=g)
+    ref = make(24, 12, planes, "padded", torch.float32, 1)
+    xr = x.detach().clone().requires_grad_(True)
+    ref(xr).backward(gy)
+    y = m(x)
+    gx, = torch.autograd.grad(y, x, gy, retain_graph=True)
+    assert same(gx, xr.grad)
+    assert m.main_grad is None and calls == [] and m.bias.grad is None
+    y.backward(gy, inputs=[x], retain_graph=True)
+    assert m.main_grad is None and calls == [] and m.bias.grad is None and same(x.grad, xr.grad)
+    x.grad = None
+    y.backward(gy)   # a plain backward of the same graph: the weight gradient, bit-identical
+    assert same(m.main_grad, ref.main_grad) and calls == [1] and same(m.bias.grad, ref.bias.grad)
+    assert same(x.grad, xr.grad)
+    # x requires no grad (the token alone carries the graph): autograd.grad wrt the bias only
+    y = m(x.detach())
+    gb, = torch.autograd.grad(y, m.bias, gy)
+    assert same(gb, gy.sum(0)) and same(m.main_grad, ref.main_grad) and calls == [1]
+    assert [n for n, _ in m.named_parameters()] == ["bias"]
+    assert not any("token" in k for k in m.state_dict()) and "_mxs_token" not in m._buffers
+
+
+@pytest.mark.parametrize("planes", PLANES)
+def test_double_backward_raises(planes):
+    """create_graph=True through a quantized linear (a gradient penalty) raises, saying to keep
+    the layer dense, and leaves main_grad alone; create_graph=False works as before."""
+    m = make(24, 12, planes, "padded", torch.float32, 1)
+    x = torch.randn(4, 24, requires_grad=True)
+    with pytest.raises(RuntimeError) as e:
+        torch.autograd.grad(m(x).pow(2).sum(), x, create_graph=True)
+    assert str(e.value).startswith("Keep layers that need double backward (create_graph=True) dense: leave them "
+                                   "out of convert()'s policy"), e.value
+    assert m.main_grad is None
+    with pytest.raises(RuntimeError, match="^Keep layers that need double backward"):
+        m(x).pow(2).sum().backward(create_graph=True)
+    assert m.main_grad is None
+    gx, = torch.autograd.grad(m(x).pow(2).sum(), x)
+    assert gx.shape == x.shape and m.main_grad is None
+
+
 def test_only_the_input_is_kept_for_backward(monkeypatch):
     import weakref
     made = []
@@ -343,7 +396,8 @@ def test_no_high_precision_weight_after_release():
     m.release_master_init()
     assert floats(m) == ["bias"]
     m(torch.randn(5, 64)).sum().backward()
-    assert floats(m) == ["bias", "main_grad"]
+    # (the weight's 0-element stand-in in the autograd graph holds no weight)
+    assert floats(m) == ["_mxs_token", "bias", "main_grad"] and m._mxs_token.numel() == 0
     assert sorted(n for n, t in m.named_buffers()) == ["col_data", "col_scale", "row_data", "row_scale"]
     assert all(t.dtype == torch.uint8 for t in m.buffers())
     assert "planes=both" in repr(m) and "layout=padded" in repr(m) and "in_features=64" in repr(m)

@@ -8,6 +8,7 @@ torch.distributed.checkpoint's state_dict helpers, inner optimizers that are
 not elementwise and bad grad dtypes raise, naming what to use; bf16 gradient
 buffers; a failed construction leaves nothing alive. The same across gloo
 ranks: test_torch_optim.py (torch_optim_habit_cases)."""
+import contextlib
 import copy
 import gc
 import os
@@ -485,3 +486,80 @@ def test_reset_parameters_of_an_owned_linear_is_a_write(C, HC):
     o.step()
     assert o.steps == 1
     o.close()
+
+
+@pytest.mark.parametrize("inner", ["sgd_wd", "adamw", "adamw_foreach"])
+def test_torch_optimizer_over_the_model_raises_saying_step_only_sharded(C, HC, inner):
+    """A torch.optim optimizer over model.parameters() (a second optimizer, or one built before
+    ShardedOptimizer) stepping a model ShardedOptimizer owns raises, its first sentence saying to
+    step only the ShardedOptimizer, and leaves the buckets' gradients alone (SGD's weight decay
+    adds the parameter to .grad: not a gradient to accumulate)."""
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = HC.converted()
+    make = {"sgd_wd": lambda ps: torch.optim.SGD(ps, lr=0.1, weight_decay=0.1, foreach=False),
+            "adamw": lambda ps: torch.optim.AdamW(ps, lr=0.1, foreach=False),
+            "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=0.1, foreach=True)}[inner]
+    before_opt = make(list(m.parameters()))
+    o = ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1))
+    second = make(list(m.parameters()))
+    HC.backward(m, 0, 0)
+    grads = [bk.grad.clone() for bk in o._buckets]
+    dense = {n: p.detach().clone() for n, p in m.named_parameters()}
+    for t in (before_opt, second):
+        with pytest.raises(RuntimeError) as e:
+            t.step()
+        first = HC.first_sentence(e.value)
+        assert first.startswith("ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...)"), e.value
+        assert "step only the ShardedOptimizer (it owns the gradients" in first, e.value
+        assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets)), "the gradient buckets changed"
+        if inner == "sgd_wd":   # (AdamW decays the parameter in place before it reads .grad)
+            assert all(torch.equal(v, dict(m.named_parameters())[n]) for n, v in dense.items())
+    o.model_from_masters()   # (undoes AdamW's decay of the dense parameters)
+    o.step()
+    assert o.steps == 1
+    o.close()
+
+
+def test_autograd_grad_wrt_input_leaves_the_buckets(C, HC):
+    """torch.autograd.grad(loss, x) under ShardedOptimizer (saliency, an input-gradient penalty)
+    returns x's gradient and writes no gradient bucket (nor reports an item: no bucket is
+    launched), so a step after it alone changes nothing; a retained graph's backward after it
+    and a step give the masters of a plain backward and step, bit for bit; the same inside
+    no_sync."""
+    import torch
+    import torch.nn.functional as F
+    from mxshard.torch import ShardedOptimizer
+
+    def run(pre, nosync=False):
+        m = HC.converted()
+        o = ShardedOptimizer(m, _adamw)
+        g = torch.Generator().manual_seed(3)
+        x = torch.randn(16, 64, generator=g).requires_grad_(True)
+        y = torch.randn(16, 64, generator=g)
+        for _ in range(2):
+            loss = F.mse_loss(m(x).float(), y)
+            if pre:
+                versions = [bk.grad._version for bk in o._buckets]
+                grads = [bk.grad.clone() for bk in o._buckets]
+                ctx = o.no_sync() if nosync else contextlib.nullcontext()
+                with ctx:
+                    gx, = torch.autograd.grad(loss, x, retain_graph=True)
+                assert gx.shape == x.shape and gx.abs().sum() > 0
+                assert [bk.grad._version for bk in o._buckets] == versions, "autograd.grad wrote a bucket"
+                assert all(torch.equal(a, bk.grad) for a, bk in zip(grads, o._buckets))
+                assert all(not bk.seen and bk.work is None for bk in o._buckets), "autograd.grad reported items"
+                snap = HC.snapshot(m, o)
+                if not nosync:
+                    o.step()   # nothing arrived: changes nothing
+                    assert not HC.same(snap, HC.snapshot(m, o)), "a step after autograd.grad alone moved something"
+            loss.backward()
+            o.step()
+            o.zero_grad()
+        out = [bk.master.clone() for bk in o._buckets]
+        o.close()
+        return out
+    ref = run(False)
+    for kw in ({}, {"nosync": True}):
+        got = run(True, **kw)
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(ref, got)), kw

@@ -349,9 +349,51 @@ def case_failed_construction_frees(rank, world):
     return {"left": left}
 
 
+def case_fsdp_after(rank, world):
+    """fully_shard (FSDP2) applied to a model after ShardedOptimizer took it over: on the
+    converted linears and the root, their forward raises on every rank; on the root only (or
+    only on a dense submodule), the forward and backward run and step() raises on every rank;
+    the first sentence says to use one of the two; the masters stay unchanged."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    advice = "Use ShardedOptimizer or FSDP2's fully_shard for a model, not both"
+    mesh = init_device_mesh("cpu", (world,))
+    out = {}
+    for what in ("linears_and_root", "root", "dense_sub"):
+        m = converted()
+        if what == "dense_sub":
+            m.append(nn.Linear(64, 64))
+        o = ShardedOptimizer(m, _adamw)
+        masters = [b.master.clone() for b in o._buckets]
+        if what == "linears_and_root":
+            fully_shard(m[0], mesh=mesh)
+            fully_shard(m[2], mesh=mesh)
+        if what == "dense_sub":
+            fully_shard(m[3], mesh=mesh)
+        else:
+            fully_shard(m, mesh=mesh)
+
+        def train():
+            backward(m, rank, 0)
+            o.step()
+        try:
+            train()
+            raise AssertionError(f"{what}: training a fully_shard'ed model under ShardedOptimizer was accepted")
+        except RuntimeError as e:
+            first = first_sentence(e)
+            assert advice in first, e
+            assert first.startswith(advice if what == "linears_and_root" else "ShardedOptimizer.step: " + advice), e
+            out[what] = "forward" if "ShardedOptimizer.step" not in str(e) else "step"
+        assert all(torch.equal(a.view(torch.int32), b.master.view(torch.int32)) for a, b in zip(masters, o._buckets)), \
+            f"{what}: a refused step changed the masters"
+        o.close()
+    return out
+
+
 CASES = dict(C.CASES, no_gradient_step=case_no_gradient_step, model_written=case_model_written, ddp=case_ddp,
              bf16_exact=case_bf16_exact, failed_construction_frees=case_failed_construction_frees,
-             set_master=case_set_master, requires_grad_changed=case_requires_grad_changed)
+             set_master=case_set_master, requires_grad_changed=case_requires_grad_changed,
+             fsdp_after=case_fsdp_after)
 
 HABITS = [
     ("no_gradient_step", "no_gradient_step", {}),
@@ -361,6 +403,7 @@ HABITS = [
     ("failed_construction_frees", "failed_construction_frees", {}),
     ("set_master", "set_master", {}),
     ("requires_grad_changed", "requires_grad_changed", {}),
+    ("fsdp_after", "fsdp_after", {}),
 ]
 PLAN = C.PLAN + HABITS
 
