@@ -549,3 +549,36 @@ def test_converting_a_converted_model_again_says_it_is_already_converted():
     mixed = build(policy={"up": "row"})
     mxt.convert(mixed, "both", format="nvfp4")   # the rest as NVFP4
     assert (mixed.up.spec.format, mixed.down.spec.format, mixed.down.spec.planes) == ("mxfp8", "nvfp4", "both")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_torch_func_transforms_and_parametrizations_say_to_keep_the_layer_dense(fmt):
+    """torch.func transforms (vmap, jacrev, grad of functional_call) and parametrizations
+    (weight_norm, spectral_norm) cannot run through a converted linear: each raises at the
+    forward, saying to leave the layer out of convert(); ShardedOptimizer's linears too."""
+    def build():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64))
+        mxt.convert(m, "row", format=fmt)
+        return m
+    x, y = torch.randn(16, 64), torch.randn(16, 64)
+    m = build()
+    p = dict(m.named_parameters())
+    transforms = [lambda: torch.func.vmap(m)(x.unsqueeze(0).expand(3, 16, 64)),
+                  lambda: torch.func.jacrev(m)(x[:1]),
+                  lambda: torch.func.grad(lambda q: F.mse_loss(torch.func.functional_call(m, q, (x,)), y))(p)]
+    for run in transforms:
+        with pytest.raises(RuntimeError, match=r"^mxshard: leave 0 out of convert\(\) \(skip=\[\.\.\.\]\) to run "
+                                               r"torch\.func transforms"):
+            run()
+    assert torch.equal(torch.func.functional_call(m, p, (x,)), m(x))   # its own parameters: fine
+    for parametrize in (torch.nn.utils.parametrizations.weight_norm, torch.nn.utils.parametrizations.spectral_norm):
+        m = build()
+        parametrize(m[0])
+        with pytest.raises(RuntimeError, match=r"^mxshard: keep linears you parametrize .* dense: leave 0 out of"):
+            m(x)
+    m = build()
+    o = mxt.ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1))
+    with pytest.raises(RuntimeError, match=r"to run torch\.func transforms"):
+        torch.func.vmap(m)(x.unsqueeze(0).expand(3, 16, 64))
+    o.close()

@@ -386,4 +386,6 @@ def _stale_message(name):
 def _replaced_message(name, w):
     return (f"mxshard: keep a converted weight's Parameter: load values into it (load_state_dict, "
             f"weight.data.copy_(...)) and keep tied weights dense. {name}.weight is a {type(w).__name__}, not the "
-            f"module's QuantMaster: it was replaced (a tie, a new Parameter?)")
+            f"module's QuantMaster: it was replaced (a tie, a new Parameter, or torch.func.functional_call with a "
+            f"plain tensor for it: pass a QuantMaster there, e.g. {name}.weight.detach().clone() with your "
+            f"values copied in, or leave {name} out of convert())")

@@ -156,6 +156,7 @@ class _ParamLinear(nn.Linear):
         if torch.compiler.is_compiling():   # traced: the custom op (fsdp.ops), no graph break
             y = _ops.param_linear(x.to(dt), w, b, self._plan)
         else:                               # eager: the same rules without the op's dispatch
+            _ops.refuse_functorch(self.meta.name, x, w, b)
             y = _ops.ParamLinearFn.apply(x.to(dt), w, b, self)
         out = _gemm.output_dtype(x)
         return y if y.dtype == out else y.to(out)

@@ -62,11 +62,33 @@ def _primary(module, w, plane):
     return module._group.local_primary(w)
 
 
+def refuse_functorch(name, *tensors):
+    """Raises when a torch.func transform (vmap, grad, jacrev, jvp, ...) wraps a tensor of the call:
+    the quantized GEMM runs outside autograd's functional machinery, so it cannot be batched or
+    transformed."""
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    if any(t is not None and wrapped(t) for t in tensors):
+        raise RuntimeError(
+            f"mxshard: leave {name} out of convert() (skip=[...]) to run torch.func transforms (vmap, grad, "
+            f"jacrev, jvp, functional_call under grad) through it, or apply them to the plain model: a converted "
+            f"linear computes with its quantized weight outside autograd's functional machinery, so it cannot "
+            f"be batched or differentiated by torch.func")
+
+
 def _check_weight(module):
     """The weight tensor the forward can use (GatheredWeight or QuantMaster), or a clear error."""
     w = module._parameters.get("weight")
     if isinstance(w, (GatheredWeight, QuantMaster)):
         return w
+    if isinstance(w, torch.Tensor):   # torch.func.grad(functional_call(...)) hands in a wrapped tensor
+        refuse_functorch(module.meta.name, w)
+    from torch.nn.utils import parametrize
+    if parametrize.is_parametrized(module, "weight") or "weight_g" in module._parameters:
+        raise RuntimeError(
+            f"mxshard: keep linears you parametrize (weight_norm, spectral_norm, register_parametrization) dense: "
+            f"leave {module.meta.name} out of convert()'s policy (skip=[...]). A converted linear's weight must "
+            f"stay its QuantMaster Parameter, and the parametrization moved it (to "
+            f"{module.meta.name}.parametrizations.weight.original, or weight_g / weight_v)")
     from torch.distributed.tensor import DTensor
     if isinstance(w, DTensor):
         raise RuntimeError(

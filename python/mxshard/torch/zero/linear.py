@@ -37,6 +37,7 @@ from ..gemm import paths as _gemm
 from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_choice, _check_compute_dtype,
                        _check_device, _check_features, _dtype_code, _require_library)
 from ..fsdp.linear import MXFP8ParamLinear
+from ..fsdp.ops import refuse_functorch
 from ... import formats as _formats
 
 __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight", "ReadOnlyPlane"]
@@ -418,6 +419,7 @@ class _QuantLinear(nn.Module):
         dt = self.compute_dtype
         xc = x.to(dt)
         b = self.bias.to(dt) if self.bias is not None else None
+        refuse_functorch(who, xc, b)
         y = _QuantLinearFn.apply(xc, b, self._grad_token(dev) if torch.is_grad_enabled() else None, self)
         out = _gemm.output_dtype(x)
         return y if y.dtype == out else y.to(out)
