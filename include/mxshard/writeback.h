@@ -141,17 +141,21 @@ MXS_HD int64_t mxs_wb_region_entry(const mxs_wb_region *g, int64_t b, int64_t j)
 }
 
 /* The region of an MXFP8 weight's `plane` exponents (MXS_ROWWISE or
- * MXS_COLWISE): the COMPACT plane, entry (r, k) at r*K + k row-wise and
- * (g, c) at g*cols + c column-wise. MXS_ERR_INVALID_ARGUMENT for a NULL out
- * or a bad plane, MXS_ERR_SHAPE, MXS_ERR_OVERFLOW (rows*cols beyond int64). */
+ * MXS_COLWISE): the COMPACT plane of mxs_scale_geom, whose offset k*M + m
+ * (column-wise, block row k = a 32-row group) or m*K + k (row-wise, block
+ * row m = a row) puts block (b, j) at b*per_row + j. MXS_ERR_INVALID_ARGUMENT
+ * for a NULL out or a bad plane, MXS_ERR_SHAPE, MXS_ERR_OVERFLOW (rows*cols
+ * beyond int64). */
 MXS_NODISCARD MXS_HD mxs_status mxs_wb_region_make(int64_t rows, int64_t cols, mxs_dirs plane, mxs_wb_region *out) {
     int64_t n;
+    mxs_scale_geom g;
     if (!out || !mxs_plane_valid((int)plane)) return MXS_ERR_INVALID_ARGUMENT;
     if (rows < 1 || cols < 1) return MXS_ERR_SHAPE;
-    if (!mxs_mul_ok(rows, cols, &n)) return MXS_ERR_OVERFLOW;
-    out->height = plane == MXS_COLWISE ? MXS_BLOCK : 1;
-    out->block_rows = plane == MXS_COLWISE ? mxs_col_groups(rows) : rows;
-    out->per_row = plane == MXS_COLWISE ? cols : mxs_row_blocks_per_row(cols);
+    if (!mxs_mul_ok(rows, cols, &n) || !mxs_scale_geom_make(rows, cols, plane, MXS_SCALES_COMPACT, &g))
+        return MXS_ERR_OVERFLOW;
+    out->height = g.colwise ? MXS_BLOCK : 1;
+    out->block_rows = g.colwise ? g.K : g.M;
+    out->per_row = g.colwise ? g.M : g.K;
     out->row_step = out->per_row;
     out->col_step = 1;
     return MXS_OK;

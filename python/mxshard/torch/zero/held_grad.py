@@ -83,16 +83,6 @@ _VALUE_CLIP = {"clamp", "clamp_", "clamp_min", "clamp_min_", "clamp_max", "clamp
 
 
 def _held_in(tree):
-    out = []
-
-    def walk(x):
-        if isinstance(x, HeldGrad):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
-    walk(tree)
-    return out
+    """The HeldGrad leaves of a pytree of arguments."""
+    from torch.utils._pytree import tree_leaves
+    return [x for x in tree_leaves(tree) if isinstance(x, HeldGrad)]

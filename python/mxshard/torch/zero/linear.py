@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 
 import torch
 import torch.nn as nn
@@ -47,18 +48,10 @@ __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight", "ReadOnl
 # ---- FSDP2 over a model ShardedOptimizer owns ----------------------------------------
 
 FSDP_ADVICE = "Use ShardedOptimizer or FSDP2's fully_shard for a model, not both:"
-_FSDP_CLS = []
-
-
 def _fsdp_module_cls():
-    """torch.distributed.fsdp.FSDPModule (None where torch has no FSDP2)."""
-    if not _FSDP_CLS:
-        try:
-            from torch.distributed.fsdp import FSDPModule
-        except Exception:  # noqa: BLE001
-            FSDPModule = None
-        _FSDP_CLS.append(FSDPModule)
-    return _FSDP_CLS[0]
+    """torch.distributed.fsdp.FSDPModule, or None while nobody imported FSDP2 (then no module can be
+    one): a dictionary lookup, so the forward may ask it every call."""
+    return getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
 
 
 def fsdp_touched(model):
@@ -571,19 +564,9 @@ class ReadOnlyPlane(torch.Tensor):
 
 
 def _planes_in(tree):
-    out = []
-
-    def walk(x):
-        if isinstance(x, ReadOnlyPlane):
-            out.append(x)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
-    walk(tree)
-    return out
+    """The ReadOnlyPlane leaves of a pytree of arguments."""
+    from torch.utils._pytree import tree_leaves
+    return [x for x in tree_leaves(tree) if isinstance(x, ReadOnlyPlane)]
 
 
 # ---- MXFP8 ---------------------------------------------------------------------

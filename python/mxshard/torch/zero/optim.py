@@ -199,7 +199,7 @@ from .build import Construction
 from .build import plain as _plain  # noqa: F401 - mxshard.torch.checkpoint imports it from here
 from .grads import Gradients, sum_squares
 from .linear import FSDP_ADVICE as _FSDP_ADVICE, fsdp_touched
-from .writeback import PLANE_BUFFERS, Writeback
+from .writeback import PLANE_BUFFERS, Writeback, names_shown
 from .comm import Comm
 
 __all__ = ["ShardedOptimizer", "FORMAT", "ItemRow"]
@@ -487,11 +487,8 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         mods, params = fsdp_touched(model)
         if not mods and not params:
             return []
-
-        def show(names):
-            return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        what = "; ".join(x for x in (f"FSDP2 modules: {show(mods)}" if mods else "",
-                                     f"DTensor parameters: {show(params)}" if params else "") if x)
+        what = "; ".join(x for x in (f"FSDP2 modules: {names_shown(mods)}" if mods else "",
+                                     f"DTensor parameters: {names_shown(params)}" if params else "") if x)
         return [f"{_FSDP_ADVICE} fully_shard was applied to the model after ShardedOptimizer took it over ({what}); "
                 f"the two shard the same masters two ways, and FSDP2's sharded parameters are not the tensors "
                 f"ShardedOptimizer steps, so training would silently diverge. To use FSDP2, build the model "

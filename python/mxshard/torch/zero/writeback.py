@@ -36,6 +36,13 @@ __all__ = ["PLANE_BUFFERS", "Writeback"]
 PLANE_BUFFERS = ("rowbuf", "colbuf", "rowscale", "colscale", "nvrow", "nvcol", "nvrowscale", "nvcolscale", "nvamax")
 
 
+def names_shown(names, sep=", "):
+    """The first four of `names` for an error message, then how many more ("a, b, c, d and 3 more";
+    with sep "; ": "a; b; c; d; and 3 more")."""
+    more = f"{sep if sep != ', ' else ' '}and {len(names) - 4} more" if len(names) > 4 else ""
+    return sep.join(names[:4]) + more
+
+
 class Writeback:
     """The model-facing half of ShardedOptimizer (a mixin: it reads the
     optimizer's _buckets, _items, _expect, comm, world, rank, plan)."""
@@ -183,7 +190,7 @@ class Writeback:
                                  + (f" (now {p.dtype}, built as {a.dtype})" if p.dtype != a.dtype else "")
                                  + (f" (now on {p.device}, built on {a.device})" if p.device != a.device else ""))
         if moved:
-            shown = "; ".join(moved[:4]) + (f"; and {len(moved) - 4} more" if len(moved) > 4 else "")
+            shown = names_shown(moved, "; ")
             errs.append(f"Cast or move the model (model.to(dtype / device), .half(), .bfloat16(), .cuda()) before "
                         f"building ShardedOptimizer, not after: it owns the model's storage from its construction "
                         f"on (to change it now: opt.close(), then build a new ShardedOptimizer on the model; it starts "
@@ -192,7 +199,7 @@ class Writeback:
         if written and not errs:
             written = self._written_from_outside()
             if written:
-                shown = ", ".join(written[:4]) + (f" and {len(written) - 4} more" if len(written) > 4 else "")
+                shown = names_shown(written)
                 errs.append(f"Right after writing into the model's weights, call opt.masters_from_model() on every "
                             f"rank (the written values become the fp32 masters; a quantized weight's master becomes "
                             f"its dequantized row plane), or opt.model_from_masters() to undo the write; to restore "
@@ -219,11 +226,9 @@ class Writeback:
                 unfrozen.append(name)
         if not frozen and not unfrozen:
             return []
-
-        def show(names):
-            return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-        what = "; ".join(x for x in (f"frozen after it was built: {show(frozen)}" if frozen else "",
-                                     f"unfrozen after it was built: {show(unfrozen)}" if unfrozen else "") if x)
+        what = "; ".join(x for x in (f"frozen after it was built: {names_shown(frozen)}" if frozen else "",
+                                     f"unfrozen after it was built: {names_shown(unfrozen)}" if unfrozen else "")
+                         if x)
         return [f"Freeze or unfreeze parameters (requires_grad_) before building ShardedOptimizer: its trainable "
                 f"items, buckets and shards are fixed at construction, so it would keep stepping a frozen "
                 f"parameter (and never an unfrozen one). To change what trains, undo the change, or opt.close() "
