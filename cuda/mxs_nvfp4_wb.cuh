@@ -44,7 +44,7 @@ constexpr int kChunk = MXS_CUDA_NVFP4_CHUNK;
 
 /* One item of a writeback chunk. */
 struct alignas(16) NvItem {
-    int64_t rows, cols, n, kr, kc;
+    int64_t rows, cols, n;
     int64_t start, len;
     const void *master;
     uint8_t *data[2], *scale[2], *stage; /* data[0], stage: apply's outputs (planes or fragments: kOut*) */
@@ -120,6 +120,27 @@ template <int PH> struct NvPhase {
 };
 
 /* ---- device helpers ------------------------------------------------------ */
+
+/* Item I's block region of `plane` for `block`: mxs__nvfp4_wb_region, the
+ * rule the host writeback and the plan share. Every call site names plane
+ * and block as constants, so that the steps fold to ceil(cols/16) and 1
+ * (row-wise blocks and the tiles) or 1 and ceil(rows/16) (column-wise
+ * blocks): no step is stored in the item record. */
+__device__ __forceinline__ mxs_wb_region nv_region(const NvItem &I, mxs_dirs plane, mxs_nvfp4_block block) {
+    return mxs__nvfp4_wb_region(I.rows, I.cols, plane, block);
+}
+
+/* The packed entry of block (b, j) of the region at `first` (nv_region). */
+__device__ __forceinline__ int64_t nv_entry(const NvItem &I, int64_t first, mxs_dirs plane, mxs_nvfp4_block block,
+                                            int64_t b, int64_t j) {
+    const mxs_wb_region g = nv_region(I, plane, block);
+    return first + mxs_wb_region_entry(&g, b, j);
+}
+/* The three regions: 1x16 row-wise blocks (r, k), 1x16 column-wise blocks
+ * (g, c) (block row g: rows 16g.., column c), 16x16 tiles (R, C). */
+#define NV_ROW_ENTRY(I, r, k) nv_entry(I, (I).row_entry, MXS_ROWWISE, MXS_NVFP4_1X16, r, k)
+#define NV_COL_ENTRY(I, g, c) nv_entry(I, (I).col_entry, MXS_COLWISE, MXS_NVFP4_1X16, g, c)
+#define NV_TILE_ENTRY(I, R, C) nv_entry(I, (I).tile_entry, MXS_ROWWISE, MXS_NVFP4_16X16, R, C)
 
 /* The item holding chunk unit u / tile t (starts ascend with the item index;
  * the last item whose start is <= u holds it). */

@@ -67,7 +67,7 @@ static __device__ __forceinline__ void nv_apply_rows(const NvHead &C, const NvIt
         float mine = et;
         if (!I.two_d && do_row && block) {
             const int64_t r = ri + (lane & 1);
-            mine = r < r1 ? nv_mult(C, I.row_entry + r * I.kr + k, s_enc) : 0.0f;
+            mine = r < r1 ? nv_mult(C, NV_ROW_ENTRY(I, r, k), s_enc) : 0.0f;
         }
         const float other = __shfl_xor_sync(kFull, mine, 1);
 #pragma unroll
@@ -114,13 +114,14 @@ static __device__ __forceinline__ void nv_apply_whole(const NvHead &C, const NvI
     uint8_t *dstg = I.stage ? I.stage + (f0 - (out & kOutStageFrag ? start : 0)) / 2 : nullptr;
     const bool row4 = out & kOutRowSt4, stg4 = out & kOutStageSt4;
     const int64_t sstep = cols * es, dstep = cols / 2; /* cols % 8 == 0 on the tile path */
-    const int64_t e0 = I.row_entry + k;                /* row r's 1x16 entry: e0 + r * kr */
+    const int64_t e0 = I.row_entry;                    /* row r's 1x16 entry: e0 + block (r, k) of rg */
+    const mxs_wb_region rg = nv_region(I, MXS_ROWWISE, MXS_NVFP4_1X16);
 #pragma unroll 1
     for (int64_t ri = r0; ri < r1; ri += 2) {
         float mine = et;
         if (!two_d && drow && block) {
             const int64_t r = ri + (lane & 1);
-            mine = r < r1 ? nv_mult(C, e0 + r * I.kr, s_enc) : 0.0f;
+            mine = r < r1 ? nv_mult(C, e0 + mxs_wb_region_entry(&rg, r, k), s_enc) : 0.0f;
         }
         const float other = __shfl_xor_sync(kFull, mine, 1);
 #pragma unroll
@@ -161,10 +162,10 @@ __device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_
 #pragma unroll
     for (int j = 0; j < 8; j++) ec[j] = 0.0f;
     if (I.two_d) {
-        if (active) et = nv_mult(C, I.tile_entry + g * I.kr + k, s_enc);
+        if (active) et = nv_mult(C, NV_TILE_ENTRY(I, g, k), s_enc);
     } else if (I.stage != nullptr && active) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, I.col_entry + (c0 + j) * I.kc + g, s_enc);
+        for (int j = 0; j < 8; j++) ec[j] = nv_mult(C, NV_COL_ENTRY(I, g, c0 + j), s_enc);
     }
     if (I.start <= r0 * I.cols && r1 * I.cols <= I.start + I.len) /* warp-uniform */
         nv_apply_whole<DT, RT>(C, I, c0, r0, r1, s_enc, ec, et);
@@ -174,12 +175,10 @@ __device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_
 
 /* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
 static __device__ __forceinline__ int64_t nv_row_entry(const NvItem &I, int64_t r, int64_t c) {
-    return I.two_d ? I.tile_entry + (r / MXS_NVFP4_BLOCK) * I.kr + c / MXS_NVFP4_BLOCK
-                   : I.row_entry + r * I.kr + c / MXS_NVFP4_BLOCK;
+    return I.two_d ? NV_TILE_ENTRY(I, r / MXS_NVFP4_BLOCK, c / MXS_NVFP4_BLOCK) : NV_ROW_ENTRY(I, r, c / MXS_NVFP4_BLOCK);
 }
 static __device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int64_t c) {
-    return I.two_d ? I.tile_entry + (r / MXS_NVFP4_BLOCK) * I.kr + c / MXS_NVFP4_BLOCK
-                   : I.col_entry + c * I.kc + r / MXS_NVFP4_BLOCK;
+    return I.two_d ? NV_TILE_ENTRY(I, r / MXS_NVFP4_BLOCK, c / MXS_NVFP4_BLOCK) : NV_COL_ENTRY(I, r / MXS_NVFP4_BLOCK, c);
 }
 
 /* Scale entry (m, k) of plane p: its block's packed entry index. */
@@ -187,9 +186,10 @@ static __device__ __forceinline__ int64_t nv_scale_entry(const NvItem &I, int p,
     if (I.two_d) {
         int64_t R, Cc;
         mxs_nvfp4_entry_tile((mxs_dirs)(p + 1), m, k, &R, &Cc);
-        return I.tile_entry + R * I.kr + Cc;
+        return NV_TILE_ENTRY(I, R, Cc);
     }
-    return p == 0 ? I.row_entry + m * I.kr + k : I.col_entry + m * I.kc + k;
+    /* stored row m of the column-wise plane is column m: block (g, c) = (k, m) */
+    return p == 0 ? NV_ROW_ENTRY(I, m, k) : NV_COL_ENTRY(I, k, m);
 }
 
 /* Scale unit q of plane p: row m of the stored grid and its first entry

@@ -61,7 +61,7 @@ static __device__ __forceinline__ void nv_partial_row(const NvHead &C, const NvI
     tm = fmaxf(tm, a);
     if (rowb) {
         const float b = fmaxf(a, __shfl_xor_sync(kFull, a, 1));
-        if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.row_entry + r * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+        if (active && !(lane & 1) && b > 0.0f) nv_put(C, NV_ROW_ENTRY(I, r, c0 / MXS_NVFP4_BLOCK), b);
     }
 }
 
@@ -109,11 +109,11 @@ __device__ void NvPhase<PH_PARTIAL>::tile(const NvHead &C, const NvItem &I, int6
     }
     if (I.two_d) {
         const float b = fmaxf(tm, __shfl_xor_sync(kFull, tm, 1));
-        if (active && !(lane & 1) && b > 0.0f) nv_put(C, I.tile_entry + g * I.kr + c0 / MXS_NVFP4_BLOCK, b);
+        if (active && !(lane & 1) && b > 0.0f) nv_put(C, NV_TILE_ENTRY(I, g, c0 / MXS_NVFP4_BLOCK), b);
     } else if (colb && active) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            if (cm[j] > 0.0f) nv_put(C, I.col_entry + (c0 + j) * I.kc + g, cm[j]);
+            if (cm[j] > 0.0f) nv_put(C, NV_COL_ENTRY(I, g, c0 + j), cm[j]);
     }
     for (int o = 16; o > 0; o >>= 1) tm = fmaxf(tm, __shfl_xor_sync(kFull, tm, o));
     if (lane == 0 && tm > 0.0f) nv_raise_atomic(C, I.amax_entry, tm);
@@ -135,16 +135,24 @@ template <> __device__ void NvPhase<PH_PARTIAL>::unit(const NvHead &C, const NvI
     const NvItem &I = it[nv_item_of(C, it, u, false)];
     const int64_t e = u - I.unit0;
     float a = 0.0f;
-    if (I.two_d) { /* tile (R, Cc) */
-        const int64_t R = e / I.kr, Cc = e % I.kr, r0 = R * MXS_NVFP4_BLOCK, c0 = Cc * MXS_NVFP4_BLOCK;
+    /* the item's regions in entry order (row-wise then column-wise, or the tiles): e's block */
+    const mxs_wb_region rg = nv_region(I, MXS_ROWWISE, MXS_NVFP4_1X16);
+    int64_t b, j;
+    if (I.two_d) { /* tile (R, Cc) = (b, j) */
+        const mxs_wb_region tg = nv_region(I, MXS_ROWWISE, MXS_NVFP4_16X16);
+        mxs_wb_region_block(&tg, e, &b, &j);
+        const int64_t r0 = b * MXS_NVFP4_BLOCK, c0 = j * MXS_NVFP4_BLOCK;
         const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
         const int64_t c1 = c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols;
         for (int64_t r = r0; r < r1; r++) a = fmaxf(a, nv_shard_row_amax(C, I, r, c0, c1));
-    } else if (I.row_entry >= 0 && e < I.rows * I.kr) { /* row block (r, k) */
-        const int64_t r = e / I.kr, c0 = (e % I.kr) * MXS_NVFP4_BLOCK;
-        a = nv_shard_row_amax(C, I, r, c0, c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols);
-    } else { /* column block (c, g): rows 16g.. of column c */
-        const int64_t q = I.row_entry >= 0 ? e - I.rows * I.kr : e, c = q / I.kc, r0 = (q % I.kc) * MXS_NVFP4_BLOCK;
+    } else if (I.row_entry >= 0 && e < rg.block_rows * rg.per_row) { /* row block (r, k) = (b, j) */
+        mxs_wb_region_block(&rg, e, &b, &j);
+        const int64_t c0 = j * MXS_NVFP4_BLOCK;
+        a = nv_shard_row_amax(C, I, b, c0, c0 + MXS_NVFP4_BLOCK < I.cols ? c0 + MXS_NVFP4_BLOCK : I.cols);
+    } else { /* column block (g, c) = (b, j): rows 16g.. of column c */
+        const mxs_wb_region cg = nv_region(I, MXS_COLWISE, MXS_NVFP4_1X16);
+        mxs_wb_region_block(&cg, I.row_entry >= 0 ? e - rg.block_rows * rg.per_row : e, &b, &j);
+        const int64_t c = j, r0 = b * MXS_NVFP4_BLOCK;
         const int64_t r1 = r0 + MXS_NVFP4_BLOCK < I.rows ? r0 + MXS_NVFP4_BLOCK : I.rows;
         for (int64_t r = r0; r < r1; r++) {
             const int64_t f = r * I.cols + c;

@@ -85,8 +85,6 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
     I->rows = t->rows;
     I->cols = t->cols;
     I->n = t->rows * t->cols;
-    I->kr = mxs_ceil_div(t->cols, MXS_NVFP4_BLOCK);
-    I->kc = mxs_ceil_div(t->rows, MXS_NVFP4_BLOCK);
     I->start = in->start;
     I->len = in->len;
     I->master = in->master;
@@ -112,8 +110,12 @@ void nv_item_make(const mxs_nvfp4_wb_item *in, const mxs_nvfp4_wb_slot *sl, NvIt
     I->tile_entry = sl->tile_entry;
     I->amax_entry = sl->amax_entry;
     I->first_entry = sl->tile_entry >= 0 ? sl->tile_entry : (sl->row_entry >= 0 ? sl->row_entry : sl->col_entry);
-    I->n_entries = I->two_d ? I->kc * I->kr
-                            : (sl->row_entry >= 0 ? I->rows * I->kr : 0) + (sl->col_entry >= 0 ? I->cols * I->kc : 0);
+    /* the item's block regions (mxs__nvfp4_wb_region): the tiles, or the present planes' */
+    const mxs_wb_region rg = mxs__nvfp4_wb_region(t->rows, t->cols, MXS_ROWWISE, t->block);
+    const mxs_wb_region cg = mxs__nvfp4_wb_region(t->rows, t->cols, MXS_COLWISE, t->block);
+    I->n_entries = I->two_d ? rg.block_rows * rg.per_row
+                            : (sl->row_entry >= 0 ? rg.block_rows * rg.per_row : 0) +
+                                  (sl->col_entry >= 0 ? cg.block_rows * cg.per_row : 0);
     I->ctiles = mxs_ceil_div(t->cols, kNvTileCols);
     const int64_t es = mxs_dtype_bytes(in->master_dtype);
     I->mis = in->len > 0 &&

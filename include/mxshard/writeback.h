@@ -140,6 +140,21 @@ MXS_HD int64_t mxs_wb_region_entry(const mxs_wb_region *g, int64_t b, int64_t j)
     return b * g->row_step + j * g->col_step;
 }
 
+/* The block (b, j) whose entry is e, 0 <= e < block_rows * per_row: the
+ * inverse of mxs_wb_region_entry. Every region of mxs_wb_region_make and
+ * mxs_nvfp4_wb_region_make is dense, either along its block rows (col_step
+ * 1, row_step per_row) or down its columns (row_step 1, col_step
+ * block_rows); one division either way. */
+MXS_HD void mxs_wb_region_block(const mxs_wb_region *g, int64_t e, int64_t *b, int64_t *j) {
+    if (g->col_step == 1 && g->row_step == g->per_row) {
+        *b = e / g->row_step;
+        *j = e - *b * g->row_step;
+    } else {
+        *j = e / g->col_step;
+        *b = e - *j * g->col_step;
+    }
+}
+
 /* The region of an MXFP8 weight's `plane` exponents (MXS_ROWWISE or
  * MXS_COLWISE): the COMPACT plane of mxs_scale_geom, whose offset k*M + m
  * (column-wise, block row k = a 32-row group) or m*K + k (row-wise, block

@@ -146,9 +146,14 @@ Test(nvfp4_writeback, region_entry_of_a_block_holds_that_blocks_amax) {
                     const int64_t c0 = col ? j : 16 * j, c1 = col ? j + 1 : (c0 + 16 < cols ? c0 + 16 : cols);
                     const int64_t at = first + mxs_wb_region_entry(&g, b, j);
                     const int64_t want_at = first + (col ? j * kc + b : b * kr + j);
-                    if (at != want_at || entries[at] != mxs_f32_bits(block_amax(x, cols, r0, r1, c0, c1)))
-                        cr_assert_fail("%ldx%ld plane %d block %d: block (%ld, %ld) at entry %ld, holding %08x",
-                                       (long)rows, (long)cols, p, block, (long)b, (long)j, (long)at, entries[at]);
+                    int64_t bb = -1, jj = -1;
+                    mxs_wb_region_block(&g, at - first, &bb, &jj); /* the inverse (the kernels' thread units) */
+                    if (at != want_at || bb != b || jj != j ||
+                        entries[at] != mxs_f32_bits(block_amax(x, cols, r0, r1, c0, c1)))
+                        cr_assert_fail("%ldx%ld plane %d block %d: block (%ld, %ld) at entry %ld (back: %ld, %ld), "
+                                       "holding %08x",
+                                       (long)rows, (long)cols, p, block, (long)b, (long)j, (long)at, (long)bb, (long)jj,
+                                       entries[at]);
                 }
             }
             if (!tiles || p == MXS_ROWWISE) filled += g.block_rows * g.per_row; /* the tiles serve both planes */

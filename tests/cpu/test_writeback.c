@@ -107,8 +107,9 @@ Test(writeback, plan_packed_layout_is_rows_in_batch_order_then_columns) {
  * block (b, j) of block row b (one row, or one 32-row group) is entry
  * b*row_step + j*col_step: row block (r, k) at r*ceil(cols/32) + k, column
  * block (g, c) at g*cols + c - and holds block_rows * per_row entries, the
- * bytes the plan gives the plane. Random shapes: 1-element dimensions, block
- * multiples and the sizes beside them. */
+ * bytes the plan gives the plane; mxs_wb_region_block maps each entry back
+ * to its block. Random shapes: 1-element dimensions, block multiples and
+ * the sizes beside them. */
 Test(writeback, region_entry_of_a_block_is_its_compact_exponent_offset) {
     static const int64_t dims[] = {1, 2, 31, 32, 33, 63, 64, 65, 95, 96, 97};
     mxs_sim_rng rng = {34};
@@ -127,10 +128,14 @@ Test(writeback, region_entry_of_a_block_is_its_compact_exponent_offset) {
             cr_assert_eq(g.per_row, row ? kr : cols);
             cr_assert_eq(g.block_rows * g.per_row, row ? rows * kr : kc * cols, "the plane's compact bytes");
             for (b = 0; b < g.block_rows; b++)
-                for (j = 0; j < g.per_row; j++)
-                    if (mxs_wb_region_entry(&g, b, j) != (row ? b * kr + j : b * cols + j))
-                        cr_assert_fail("%ldx%ld plane %d: block (%ld, %ld) at entry %ld", (long)rows, (long)cols, p,
-                                       (long)b, (long)j, (long)mxs_wb_region_entry(&g, b, j));
+                for (j = 0; j < g.per_row; j++) {
+                    const int64_t e = mxs_wb_region_entry(&g, b, j);
+                    int64_t bb = -1, jj = -1;
+                    mxs_wb_region_block(&g, e, &bb, &jj); /* the inverse */
+                    if (e != (row ? b * kr + j : b * cols + j) || bb != b || jj != j)
+                        cr_assert_fail("%ldx%ld plane %d: block (%ld, %ld) at entry %ld, which maps back to (%ld, %ld)",
+                                       (long)rows, (long)cols, p, (long)b, (long)j, (long)e, (long)bb, (long)jj);
+                }
         }
     }
 }
