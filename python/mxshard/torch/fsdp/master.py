@@ -20,7 +20,8 @@ detach, new_zeros for FSDP2's padded shard, _to_copy for `.to(device)`, empty_li
 Every write into a master (an in-place op through this class, or a write into
 its storage through a plain alias) raises its inner tensor's version counter,
 and a write through this class (also through `weight.data`, whose alias has a
-version counter of its own) counts in its WeightMeta's `writes`; the
+version counter of its own) counts in its WeightMeta's `writes`, for the
+storage written (a clone's writes are not the master's: an EMA copy); the
 quantized bytes are derived from the master at a known (version, writes) and
 recomputed when either moved (units.WeightUnit, FSDPGroup.refresh).
 """
@@ -75,14 +76,26 @@ class WeightMeta:
     def __init__(self, spec, name, rows, cols, group=None):
         self.spec, self.name, self.rows, self.cols = spec, name, rows, cols
         self.group = group
-        # in-place writes through any QuantMaster of this weight: `.data` hands out an alias with
-        # a version counter of its own, so the inner tensor's _version alone misses its writes
-        self.writes = 0
+        # in-place writes through any QuantMaster of this weight, per storage (count_write): `.data`
+        # hands out an alias with a version counter of its own, so the inner tensor's _version
+        # alone misses its writes; a copy (clone, an EMA's deepcopy) has a storage of its own, and
+        # writes into it are not writes into the master
+        self.writes = {}
         self._hash = hash(self._key())   # (a dict key on the gather path: hashed once)
 
     @property
     def group(self):
         return self._group() if self._group is not None else None
+
+    def count_write(self, data):
+        """One more write into the master whose values are `data` (a plain tensor): counted for its
+        storage, shared by its views and `.data` aliases, not by its copies."""
+        k = _storage_id(data)
+        self.writes[k] = self.writes.get(k, 0) + 1
+
+    def writes_to(self, data):
+        """The writes counted for `data`'s storage (count_write)."""
+        return self.writes.get(_storage_id(data), 0)
 
     @group.setter
     def group(self, g):
@@ -104,13 +117,22 @@ class WeightMeta:
 
     def __reduce__(self):
         # (copy, deepcopy, pickle: rebuilt, so the hash is this process's)
-        return _rebuild_meta, (self.spec, self.name, self.rows, self.cols, self.group, self.writes)
+        return _rebuild_meta, (self.spec, self.name, self.rows, self.cols, self.group)
 
 
-def _rebuild_meta(spec, name, rows, cols, group, writes):
-    meta = WeightMeta(spec, name, rows, cols, group)
-    meta.writes = writes
-    return meta
+def _rebuild_meta(spec, name, rows, cols, group):
+    # (a copy's storages are new: no write of the original's counts for them)
+    return WeightMeta(spec, name, rows, cols, group)
+
+
+def _storage_id(data):
+    """The storage a master's values live in (its views and aliases share it); None where torch.compile
+    traces (fake tensors have no data pointer: there, the version counters of the real tensors
+    count the writes at run time)."""
+    try:
+        return data.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 # Ops whose outputs keep the subclass. Views (and detach/alias) share the master's storage, so
@@ -239,7 +261,7 @@ class QuantMaster(torch.Tensor):
                 f"(weight.data.copy_(t)), or load it with load_state_dict(sd, assign=True): torch cannot move "
                 f"it from {self.device} to {value.device} through `.data =` ({e})") from None
         self._data = new
-        meta.writes += 1   # fresh bytes at the next use (the storage changed too: a new unit)
+        meta.count_write(new)   # fresh bytes at the next use (the storage changed too: a new unit)
 
     # -- shared memory (nn.Module.share_memory(), torch.multiprocessing)
     #
@@ -283,7 +305,7 @@ class QuantMaster(torch.Tensor):
         out = func(*uargs, **ukwargs)
         for w in written:  # a write into the master: the quantized bytes derived from it are stale
             torch.autograd.graph.increment_version(w._data)
-            w._meta.writes += 1
+            w._meta.count_write(w._data)
         if written:
             # in-place / out= ops return (aliases of) the arguments they wrote: give back the wrappers
             inner = {id(w._data): w for w in written}

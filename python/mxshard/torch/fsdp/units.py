@@ -159,7 +159,7 @@ class WeightUnit:
     def fresh(self, local):
         """The bytes were made from the master's current values (its version counter, and the
         writes counted on its WeightMeta: see master)."""
-        return self.version is not None and self.version == (local._version, self.meta.writes)
+        return self.version is not None and self.version == (local._version, self.meta.writes_to(local))
 
     # -- the entries that travel
 
@@ -207,7 +207,7 @@ class WeightUnit:
                 buf[:sc.shape[0] * T].view(sc.shape[0], T)[:, :b1 - b0].copy_(sc[:, b0:b1])
             else:                           # [T, unit]: this rank's rows first
                 buf[:(b1 - b0) * sc.shape[1]].view(b1 - b0, sc.shape[1]).copy_(sc[b0:b1])
-        self.version = (version, self.meta.writes)
+        self.version = (version, self.meta.writes_to(self.local))
         self.cached = None
 
     # -- the all-gather of one plane

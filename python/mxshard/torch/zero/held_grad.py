@@ -17,6 +17,13 @@ silently wrong (torch.nn.utils.clip_grad_norm_ used to return 0 and clip
 nothing). It holds no storage: its shape, dtype and device are the
 parameter's. opt.zero_grad(), model.zero_grad() and the next forward after
 a step drop it (set it to None).
+
+The inner optimizer's parameters (opt.param_groups: views of the master
+shards) hold one too between steps, so that clip_grad_norm_ over them, or
+torch.amp.GradScaler's unscale_ (refused, saying to train in bfloat16),
+raises instead of reading a stale local slice (or None) and clipping or
+unscaling silently wrong; step() sets their .grad to the reduced shards
+for the inner step alone.
 """
 from __future__ import annotations
 
@@ -30,7 +37,9 @@ _KEEP = {_aten.zero_.default, _aten.detach_.default, _aten.detach.default, _aten
 
 
 class HeldGrad(torch.Tensor):
-    """The .grad of dense parameter `name` whose gradient ShardedOptimizer holds in `gview`."""
+    """The .grad of dense parameter `name` whose gradient ShardedOptimizer holds in `gview`; with
+    gview None, the .grad of one of the inner optimizer's parameters (a view of a master shard)
+    between steps."""
 
     @staticmethod
     def __new__(cls, param, gview, name):
@@ -46,7 +55,7 @@ class HeldGrad(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         me = args[0] if args and isinstance(args[0], HeldGrad) else None
-        if me is not None and func in _ACCUMULATE and len(args) >= 2 and isinstance(args[1], torch.Tensor) \
+        if me is not None and me._gview is not None and func in _ACCUMULATE and len(args) >= 2 and isinstance(args[1], torch.Tensor) \
                 and not isinstance(args[1], (HeldGrad, torch.nn.Parameter)):
             # autograd accumulating another backward's gradient (grad += new, or grad + new)
             me._gview.add_(args[1].reshape(me._gview.shape), alpha=kwargs.get("alpha", 1))
@@ -63,6 +72,13 @@ class HeldGrad(torch.Tensor):
                 f"ShardedOptimizer: gradient value clipping (torch.nn.utils.clip_grad_value_, clamping .grad) is "
                 f"not available under ShardedOptimizer; what it offers is norm clipping: "
                 f"ShardedOptimizer(..., max_grad_norm=...) (the global norm is opt.last_grad_norm). {why}")
+        if base.startswith("amp_"):
+            # torch.amp.GradScaler's unscale_ (_amp_foreach_non_finite_check_and_unscale_) and update
+            raise RuntimeError(
+                f"ShardedOptimizer: drop torch.amp.GradScaler and train in bfloat16 (torch.autocast(device_type, "
+                f"dtype=torch.bfloat16) needs no loss scaling): GradScaler unscales and checks each .grad before "
+                f"the step, and ShardedOptimizer reduces the gradients over the ranks inside step(), so it would "
+                f"unscale and check this rank's local part only. {why}")
         if func._overloadname == "out" or (func is _aten.copy_.default and len(args) > 1
                                            and isinstance(args[1], HeldGrad) and not isinstance(args[0], HeldGrad)):
             # DistributedDataParallel's reducer copies (or scales with out=) every .grad into its own buckets

@@ -198,6 +198,7 @@ from . import layout as LY
 from .build import Construction
 from .build import plain as _plain  # noqa: F401 - mxshard.torch.checkpoint imports it from here
 from .grads import Gradients, sum_squares
+from .held_grad import HeldGrad
 from .linear import FSDP_ADVICE as _FSDP_ADVICE, fsdp_touched
 from .writeback import PLANE_BUFFERS, Writeback, names_shown
 from .comm import Comm
@@ -332,6 +333,12 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         self._ptrs = self._pointers()
         self._grads_seen = self._grad_versions()
         self.comm.counts = self.collectives
+        # the inner optimizer's parameters show a HeldGrad between steps (their .grad is set to this rank's
+        # reduced shard inside step() only): clip_grad_norm_ over opt.param_groups, or GradScaler's unscale_,
+        # would otherwise read a stale local slice, or None, and clip or unscale silently wrong
+        self._view_held = [HeldGrad(v, None, "ShardedOptimizer's master shards (opt.param_groups)")
+                           for v in self._views]
+        self._hold_view_grads()
         self.items = [ItemRow(self._items[p.item].name, self._items[p.item].kind, bs.index, p.offset,
                               self._items[p.item].shape) for bs in self.plan.buckets for p in bs.items]
 
@@ -467,15 +474,17 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         except Exception as e:  # noqa: BLE001 - the writebacks tell the others
             local.append(e)
         finally:
-            if self.grad_dtype != torch.float32:
-                for v in self._views:
-                    v.grad = None  # the upcast shards are transient
+            self._hold_view_grads()   # (the shards, upcast ones included, are step()'s alone)
         self._writeback_and_gather(local, remote)
         if local:
             raise local[0]
         if remote:
             raise remote[0]
         return loss
+
+    def _hold_view_grads(self):
+        for v, h in zip(self._views, self._view_held):
+            v.grad = h
 
     def _check_not_fsdp(self):
         """Local: no module of the model became an FSDP2 module (fully_shard) and no parameter a

@@ -96,6 +96,14 @@ def test_assign_true_loads_into_the_sharded_masters_and_data_assignment_matches_
         assert o["data_changed"]["converted"] == o["data_changed"]["plain"], o
 
 
+def test_an_ema_kept_as_parameter_copies_is_not_a_write_into_the_masters(phase_a):
+    """EMA copies (p.detach().clone(), lerp_ between evaluations) of MXFP8 "both" and NVFP4 weights:
+    no rank raises, the masters stay, the planes gathered after the update are their quantize."""
+    out = H.case_results(phase_a, "ema_copy", (2,))
+    for o in out.values():
+        assert o["checked"] == 4 and o["ema_moved"] > 0, o
+
+
 def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "failure", (2,))
     assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised", "policy": "raised"}, out

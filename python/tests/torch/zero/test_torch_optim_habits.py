@@ -447,6 +447,41 @@ def test_held_gradient_messages_name_the_way_out(C, HC):
     o.close()
 
 
+@pytest.mark.parametrize("grad_dtype", ["float32", "bfloat16"])
+def test_the_inner_parameters_gradients_refuse_clipping_and_grad_scaler(C, HC, grad_dtype):
+    """The optimizer's own parameters (opt.param_groups: views of the master shards) hold a
+    HeldGrad between steps: clip_grad_norm_ over them (what one writes when model.parameters()
+    raises) used to return 0 before the first step and, after one, clip this rank's stale local
+    slice (a norm that differed per rank); GradScaler's unscale_ asserted "No inf checks" first,
+    then unscaled local slices only. Both raise now, before and after a step, saying what to do,
+    and leave everything as it was; the steps in between train as before."""
+    import torch
+    from mxshard.torch import ShardedOptimizer
+    m = HC.converted()
+    o = ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-3), grad_dtype=getattr(torch, grad_dtype))
+    inner = [p for g in o.param_groups for p in g["params"]]
+    for step in range(2):
+        HC.backward(m, 0, step)
+        before = HC.snapshot(m, o)
+        grads = [bk.grad.clone() for bk in o._buckets]
+        with pytest.raises(RuntimeError) as e:
+            torch.nn.utils.clip_grad_norm_(inner, 1.0)
+        assert HC.first_sentence(e.value).startswith("ShardedOptimizer: clip with ShardedOptimizer(..., "
+                                                     "max_grad_norm=...)"), e.value
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler.scale(torch.ones(()))   # (as scaler.scale(loss).backward() would: the scale exists)
+        with pytest.raises(RuntimeError) as e:
+            scaler.step(o)
+        assert HC.first_sentence(e.value).startswith("ShardedOptimizer: drop torch.amp.GradScaler and train in "
+                                                     "bfloat16"), e.value
+        assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets))
+        assert not HC.same(before, HC.snapshot(m, o))
+        o.step()
+        o.zero_grad()
+    assert o.steps == 2
+    o.close()
+
+
 def test_frozen_quantized_weight_refused_at_construction(C, HC):
     """A quantized linear whose weight was frozen (module.weight.requires_grad_(False)) is refused
     by the next ShardedOptimizer, as a frozen converted weight is; close() lets another optimizer
