@@ -95,8 +95,17 @@ def _format_options(format, rounding, block):
     return fmt, given["rounding"], given["block"]
 
 
-def _unmatched_message(kind, pats, names):
+def _unmatched_message(kind, pats, names, conv1d=()):
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "") if names else "none"
+    # a pattern naming Hugging Face Conv1D modules (GPT-2's transposed linears) is right, the modules are not
+    on_conv1d = [p for p in pats if any(fnmatch.fnmatchcase(n, p) for n in conv1d)]
+    if on_conv1d:
+        hit = [n for n in conv1d if any(fnmatch.fnmatchcase(n, p) for p in on_conv1d)]
+        more = f", ... ({len(hit)} in all)" if len(hit) > 4 else ""
+        return (f"convert: {kind} {', '.join(map(repr, on_conv1d))} name{'s' if len(on_conv1d) == 1 else ''} "
+                f"Hugging Face Conv1D modules, which convert() cannot convert ({', '.join(hit[:4])}{more}: GPT-2's "
+                f"transposed linears, weight [in, out]); convert nn.Linear modules only, or pass strict=False to "
+                f"leave them dense (the model's nn.Linear modules: {shown})")
     return (f"convert: {kind} {', '.join(map(repr, pats))} match{'es' if len(pats) == 1 else ''} no nn.Linear of the "
             f"model (its nn.Linear modules: {shown}); fix the pattern, or pass strict=False to allow it")
 
@@ -206,7 +215,8 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
                                   ("skip pattern", skips, all_names + done_names + list(conv1d_all))):
             bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in among)]
             if bad:
-                raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names))
+                raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names,
+                                                    list(conv1d_all)))
     uses = {}  # parameter -> how many distinct modules own it
     for mod in model.modules():
         for p in mod._parameters.values():

@@ -110,6 +110,7 @@ def test_sharded_optimizer_takes_a_converted_model_and_quantizes_it_the_same_way
     a step moves them; param_groups may name the weights as the Parameters the user saw."""
     model = build(format=fmt)
     want = {n: copy.deepcopy(m.primary) for n, m in model.named_modules() if mxt.is_param_linear(m)}
+    deq = {n: mxt.dequantized_weight(model.get_submodule(n)) for n in want}
     decay = [p for p in model.parameters() if p.ndim >= 2]
     opt = mxt.ShardedOptimizer(model, lambda g: torch.optim.AdamW(g, lr=1e-2),
                                param_groups=[{"params": decay, "weight_decay": 0.1}])
@@ -120,6 +121,10 @@ def test_sharded_optimizer_takes_a_converted_model_and_quantizes_it_the_same_way
             for b in ("row_data", "row_scale", "col_data", "col_scale"):
                 if getattr(w, b, None) is not None:
                     assert torch.equal(u8(getattr(held, b)), u8(getattr(w, b))), (n, b)
+            # the one line that gives the computed weight works on the optimizer's linears too
+            assert torch.equal(mxt.dequantized_weight(held), deq[n]), n
+        with pytest.raises(TypeError, match="^mxshard: pass dequantized_weight a linear that convert"):
+            mxt.dequantized_weight(model.head)   # an nn.Linear: its weight is module.weight itself
         assert opt.param_groups[0]["weight_decay"] == 0.1
         x = torch.randn(8, 40)
         model(x).pow(2).mean().backward()
@@ -231,6 +236,22 @@ def test_conv1d_is_named_not_skipped_silently():
         warnings.simplefilter("error")
         out = mxt.convert(copy.deepcopy(m), "row", skip=["c_*"])
     assert isinstance(out["lm_head"], mxt.MXFP8ParamLinear) and type(out["c_attn"]) is Conv1D
+    # a policy pattern that names the Conv1D modules is right about the names: the message says why they
+    # cannot be converted (it said "fix the pattern")
+    with pytest.raises(ValueError, match=r"^convert: policy pattern 'c_\*' names Hugging Face Conv1D modules, "
+                                         r"which convert\(\) cannot convert \(c_attn, c_proj"):
+        mxt.convert(copy.deepcopy(m), {"c_*": "row"})
+
+
+def test_pruning_a_converted_linear_says_to_keep_it_dense():
+    """torch.nn.utils.prune on a converted linear: the next forward raises naming pruning and
+    skip= (it said the weight "was replaced", naming ties and functional_call)."""
+    import torch.nn.utils.prune as prune
+    model = build()
+    prune.l1_unstructured(model.up, "weight", amount=0.5)
+    with pytest.raises(RuntimeError, match=r"^mxshard: keep linears you prune \(torch.nn.utils.prune\) dense: "
+                                           r"leave up out of convert\(\)'s policy \(skip=\[...\]\)"):
+        model(torch.randn(2, 40))
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
@@ -393,6 +414,27 @@ def test_assigning_weight_data_takes_effect_like_on_a_plain_linear(fmt, dtype):
     opt.step()
     assert not torch.equal(param.detach()._data, torch.full((72, 40), 0.25, dtype=dtype))
     assert_primary_is_whole_quantize(model.up)
+
+
+def test_vector_to_parameters_then_deepcopy_and_save():
+    """torch.nn.utils.vector_to_parameters assigns each parameter `.data` a view of the vector at an
+    offset: the masters take the values (the forward uses them), and the model still deep-copies
+    and saves (both raised "invalid python storage" on the wrapper the offset was carried into)."""
+    import io
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+    model = build()
+    vec = parameters_to_vector(model.parameters())
+    vector_to_parameters(vec * 0.5, model.parameters())
+    assert torch.equal(parameters_to_vector(model.parameters()), vec * 0.5)
+    assert_primary_is_whole_quantize(model.up)
+    x = torch.randn(3, 40)
+    twin = copy.deepcopy(model)
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (twin, loaded):
+        assert torch.equal(other(x), model(x))
 
 
 def test_assigning_weight_data_of_another_shape_says_what_to_do_first():

@@ -256,7 +256,14 @@ def dequantized_weight(module, dtype=torch.float32):
     """The [out, in] weight the forward multiplies by (the row plane, dequantized to `dtype`), for
     an MXFP8ParamLinear / NVFP4ParamLinear that FSDP2 does not shard, or inside its forward while
     FSDP2 holds it unsharded. A sharded weight (between steps under FSDP2) raises: its bytes exist
-    only while gathered."""
+    only while gathered. A linear ShardedOptimizer owns (MXFP8Linear / NVFP4Linear) gives its row
+    plane dequantized as well; any other module raises TypeError."""
+    if not is_param_linear(module):
+        primary = getattr(module, "primary", None)   # ShardedOptimizer's MXFP8Linear / NVFP4Linear
+        if primary is not None and hasattr(module, "fmt"):
+            return _gemm.dequant(primary, "row", dtype)
+        raise TypeError(f"mxshard: pass dequantized_weight a linear that convert() made (or one ShardedOptimizer "
+                        f"owns); got a {type(module).__name__}, whose weight is module.weight itself")
     w = module._parameters.get("weight")
     if _is_dtensor(w):
         raise RuntimeError(f"mxshard: {module.meta.name}: the weight is sharded (FSDP2, between steps): its "

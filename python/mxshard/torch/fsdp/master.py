@@ -253,6 +253,11 @@ class QuantMaster(torch.Tensor):
         new = value.detach().to(self.dtype).contiguous()
         if type(new) is torch.nn.Parameter:
             new = new.detach()
+        if new.storage_offset() != 0:
+            # a view into a larger buffer at an offset (torch.nn.utils.vector_to_parameters assigns
+            # these): the wrapper would carry the offset without a storage of its own, and deepcopy /
+            # torch.save of the model fail on it; the master takes the values in a storage of its own
+            new = new.clone()
         try:
             _TENSOR_DATA.__set__(self, QuantMaster(new, meta))   # the wrapper's device / strides follow
         except RuntimeError as e:   # (torch refuses a plain Parameter the same move: meta -> cpu)

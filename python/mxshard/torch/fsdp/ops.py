@@ -82,6 +82,12 @@ def _check_weight(module):
         return w
     if isinstance(w, torch.Tensor):   # torch.func.grad(functional_call(...)) hands in a wrapped tensor
         refuse_functorch(module.meta.name, w)
+    if "weight_orig" in module._parameters:   # torch.nn.utils.prune
+        raise RuntimeError(
+            f"mxshard: keep linears you prune (torch.nn.utils.prune) dense: leave {module.meta.name} out of "
+            f"convert()'s policy (skip=[...]). Pruning moved the converted weight to "
+            f"{module.meta.name}.weight_orig and sets weight = weight_orig * weight_mask before each forward, a "
+            f"plain tensor the converted linear cannot multiply as its quantized bytes")
     from torch.nn.utils import parametrize
     if parametrize.is_parametrized(module, "weight") or "weight_g" in module._parameters:
         raise RuntimeError(

@@ -431,8 +431,9 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             late = self._late
             shown = ", ".join(late[:3]) + (f", ... ({len(late)} in all)" if len(late) > 3 else "")
             errs.append(f"accumulate over several backwards inside `with opt.no_sync():` (or pass overlap=False for "
-                        f"a module used several times in one forward). Gradients arrived after their bucket's "
-                        f"reduction had started: {shown}")
+                        f"a module used several times in one forward; after a backward that no step() took, e.g. "
+                        f"before mxt.load_checkpoint into this optimizer, call opt.zero_grad() first). Gradients "
+                        f"arrived after their bucket's reduction had started: {shown}")
         errs = self._check_not_fsdp() + errs   # (first: what follows from it would only confuse)
         errs += self._check_storage()
         errs += self._check_trainable()
@@ -552,7 +553,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         if compat.called_from_dcp_state_dict():
             raise compat.dcp_error()
         return {"format": FORMAT, "world": self.world, "rank": self.rank, "fingerprint": self.fingerprint,
-                "step": self.steps, "buckets": [b.master.detach().clone() for b in self._buckets],
+                "config": LY.describe(self.plan), "step": self.steps, "buckets": [b.master.detach().clone() for b in self._buckets],
                 "inner": _clone_tree(self.inner.state_dict())}
 
     def load_state_dict(self, state_dict):
@@ -585,10 +586,25 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
     def _check_state(self, sd):
         if not isinstance(sd, dict) or sd.get("format") != FORMAT:
             raise ValueError(f"load_state_dict: not a {FORMAT} state dict")
-        for k, mine in (("world", self.world), ("rank", self.rank), ("fingerprint", self.fingerprint)):
-            if sd.get(k) != mine:
-                raise ValueError(f"load_state_dict: {k} {sd.get(k)!r} differs from this optimizer's {mine!r} "
-                                 f"(same world size, rank and configuration needed)")
+        reshard = ("mxt.save_checkpoint / mxt.load_checkpoint, which save every rank's part through "
+                   "torch.distributed.checkpoint and load it at any world size")
+        if sd.get("world") != self.world:
+            raise ValueError(f"load_state_dict: load a state dict saved at this world size ({self.world}), or use "
+                             f"{reshard}; it was saved at {sd.get('world')!r}")
+        if sd.get("rank") != self.rank:
+            raise ValueError(f"load_state_dict: load this rank's own state dict (opt.state_dict() holds one rank's "
+                             f"master shards: torch.save it per rank, e.g. f'opt-{{rank}}.pt'), or use {reshard}. "
+                             f"This is rank {self.rank}, the state dict rank {sd.get('rank')!r}'s "
+                             f"(torch.distributed.checkpoint.save of opt.state_dict() keeps one rank's copy)")
+        if sd.get("fingerprint") != self.fingerprint:
+            diff = LY.first_difference(list(sd.get("config") or []), LY.describe(self.plan)) \
+                if isinstance(sd.get("config"), (list, tuple)) else None
+            raise ValueError(f"load_state_dict: build the ShardedOptimizer as the one that saved the state dict (the "
+                             f"same model, param groups and options), or use mxt.load_checkpoint, which loads "
+                             f"across bucket sizes and world sizes and restores the saved lr; the configurations "
+                             f"differ" + (f": saved {diff}" if diff else
+                                          f" (fingerprint {sd.get('fingerprint')!r}, this optimizer's "
+                                          f"{self.fingerprint!r})"))
         bs = sd.get("buckets")
         if not isinstance(bs, (list, tuple)) or len(bs) != len(self._buckets):
             raise ValueError(f"load_state_dict: expected {len(self._buckets)} bucket masters")
