@@ -243,6 +243,36 @@ def test_conv1d_is_named_not_skipped_silently():
         mxt.convert(copy.deepcopy(m), {"c_*": "row"})
 
 
+class _Attn(nn.Module):
+    """BEiT / EVA's attention input: F.linear with the converted qkv's weight and a bias of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(40, 48, bias=False)
+        self.q_bias = nn.Parameter(torch.zeros(48))
+
+    def forward(self, x):
+        return F.linear(x, self.qkv.weight, self.q_bias)
+
+
+def test_a_product_with_a_converted_weight_outside_its_module_says_to_call_the_module():
+    """F.linear(x, self.qkv.weight) or x @ w.T in a forward computed with the fp32 master, not the
+    quantized bytes the layer trains with, and said nothing: it raises naming the module and
+    skip=. A detached copy (weight.detach(), .data, a clone) multiplies as any tensor."""
+    torch.manual_seed(0)
+    m = mxt.convert(_Attn(), "row")
+    x = torch.randn(3, 40)
+    w = m.qkv.weight
+    for f in (lambda: m(x), lambda: x @ w.T, lambda: torch.matmul(x, w.t()), lambda: torch.einsum("bi,oi->bo", x, w)):
+        with pytest.raises(RuntimeError, match=r"^mxshard: call the module to multiply by qkv.weight \(qkv\(x\)\), "
+                                               r"or keep qkv dense \(convert\(..., skip=\['qkv'\]\)\)"):
+            f()
+    plain = w.detach()._data
+    for v in (w.detach(), w.data, w.detach().clone()):
+        assert torch.equal(F.linear(x, v), F.linear(x, plain))
+    assert torch.equal(m.qkv(x), F.linear(x.to(torch.bfloat16), mxt.dequantized_weight(m.qkv, torch.bfloat16)))
+
+
 def test_pruning_a_converted_linear_says_to_keep_it_dense():
     """torch.nn.utils.prune on a converted linear: the next forward raises naming pruning and
     skip= (it said the weight "was replaced", naming ties and functional_call)."""

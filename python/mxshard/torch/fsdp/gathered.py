@@ -96,6 +96,15 @@ class GatheredWeight(torch.Tensor):
         meta = g._box.source._meta if g is not None else None
         what = f"{meta.name}.weight" if meta is not None and meta.name else "this converted weight"
         fmt = meta.spec.format.upper() if meta is not None else "MXFP8/NVFP4"
+        from .master import _MATMULS
+        if func.name().split("::")[-1].split(".")[0] in _MATMULS | {"t", "transpose", "permute", "numpy_T"}:
+            # F.linear(x, self.qkv.weight) in a forward (t + addmm), x @ w.T
+            mod = meta.name if meta is not None and meta.name else "the module"
+            raise NotImplementedError(
+                f"mxshard: call the module to multiply by {what} ({mod}(x)), or keep {mod} dense "
+                f"(convert(..., skip=[{mod!r}])): under FSDP2 it is the gathered {fmt} weight, which holds "
+                f"quantized planes, not values, so {func} cannot run on it; the module's own forward multiplies "
+                f"by them")
         raise NotImplementedError(
             f"mxshard: call reshard() on the fully_shard module that holds {what} (model.reshard() reshards "
             f"the root's own parameters only; for all: `for mod in model.modules(): if isinstance(mod, "

@@ -143,7 +143,20 @@ _VIEWS = {
     torch.ops.aten._unsafe_view.default, torch.ops.aten.slice.Tensor, torch.ops.aten.as_strided.default,
     torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.narrow.default,
     torch.ops.aten.reshape.default,
+    # transposes and broadcasts keep it too (F.linear is t + addmm, matmul may expand): so that a product
+    # with the master is seen (_MATMULS)
+    torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
+    torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default,
 }
+# Products with a module's weight (by the op's base name): code that multiplies by a converted linear's
+# weight itself (F.linear(x, self.qkv.weight), x @ w.T) would compute with the float master, not the
+# MXFP8 / NVFP4 bytes the layer trains with, silently: refused, saying to call the module (or keep it
+# dense). "The weight" is the Parameter and its views (`live`); detach(), `.data` and copies are
+# values the user took out on purpose, and multiply as any tensor.
+_DETACHING = {torch.ops.aten.detach.default, torch.ops.aten.alias.default}
+_MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "vdot", "inner",
+            "outer", "addr", "ger", "tensordot", "einsum", "bilinear", "_scaled_mm", "_int_mm", "chain_matmul",
+            "linalg_multi_dot"}
 _NEW = {
     torch.ops.aten.new_zeros.default, torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
     torch.ops.aten._to_copy.default, torch.ops.aten.clone.default,
@@ -193,6 +206,28 @@ def _broadcast_into(func, args, kwargs):
     return None
 
 
+def _masters(tree):
+    from torch.utils._pytree import tree_leaves
+    return [t for t in tree_leaves(tree) if isinstance(t, QuantMaster)]
+
+
+def _is_weight(t):
+    """The module's weight Parameter itself, or a view of it that was not detached."""
+    return getattr(t, "_is_param", False) or getattr(t, "_live", False)
+
+
+def _refuse_product(func, args, kwargs):
+    w = next((t for t in _masters((args, kwargs)) if _is_weight(t)), None)
+    if w is None:
+        return
+    name, fmt = w._meta.name, w._meta.spec.format.upper()
+    raise RuntimeError(
+        f"mxshard: call the module to multiply by {name}.weight ({name}(x)), or keep {name} dense "
+        f"(convert(..., skip=[{name!r}])): a converted linear's weight is its {w.dtype} master, and {func} on it "
+        f"would compute with the master, not the {fmt} bytes the layer trains with. (The values the layer "
+        f"multiplies by: mxshard.torch.dequantized_weight(module).)")
+
+
 def _tracing_tensor(t):
     """torch.compile's stand-ins for a plain tensor (fake and functional tensors)."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -208,7 +243,7 @@ class QuantMaster(torch.Tensor):
     weight. `_data` is the plain tensor holding the values; `_meta` the weight's WeightMeta."""
 
     @staticmethod
-    def __new__(cls, data, meta, requires_grad=None):
+    def __new__(cls, data, meta, requires_grad=None, live=False):
         if type(data) is not torch.Tensor and not _tracing_tensor(data):
             raise TypeError(f"QuantMaster wraps a plain tensor, got {type(data).__name__}")
         return torch.Tensor._make_wrapper_subclass(
@@ -216,9 +251,10 @@ class QuantMaster(torch.Tensor):
             layout=data.layout, device=data.device,
             requires_grad=data.requires_grad if requires_grad is None else requires_grad)
 
-    def __init__(self, data, meta, requires_grad=None):
+    def __init__(self, data, meta, requires_grad=None, live=False):
         self._data = data
         self._meta = meta
+        self._live = live   # a view of the module's weight Parameter (not detached): see _MATMULS
 
     def __repr__(self, *, tensor_contents=None):
         return f"QuantMaster({self._meta.name!r}, {self._meta.spec.format} planes={self._meta.spec.planes}, {self._data!r})"
@@ -306,6 +342,8 @@ class QuantMaster(torch.Tensor):
                     f"parameters; keep an EMA of a ShardedOptimizer model yourself, from each converted linear's "
                     f"module.weight (the dequantized weight), or train with torch.optim / FSDP2, where "
                     f"AveragedModel works")
+        if func.name().split("::")[-1].split(".")[0] in _MATMULS:
+            _refuse_product(func, args, kwargs)   # (raises for a product with the weight itself)
         uargs, ukwargs = tree_map_only(QuantMaster, unwrap, (args, kwargs))
         out = func(*uargs, **ukwargs)
         for w in written:  # a write into the master: the quantized bytes derived from it are stale
@@ -317,7 +355,13 @@ class QuantMaster(torch.Tensor):
             return tree_map_only(torch.Tensor, lambda t: inner.get(id(t), t), out)
         if func in _VIEWS or func in _NEW:
             meta = metas[0]
-            return tree_map_only(torch.Tensor, lambda t: QuantMaster(t, meta) if type(t) is torch.Tensor else t, out)
+            # (made outside inference mode: a view's wrapper takes its base's version counter, which an
+            # inference tensor cannot; FSDP2's lazy init views every master, also in a first forward under
+            # torch.inference_mode())
+            live = func in _VIEWS and func not in _DETACHING and any(_is_weight(t) for t in _masters((args, kwargs)))
+            with torch.inference_mode(False):
+                return tree_map_only(torch.Tensor,
+                                     lambda t: QuantMaster(t, meta, live=live) if type(t) is torch.Tensor else t, out)
         return out
 
     # torch.compile / swap_tensors (nn.Module._apply) see the subclass through these

@@ -104,6 +104,23 @@ def test_an_ema_kept_as_parameter_copies_is_not_a_write_into_the_masters(phase_a
         assert o["checked"] == 4 and o["ema_moved"] > 0, o
 
 
+def test_a_first_forward_under_inference_mode_works_and_training_follows(phase_a):
+    """An evaluation before any training step, in torch.inference_mode(), under fully_shard: the
+    outputs of a no_grad forward, then a step moves every master (it raised on every rank)."""
+    out = H.case_results(phase_a, "inference_first", (2,))
+    for o in out.values():
+        assert o["outputs"] == 3 and o["moved"] == o["params"] >= 4, o
+
+
+def test_a_product_with_a_sharded_converted_weight_in_a_forward_raises_on_every_rank(phase_a):
+    """F.linear(x, self.qkv.weight) in a forward under fully_shard: every rank raises, saying to call
+    the module or keep it dense."""
+    out = H.case_results(phase_a, "product", (2,))
+    for o in out.values():
+        assert o["raised"] == ("mxshard: call the module to multiply by qkv.weight (qkv(x)), or keep qkv dense "
+                               "(convert(..., skip=['qkv'])"), o
+
+
 def test_a_rank_local_failure_or_a_different_model_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "failure", (2,))
     assert out[(2, 0)] == {"partial": "remote", "mismatch": "raised", "policy": "raised"}, out

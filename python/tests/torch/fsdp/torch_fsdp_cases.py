@@ -18,7 +18,7 @@ import mxshard
 import mxshard.torch as mxt
 import torch_harness as H
 from mxshard.torch.fsdp import linear as FL
-from torch_fsdp_habit_cases import case_ema_copy
+from torch_fsdp_habit_cases import case_ema_copy, case_inference_first, case_product_in_forward
 from torch_fsdp_model import (DEV, MODULES, Net, build, count_collectives, dev, fsdp, full_masters, grad_for,
                               loss_of, plane_bytes, quantize_whole, record_planes, shard_all)
 
@@ -682,7 +682,8 @@ def plan_a(root):
             ("features", "features@2", {}), ("failure", "failure@2", {}), ("unsupported", "unsupported@2", {}),
             ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {}),
             ("export", "export@2", {"root": root}), ("meta", "meta", {}), ("compile", "compile@2", {}),
-            ("freed", "freed@2", {}), ("assign", "assign@2", {}), ("ema_copy", "ema_copy@2", {})]
+            ("freed", "freed@2", {}), ("assign", "assign@2", {}), ("ema_copy", "ema_copy@2", {}),
+            ("inference_first", "inference_first@2", {}), ("product", "product@2", {})]
 
 
 def plan_b(root):
@@ -696,7 +697,8 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "unsupported@2": only_at(2, case_unsupported), "dcp_save@2": only_at(2, case_dcp_save),
          "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export), "meta": case_meta,
          "compile@2": only_at(2, case_compile), "freed@2": only_at(2, case_freed),
-         "assign@2": only_at(2, case_assign), "ema_copy@2": only_at(2, case_ema_copy)}
+         "assign@2": only_at(2, case_assign), "ema_copy@2": only_at(2, case_ema_copy),
+         "inference_first@2": only_at(2, case_inference_first), "product@2": only_at(2, case_product_in_forward)}
 
 
 def worker(rank, world, port, q, plan=None):

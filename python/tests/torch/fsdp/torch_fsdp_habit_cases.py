@@ -3,7 +3,7 @@
 torch_fsdp_cases.plan_a, each at a world of 2). Each returns a small summary or raises."""
 import torch
 
-from torch_fsdp_model import MODULES, build, full_masters, grad_for, loss_of, plane_bytes, quantize_whole, \
+from torch_fsdp_model import MODULES, build, dev, fsdp, full_masters, grad_for, loss_of, plane_bytes, quantize_whole, \
     record_planes, shard_all
 
 
@@ -35,3 +35,52 @@ def case_ema_copy(rank, world):
         assert all(torch.equal(b[k].cpu(), ref[k].cpu()) for k in ref), (name, plane)
     moved = sum(not torch.equal(e.to_local(), p.detach().to_local()) for e, p in zip(ema, m.parameters()))
     return {"checked": len(seen), "ema_moved": moved}
+
+
+def case_inference_first(rank, world):
+    """The first forward of a converted model under fully_shard inside torch.inference_mode() (an
+    evaluation before any training step): FSDP2's lazy init views every master there, and making
+    the view's wrapper raised "Cannot set version_counter for inference tensor" on every rank. It
+    now gives what a no_grad forward gives, and training goes on after it."""
+    mods = [MODULES[i] for i in (0, 1, 5)]
+    m = shard_all(build(modules=mods))
+    xs = {name: torch.eye(cin, dtype=torch.bfloat16, device=dev()) for name, _, _, _, _, (cin, _) in mods}
+    with torch.inference_mode():
+        first = m(xs)
+    with torch.no_grad():
+        again = m(xs)
+    assert all(torch.equal(first[k], again[k]) for k in xs), "inference_mode and no_grad forwards differ"
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    before = full_masters(m)
+    loss_of(m, mods, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    o.step()
+    after = full_masters(m)
+    return {"outputs": len(first), "params": len(before),
+            "moved": sum(not torch.equal(after[k], before[k]) for k in before)}
+
+
+class _Attn(torch.nn.Module):
+    """BEiT / EVA's attention input: F.linear with the converted qkv's weight and a bias of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(40, 48, bias=False)
+        self.q_bias = torch.nn.Parameter(torch.zeros(48))
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.qkv.weight, self.q_bias)
+
+
+def case_product_in_forward(rank, world):
+    """A forward that multiplies by a converted linear's weight itself (F.linear(x, self.qkv.weight))
+    under fully_shard: every rank raises saying to call the module or keep it dense (the message
+    said to call reshard()). Returns the error's first words."""
+    import mxshard.torch as mxt
+    torch.manual_seed(0)
+    m = mxt.convert(_Attn(), "row").to(dev())
+    fsdp(m)   # the root holds qkv.weight: its forward gathers it (a child fully_shard'ed on its own stays sharded)
+    try:
+        m(torch.randn(3, 40, device=dev()))
+    except NotImplementedError as e:
+        return {"raised": str(e)[:109]}
+    return {"raised": None}
