@@ -125,6 +125,14 @@ class _QuantLinearFn(torch.autograd.Function):
 
 # ---- the shared module machinery ---------------------------------------------------
 
+@torch.compiler.disable
+def _apply_quant_linear(x, b, token, module):
+    """_QuantLinearFn.apply, which torch.compile runs eagerly (one graph break per linear): dynamo
+    would trace into the library's ctypes calls and recompile them at every call until its limit.
+    (convert()'s linears, the FSDP2 path, are custom ops that compile without a break.)"""
+    return _QuantLinearFn.apply(x, b, token, module)
+
+
 class _QuantLinear(nn.Module):
     """What MXFP8Linear and NVFP4Linear share: options, the primary over the
     module's buffers, the autograd path, the fp32 initial master, main_grad,
@@ -413,7 +421,7 @@ class _QuantLinear(nn.Module):
         xc = x.to(dt)
         b = self.bias.to(dt) if self.bias is not None else None
         refuse_functorch(who, xc, b)
-        y = _QuantLinearFn.apply(xc, b, self._grad_token(dev) if torch.is_grad_enabled() else None, self)
+        y = _apply_quant_linear(xc, b, self._grad_token(dev) if torch.is_grad_enabled() else None, self)
         out = _gemm.output_dtype(x)
         return y if y.dtype == out else y.to(out)
 
