@@ -157,6 +157,7 @@ _DETACHING = {torch.ops.aten.detach.default, torch.ops.aten.alias.default}
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "dot", "vdot", "inner",
             "outer", "addr", "ger", "tensordot", "einsum", "bilinear", "_scaled_mm", "_int_mm", "chain_matmul",
             "linalg_multi_dot"}
+_MATMUL_OPS = {getattr(torch.ops.aten, n) for n in _MATMULS if hasattr(torch.ops.aten, n)}   # op packets
 _NEW = {
     torch.ops.aten.new_zeros.default, torch.ops.aten.new_empty.default, torch.ops.aten.new_empty_strided.default,
     torch.ops.aten._to_copy.default, torch.ops.aten.clone.default,
@@ -342,7 +343,7 @@ class QuantMaster(torch.Tensor):
                     f"parameters; keep an EMA of a ShardedOptimizer model yourself, from each converted linear's "
                     f"module.weight (the dequantized weight), or train with torch.optim / FSDP2, where "
                     f"AveragedModel works")
-        if func.name().split("::")[-1].split(".")[0] in _MATMULS:
+        if func.overloadpacket in _MATMUL_OPS:
             _refuse_product(func, args, kwargs)   # (raises for a product with the weight itself)
         uargs, ukwargs = tree_map_only(QuantMaster, unwrap, (args, kwargs))
         out = func(*uargs, **ukwargs)
