@@ -356,13 +356,18 @@ class QuantMaster(torch.Tensor):
             return tree_map_only(torch.Tensor, lambda t: inner.get(id(t), t), out)
         if func in _VIEWS or func in _NEW:
             meta = metas[0]
-            # (made outside inference mode: a view's wrapper takes its base's version counter, which an
-            # inference tensor cannot; FSDP2's lazy init views every master, also in a first forward under
-            # torch.inference_mode())
-            live = func in _VIEWS and func not in _DETACHING and any(_is_weight(t) for t in _masters((args, kwargs)))
-            with torch.inference_mode(False):
+            live = func in _VIEWS and func not in _DETACHING and _is_weight(args[0])   # (a view's source: arg 0)
+
+            def wrap():
                 return tree_map_only(torch.Tensor,
                                      lambda t: QuantMaster(t, meta, live=live) if type(t) is torch.Tensor else t, out)
+            if not torch.is_inference_mode_enabled():
+                return wrap()
+            # made outside inference mode: a view's wrapper takes its base's version counter, which an
+            # inference tensor cannot; FSDP2's lazy init views every master, also in a first forward under
+            # torch.inference_mode()
+            with torch.inference_mode(False):
+                return wrap()
         return out
 
     # torch.compile / swap_tensors (nn.Module._apply) see the subclass through these
