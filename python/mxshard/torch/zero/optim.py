@@ -401,12 +401,15 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             raise compat.dcp_error()
         if getattr(self, "_closed", False):
             raise RuntimeError("ShardedOptimizer.step: the optimizer was closed")
-        loss = None
+        loss, closure_err = None, None
         if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+            try:
+                with torch.enable_grad():
+                    loss = closure()
+            except Exception as e:  # noqa: BLE001 - the step's collectives run first: no rank is left waiting
+                closure_err = e
         try:
-            out = self._step(loss)
+            out = self._step(loss, closure_err)
         finally:
             self._grads_seen = self._grad_versions()
         # the step consumed the gradients (the reduced buffers cannot take another backward on top):
@@ -416,8 +419,8 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         self._zero_pending = True
         return out
 
-    def _step(self, loss):
-        errs = []
+    def _step(self, loss, closure_err=None):
+        errs = [f"the closure raised {type(closure_err).__name__}: {closure_err}"] if closure_err is not None else []
         shards, sq = None, None
         try:
             self._flush(errs)
@@ -453,6 +456,8 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             flag[0] = sq.to(dev)  # the sum stays on the device: one copy, no sync per chunk
         self.comm.all_reduce(flag, "all_reduce_norm")
         total, failed, any_arrived = flag.tolist()
+        if closure_err is not None and len(errs) == 1:
+            raise closure_err   # (this rank's own exception, after the step's collectives)
         if errs:
             raise RuntimeError("ShardedOptimizer.step: " + "; ".join(errs))
         if failed:

@@ -108,6 +108,13 @@ def test_requires_grad_changed_after_construction_raises_on_every_rank(dist_resu
             (w, r, o)
 
 
+def test_a_closure_raising_on_one_rank_raises_on_every_rank(dist_results):
+    """step(closure) whose closure raises on rank 1 (after or before its backward): rank 1 raises
+    its own exception, the others RemoteError, nothing changes, training goes on."""
+    for (w, r), o in _case(dist_results, "closure_raises").items():
+        assert o == {k: ("local" if r == 1 else "remote") for k in ("after_backward", "before_backward")}, (w, r, o)
+
+
 def test_bf16_gradient_buffers_exact_vs_fp32_reference(dist_results):
     out = _case(dist_results, "bf16_exact")
     for (w, r), o in out.items():

@@ -262,6 +262,40 @@ def case_requires_grad_changed(rank, world):
     return out
 
 
+def case_closure_raises(rank, world):
+    """step(closure) whose closure raises on one rank, after its backward or before it: that
+    rank raises its own exception, the others RemoteError, after the step's collectives (the
+    other ranks used to abort in gloo: the failing rank had left step() before them); nothing
+    changed; after zero_grad() training goes on."""
+    bad = 1
+    out = {}
+    for when in ("after_backward", "before_backward"):
+        m = converted()
+        o = ShardedOptimizer(m, _adamw)
+        backward(m, rank, 0)
+        o.step()
+        o.zero_grad()
+        before = snapshot(m, o)
+
+        def closure():
+            if when == "after_backward":
+                backward(m, rank, 1)
+            if rank == bad:
+                raise FloatingPointError("a non-finite loss")
+            if when == "before_backward":
+                backward(m, rank, 1)
+            return torch.zeros(())
+        out[when] = C._expect_raise(lambda: o.step(closure), rank, bad, FloatingPointError, "a non-finite loss")
+        diff = same(before, snapshot(m, o))
+        assert not diff, f"{when}: a refused step changed {diff}"
+        o.zero_grad()
+        backward(m, rank, 2)
+        o.step()
+        assert o.steps == 2
+        o.close()
+    return out
+
+
 def case_ddp(rank, world):
     """A model that is, or contains, a DistributedDataParallel is refused on
     every rank, before anything of it is touched."""
@@ -393,7 +427,7 @@ def case_fsdp_after(rank, world):
 CASES = dict(C.CASES, no_gradient_step=case_no_gradient_step, model_written=case_model_written, ddp=case_ddp,
              bf16_exact=case_bf16_exact, failed_construction_frees=case_failed_construction_frees,
              set_master=case_set_master, requires_grad_changed=case_requires_grad_changed,
-             fsdp_after=case_fsdp_after)
+             fsdp_after=case_fsdp_after, closure_raises=case_closure_raises)
 
 HABITS = [
     ("no_gradient_step", "no_gradient_step", {}),
@@ -404,6 +438,7 @@ HABITS = [
     ("set_master", "set_master", {}),
     ("requires_grad_changed", "requires_grad_changed", {}),
     ("fsdp_after", "fsdp_after", {}),
+    ("closure_raises", "closure_raises", {}),
 ]
 PLAN = C.PLAN + HABITS
 
