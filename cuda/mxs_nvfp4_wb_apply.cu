@@ -175,10 +175,12 @@ __device__ void NvPhase<PH_APPLY>::tile(const NvHead &C, const NvItem &I, int64_
 
 /* Row-wise (or tile) entry and column-wise (or tile) entry of element (r, c). */
 static __device__ __forceinline__ int64_t nv_row_entry(const NvItem &I, int64_t r, int64_t c) {
-    return I.two_d ? NV_TILE_ENTRY(I, r / MXS_NVFP4_BLOCK, c / MXS_NVFP4_BLOCK) : NV_ROW_ENTRY(I, r, c / MXS_NVFP4_BLOCK);
+    return I.two_d ? NV_TILE_ENTRY(I, r / MXS_NVFP4_BLOCK, c / MXS_NVFP4_BLOCK)
+                   : NV_ROW_ENTRY(I, r, c / MXS_NVFP4_BLOCK);
 }
 static __device__ __forceinline__ int64_t nv_col_entry(const NvItem &I, int64_t r, int64_t c) {
-    return I.two_d ? NV_TILE_ENTRY(I, r / MXS_NVFP4_BLOCK, c / MXS_NVFP4_BLOCK) : NV_COL_ENTRY(I, r / MXS_NVFP4_BLOCK, c);
+    return I.two_d ? NV_TILE_ENTRY(I, r / MXS_NVFP4_BLOCK, c / MXS_NVFP4_BLOCK)
+                   : NV_COL_ENTRY(I, r / MXS_NVFP4_BLOCK, c);
 }
 
 /* Scale entry (m, k) of plane p: its block's packed entry index. */
