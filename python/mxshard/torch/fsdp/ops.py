@@ -110,11 +110,15 @@ def _forward(m, w, x, bias):
 
 
 def _refuse_double_backward(m):
-    """Raise when this backward runs with grad mode on (autograd.grad / backward with
-    create_graph=True): its GEMMs read quantized planes, outside autograd, so a graph of the
-    gradients would silently miss every term through the weight (and through x for gw)."""
+    refuse_double_backward(m.meta.name or "this linear (the converted model's root)")
+
+
+def refuse_double_backward(name):
+    """Raise when a converted linear's backward runs with grad mode on (autograd.grad / backward
+    with create_graph=True): its GEMMs read quantized planes, outside autograd, so a graph of the
+    gradients would silently miss every term through the weight (and through x for gw). The one
+    rule of both converted linears (this package's and ShardedOptimizer's)."""
     if torch.is_grad_enabled():
-        name = m.meta.name or "this linear (the converted model's root)"
         raise RuntimeError(
             f"mxshard: keep layers that need double backward (create_graph=True: gradient penalties, "
             f"Hessian-vector products, MAML) dense: leave {name} out of convert()'s policy. Its "

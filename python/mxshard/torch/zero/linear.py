@@ -38,7 +38,7 @@ from ..gemm import paths as _gemm
 from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_choice, _check_compute_dtype,
                        _check_device, _check_features, _dtype_code, _require_library)
 from ..fsdp.linear import MXFP8ParamLinear
-from ..fsdp.ops import refuse_functorch
+from ..fsdp.ops import refuse_double_backward, refuse_functorch
 from ... import formats as _formats
 
 __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight", "ReadOnlyPlane"]
@@ -103,12 +103,7 @@ class _QuantLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         m = ctx.module
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                f"Keep layers that need double backward (create_graph=True) dense: leave them out of convert()'s "
-                f"policy (convert(..., skip=...)). {m._who} computes its backward from the quantized weight "
-                f"outside autograd, so a gradient of its gradients (a gradient penalty, "
-                f"torch.autograd.grad(..., create_graph=True)) would silently miss the weight's second-order term")
+        refuse_double_backward(m._who)
         (x,) = ctx.saved_tensors
         gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.compute_dtype, ctx.needs_input_grad[0],
                                                  ctx.has_bias and ctx.needs_input_grad[1], lambda: m.primary,

@@ -257,10 +257,11 @@ def test_double_backward_raises(planes):
     x = torch.randn(4, 24, requires_grad=True)
     with pytest.raises(RuntimeError) as e:
         torch.autograd.grad(m(x).pow(2).sum(), x, create_graph=True)
-    assert str(e.value).startswith("Keep layers that need double backward (create_graph=True) dense: leave them "
-                                   "out of convert()'s policy"), e.value
+    assert str(e.value).startswith(f"mxshard: keep layers that need double backward (create_graph=True: gradient "
+                                   f"penalties, Hessian-vector products, MAML) dense: leave {m._who} out of "
+                                   f"convert()'s policy"), e.value
     assert m.main_grad is None
-    with pytest.raises(RuntimeError, match="^Keep layers that need double backward"):
+    with pytest.raises(RuntimeError, match="^mxshard: keep layers that need double backward"):
         m(x).pow(2).sum().backward(create_graph=True)
     assert m.main_grad is None
     gx, = torch.autograd.grad(m(x).pow(2).sum(), x)
