@@ -270,6 +270,10 @@ def test_a_product_with_a_converted_weight_outside_its_module_says_to_call_the_m
     plain = w.detach()._data
     for v in (w.detach(), w.data, w.detach().clone()):
         assert torch.equal(F.linear(x, v), F.linear(x, plain))
+    # a product of weights alone (an orthogonality penalty) is on the masters, and trains them
+    penalty = (w @ w.T - torch.eye(48)).pow(2).sum()
+    penalty.backward()
+    assert torch.equal(penalty.detach(), (plain @ plain.T - torch.eye(48)).pow(2).sum()) and w.grad is not None
     assert torch.equal(m.qkv(x), F.linear(x.to(torch.bfloat16), mxt.dequantized_weight(m.qkv, torch.bfloat16)))
 
 

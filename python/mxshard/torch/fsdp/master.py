@@ -218,9 +218,13 @@ def _is_weight(t):
 
 
 def _refuse_product(func, args, kwargs):
-    w = next((t for t in _masters((args, kwargs)) if _is_weight(t)), None)
-    if w is None:
-        return
+    from torch.utils._pytree import tree_leaves
+    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    w = next((t for t in tensors if isinstance(t, QuantMaster) and _is_weight(t)), None)
+    if w is None or all(isinstance(t, QuantMaster) and _is_weight(t) for t in tensors):
+        return   # (weights with weights only, as an orthogonality penalty W @ W.T computes: on the masters)
+    if torch._C._current_autograd_node() is not None:
+        return   # (autograd's own backward formulas of such a product: its forward was allowed)
     name, fmt = w._meta.name, w._meta.spec.format.upper()
     raise RuntimeError(
         f"mxshard: call the module to multiply by {name}.weight ({name}(x)), or keep {name} dense "
