@@ -87,6 +87,10 @@ class WeightMeta:
     def group(self):
         return self._group() if self._group is not None else None
 
+    @group.setter
+    def group(self, g):
+        self._group = weakref.ref(g) if g is not None else None
+
     def count_write(self, data):
         """One more write into the master whose values are `data` (a plain tensor): counted for its
         storage, shared by its views and `.data` aliases, not by its copies."""
@@ -96,10 +100,6 @@ class WeightMeta:
     def writes_to(self, data):
         """The writes counted for `data`'s storage (count_write)."""
         return self.writes.get(_storage_id(data), 0)
-
-    @group.setter
-    def group(self, g):
-        self._group = weakref.ref(g) if g is not None else None
 
     def __repr__(self):
         return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"
@@ -205,11 +205,6 @@ def _broadcast_into(func, args, kwargs):
                     if isinstance(t, (list, tuple)) and t is not v and k < len(t) and bad(w, t[k]):
                         return w, t[k]
     return None
-
-
-def _masters(tree):
-    from torch.utils._pytree import tree_leaves
-    return [t for t in tree_leaves(tree) if isinstance(t, QuantMaster)]
 
 
 def _is_weight(t):

@@ -13,7 +13,10 @@ answered with what to do instead (pure functions; ShardedOptimizer calls them):
   shards of the masters, not the model's parameters, so DCP cannot name
   them: mxt.save_checkpoint / load_checkpoint are DCP underneath;
 - ranks built with different configurations: PlanMismatchError, said in the
-  terms of the Python call.
+  terms of the Python call;
+- opt.load_state_dict of another rank's, world size's or configuration's
+  state dict (torch.distributed.checkpoint.save of opt.state_dict() gives
+  back one rank's copy): what to load instead, and the first difference.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import sys
 import torch
 
 from ... import _lib as L
+from . import layout as LY
 
 __all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict",
-           "dcp_error", "plan_mismatch"]
+           "dcp_error", "plan_mismatch", "check_state_identity"]
 
 # torch.optim's elementwise optimizers: the update of an element depends only on its own
 # gradient and state and on scalars (step count, hyper-parameters), so stepping a vector
@@ -106,3 +110,27 @@ def plan_mismatch(rank, diff):
         f"(the same trainable parameters and quantized linears, in the same order, shapes and formats) and pass "
         f"the same arguments (bucket_size, align, grad_reduce, grad_dtype, max_grad_norm, round_through, rounding, "
         f"param_groups and their options, the inner optimizer and its hyper-parameters)", "ShardedOptimizer")
+
+
+def check_state_identity(sd, world, rank, fingerprint, config):
+    """ValueError unless state dict `sd` was saved at this world size, by this rank, with this
+    configuration (`fingerprint`; `config`: the plan's describe() lines, to name the first
+    difference)."""
+    reshard = ("mxt.save_checkpoint / mxt.load_checkpoint, which save every rank's part through "
+               "torch.distributed.checkpoint and load it at any world size")
+    if sd.get("world") != world:
+        raise ValueError(f"load_state_dict: load a state dict saved at this world size ({world}), or use "
+                         f"{reshard}; it was saved at {sd.get('world')!r}")
+    if sd.get("rank") != rank:
+        raise ValueError(f"load_state_dict: load this rank's own state dict (opt.state_dict() holds one rank's "
+                         f"master shards: torch.save it per rank, e.g. f'opt-{{rank}}.pt'), or use {reshard}. "
+                         f"This is rank {rank}, the state dict rank {sd.get('rank')!r}'s "
+                         f"(torch.distributed.checkpoint.save of opt.state_dict() keeps one rank's copy)")
+    if sd.get("fingerprint") != fingerprint:
+        saved = sd.get("config")
+        diff = LY.first_difference(list(saved), config) if isinstance(saved, (list, tuple)) else None
+        raise ValueError(f"load_state_dict: build the ShardedOptimizer as the one that saved the state dict (the "
+                         f"same model, param groups and options), or use mxt.load_checkpoint, which loads "
+                         f"across bucket sizes and world sizes and restores the saved lr; the configurations "
+                         f"differ" + (f": saved {diff}" if diff else
+                                      f" (fingerprint {sd.get('fingerprint')!r}, this optimizer's {fingerprint!r})"))

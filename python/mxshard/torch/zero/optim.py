@@ -591,25 +591,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
     def _check_state(self, sd):
         if not isinstance(sd, dict) or sd.get("format") != FORMAT:
             raise ValueError(f"load_state_dict: not a {FORMAT} state dict")
-        reshard = ("mxt.save_checkpoint / mxt.load_checkpoint, which save every rank's part through "
-                   "torch.distributed.checkpoint and load it at any world size")
-        if sd.get("world") != self.world:
-            raise ValueError(f"load_state_dict: load a state dict saved at this world size ({self.world}), or use "
-                             f"{reshard}; it was saved at {sd.get('world')!r}")
-        if sd.get("rank") != self.rank:
-            raise ValueError(f"load_state_dict: load this rank's own state dict (opt.state_dict() holds one rank's "
-                             f"master shards: torch.save it per rank, e.g. f'opt-{{rank}}.pt'), or use {reshard}. "
-                             f"This is rank {self.rank}, the state dict rank {sd.get('rank')!r}'s "
-                             f"(torch.distributed.checkpoint.save of opt.state_dict() keeps one rank's copy)")
-        if sd.get("fingerprint") != self.fingerprint:
-            diff = LY.first_difference(list(sd.get("config") or []), LY.describe(self.plan)) \
-                if isinstance(sd.get("config"), (list, tuple)) else None
-            raise ValueError(f"load_state_dict: build the ShardedOptimizer as the one that saved the state dict (the "
-                             f"same model, param groups and options), or use mxt.load_checkpoint, which loads "
-                             f"across bucket sizes and world sizes and restores the saved lr; the configurations "
-                             f"differ" + (f": saved {diff}" if diff else
-                                          f" (fingerprint {sd.get('fingerprint')!r}, this optimizer's "
-                                          f"{self.fingerprint!r})"))
+        compat.check_state_identity(sd, self.world, self.rank, self.fingerprint, LY.describe(self.plan))
         bs = sd.get("buckets")
         if not isinstance(bs, (list, tuple)) or len(bs) != len(self._buckets):
             raise ValueError(f"load_state_dict: expected {len(self._buckets)} bucket masters")

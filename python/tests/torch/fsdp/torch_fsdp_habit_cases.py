@@ -2,9 +2,10 @@
 """FSDP2 cases for habits of a PyTorch user that once went wrong (run by the groups of
 torch_fsdp_cases.plan_a, each at a world of 2). Each returns a small summary or raises."""
 import torch
+from torch import nn
 
-from torch_fsdp_model import MODULES, build, dev, fsdp, full_masters, grad_for, loss_of, plane_bytes, quantize_whole, \
-    record_planes, shard_all
+from torch_fsdp_model import (MODULES, Net, build, dev, fsdp, full_masters, grad_for, loss_of, plane_bytes,
+                              quantize_whole, record_planes, shard_all)
 
 
 def case_ema_copy(rank, world):
@@ -84,3 +85,64 @@ def case_product_in_forward(rank, world):
     except NotImplementedError as e:
         return {"raised": str(e)[:106]}
     return {"raised": None}
+
+
+def case_assign(rank, world):
+    """load_state_dict(sd, assign=True) of the model's own sharded state dict after a step (it
+    used to fail inside FSDP2's copy-out at the next forward, on every rank): the masters take the
+    saved values, the next forward and backward gather their whole-tensor quantize, and the
+    optimizer made before keeps training them. A full (plain tensor) state dict with assign=True
+    raises on every rank saying what to use. `weight.data = t` on a sharded weight does what it
+    does to a plain FSDP2 parameter (torch 2.11: nothing), with no error and no hang."""
+    mods = [MODULES[i] for i in (0, 1, 5, 6)]   # MXFP8 / NVFP4, row-only / "both"
+    m = shard_all(build(modules=mods))
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+    def step(s, opt=True):
+        loss_of(m, mods, s, lambda n, sh: grad_for(n, sh, s, rank)).backward()
+        if opt:
+            o.step()
+            o.zero_grad()
+    step(0)
+    sd = {k: v.clone() for k, v in m.state_dict().items()}
+    want = full_masters(m)
+    step(1)
+    assert any(not torch.equal(v, want[k]) for k, v in full_masters(m).items()), "the step moved nothing"
+    m.load_state_dict(sd, assign=True)
+    got = full_masters(m)
+    bad = [k for k in want if not torch.equal(got[k], want[k])]
+    assert not bad, f"assign=True did not load {bad}"
+    with record_planes() as seen:
+        step(2, opt=False)
+    for name, plane, b in seen:
+        ref = plane_bytes(quantize_whole(getattr(m, name).spec, got[f"{name}.weight"].to(dev())), plane)
+        assert all(torch.equal(b[k].cpu(), ref[k].cpu()) for k in ref), (name, plane)
+    o.step()
+    o.zero_grad()
+    after = full_masters(m)
+    # (the dense "f" gets torch's assign: new Parameters, which the optimizer made before does not hold)
+    still = [k for k in want if not k.startswith("f.") and torch.equal(after[k], got[k])]
+    assert not still, f"the optimizer no longer trains {still} after assign=True"
+    out = {"checked": len(seen)}
+    try:
+        m.load_state_dict({k: v.to(dev()) for k, v in want.items()}, assign=True)
+        out["full_assign"] = "no error"
+    except RuntimeError as e:
+        assert str(e).startswith("mxshard: load a.weight with load_state_dict(sd) (the default assign=False"), str(e)
+        out["full_assign"] = "ok"
+    step(3)   # still trains, nothing left waiting
+    # weight.data = t on a sharded weight: as on a plain FSDP2 parameter
+    torch.manual_seed(0)
+    plain = Net()
+    plain.a = nn.Linear(48, 40, bias=False).to(dev())
+    shard_all(plain)
+    x = {"a": torch.eye(48, dtype=torch.bfloat16, device=dev())}
+    changed = {}
+    for label, model in (("plain", plain), ("converted", m)):
+        before = full_masters(model)["a.weight"]
+        model.a.weight.data = torch.zeros_like(model.a.weight)
+        y = model({"a": x["a"].to(torch.float32) if label == "plain" else x["a"]})["a"]
+        assert torch.isfinite(y.float()).all(), label
+        changed[label] = not torch.equal(full_masters(model)["a.weight"], before)
+    out["data_changed"] = changed
+    return out
