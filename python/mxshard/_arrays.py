@@ -43,10 +43,18 @@ class Arr:
             self.dtype = obj.dtype
             self.shape = tuple(obj.shape)
         elif is_torch(obj):
+            if type(obj) is not torch_mod().Tensor and hasattr(obj, "__tensor_flatten__"):
+                inner, _ = obj.__tensor_flatten__()   # a wrapper subclass of one tensor (a converted weight's
+                if len(inner) == 1:                   # master, or a copy of it): the values are the inner one's
+                    obj = self.obj = getattr(obj, inner[0])
             self.kind = "torch"
             dev = obj.device
             self.device = "cpu" if dev.type == "cpu" else f"{dev.type}:{dev.index if dev.index is not None else 0}"
             if dev.type not in ("cpu", "cuda"):
+                if dev.type == "meta":
+                    raise ValueError(f"{name}: materialise the model first (model.to_empty(device=...), then load or "
+                                     f"initialise the weights): its tensors are on the meta device, which holds no "
+                                     f"values to quantize or multiply by")
                 raise ValueError(f"{name}: tensors on {dev.type} are not supported (cpu or cuda only)")
             if not obj.is_contiguous():
                 raise ValueError(f"{name}: the tensor must be contiguous")

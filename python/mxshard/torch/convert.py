@@ -95,8 +95,16 @@ def _format_options(format, rounding, block):
     return fmt, given["rounding"], given["block"]
 
 
-def _unmatched_message(kind, pats, names, conv1d=()):
+def _unmatched_message(kind, pats, names, conv1d=(), others=None):
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "") if names else "none"
+    # a pattern naming subclasses of nn.Linear (a LazyLinear not yet materialised, a class of the model's own)
+    hit = {n: c for n, c in (others or {}).items() if any(fnmatch.fnmatchcase(n, p) for p in pats)}
+    if hit:
+        what = ", ".join(f"{n} ({c})" for n, c in list(hit.items())[:4]) + (", ..." if len(hit) > 4 else "")
+        return (f"convert: {kind} {', '.join(map(repr, pats))} name{'s' if len(pats) == 1 else ''} subclasses of "
+                f"nn.Linear, which convert() leaves dense ({what}): it converts exact nn.Linear modules (run one "
+                f"forward first to materialise a LazyLinear), or pass strict=False to leave them dense (the model's "
+                f"nn.Linear modules: {shown})")
     # a pattern naming Hugging Face Conv1D modules (GPT-2's transposed linears) is right, the modules are not
     on_conv1d = [p for p in pats if any(fnmatch.fnmatchcase(n, p) for n in conv1d)]
     if on_conv1d:
@@ -215,8 +223,10 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
                                   ("skip pattern", skips, all_names + done_names + list(conv1d_all))):
             bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in among)]
             if bad:
+                others = {n: type(m).__name__ for n, m in model.named_modules(remove_duplicate=False)
+                          if isinstance(m, nn.Linear) and type(m) is not nn.Linear and not isinstance(m, _ParamLinear)}
                 raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names,
-                                                    list(conv1d_all)))
+                                                    list(conv1d_all), others))
     uses = {}  # parameter -> how many distinct modules own it
     for mod in model.modules():
         for p in mod._parameters.values():
@@ -226,7 +236,8 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     for mod, mod_names in names.values():
         vals = {"dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, mod) for n in mod_names}
         if len(vals) > 1:
-            raise ValueError(f"convert: the module shared as {', '.join(mod_names)} gets different policies "
+            raise ValueError(f"convert: give the module shared as {', '.join(mod_names)} one policy (a pattern, or "
+                             f"skip=, that matches all its names alike): its names get different policies "
                              f"({', '.join(sorted(vals))})")
         v = vals.pop()
         if v == "dense":

@@ -21,8 +21,8 @@ under its first name; the metadata's "aliases" maps every other name to it
 planes, layout and rounding or block), "aliases" (JSON {alias: name}).
 
 Reading it back:
-  - model.load_state_dict(safetensors.torch.load_file(path)) into a
-    converted model is exact: the quantized modules' load_state_dict
+  - model.load_state_dict(safetensors.torch.load_file(path)) into
+    ShardedOptimizer's linears is exact: the quantized modules' load_state_dict
     pre-hook (zero.byte_buffers) takes the F8_E4M3 tensors as bytes. A tied
     model lacks the alias keys: strict=True names them missing; use
     load_safetensors, safetensors.torch.load_model (which knows shared
@@ -69,6 +69,16 @@ def _check_args(path, model, who):
         raise TypeError(f"{who}: path must be a str or os.PathLike, got {type(path).__name__}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"{who}: model must be an nn.Module, got {type(model).__name__}")
+
+
+def _check_target(p):
+    """On every rank, before any collective: a path rank 0 can write (a raise on rank 0 alone, after the
+    gather, would leave the others returning as if the export had succeeded)."""
+    if os.path.isdir(p):
+        raise IsADirectoryError(f"export_safetensors: give a file path, not a directory: {p!r} is a directory")
+    d = os.path.dirname(os.path.abspath(p))
+    if not os.path.isdir(d):
+        raise FileNotFoundError(f"export_safetensors: create the directory {d!r} first: the file {p!r} goes into it")
 
 
 # ---- pure helpers ------------------------------------------------------------------
@@ -207,6 +217,7 @@ def export_safetensors(path, model):
     otherwise no collectives and the other ranks return at once. Needs the
     `safetensors` package."""
     _check_args(path, model, "export_safetensors")
+    _check_target(os.fspath(path))
     st = _safetensors("export_safetensors")
     import torch.distributed as dist
     dist_on = dist.is_available() and dist.is_initialized()
@@ -305,6 +316,14 @@ def _quantized_entries(name, info, mod, get, who):
             except ValueError as e:
                 raise CheckpointMismatchError(f"{who}: {e}") from None
         return out
+    if is_param_linear(mod):
+        # (a convert()ed linear takes the row plane dequantized as its master, and quantizes it by its own spec:
+        # another format, planes, layout or block would silently be a second quantization)
+        diff = _options_difference(info, mod)
+        if diff:
+            raise CheckpointMismatchError(
+                f"{who}: {name}: the file's quantized weight has {diff}: convert the model with the file's options "
+                f"(see the file's 'mxshard' metadata), or load into an unconverted model (dequantized)")
     if isinstance(mod, nn.Linear):
         want = tuple(info["shape"])
         if tuple(mod.weight.shape) != want:
@@ -381,10 +400,14 @@ def _tie(model, alias, name):
 
 
 def load_safetensors(path, model, *, strict=True):
-    """Loads a file of export_safetensors into `model` (the module doc): a
-    converted model takes the quantized weights as bytes (exact); an
-    unconverted one (nn.Linear where the file has a quantized weight) takes
-    the row plane dequantized into the weight's dtype. The ties the file
+    """Loads a file of export_safetensors into `model` (the module doc):
+    ShardedOptimizer's linears take the quantized weights as bytes (exact); a
+    convert()ed linear takes the row plane dequantized as its master, so its
+    forward multiplies by the file's row-plane values exactly (an MXFP8
+    "ceil" block may hold them under another, equivalent scale), and a
+    "both" weight's column plane is derived from that master, not read from
+    the file; an unconverted one (nn.Linear where the file has a quantized
+    weight) takes the row plane dequantized into the weight's dtype. The ties the file
     records (a tensor stored once under several names) are restored first:
     the model's tensors at those names become one tensor (build the
     optimizer after loading). Everything is checked before anything is

@@ -354,8 +354,23 @@ _STEP_HOOK = []  # the handle of the one optimizer step post-hook (installed by 
 
 def _install_step_hook():
     if not _STEP_HOOK:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         _STEP_HOOK.append(register_optimizer_step_post_hook(_after_optimizer_step))
+        _STEP_HOOK.append(register_optimizer_step_pre_hook(_before_optimizer_step))
+
+
+def _before_optimizer_step(optimizer, args, kwargs):
+    """Before any torch.optim step: an optimizer that holds a weight convert() replaced (built
+    before convert(), or over a list of the parameters taken before it) would train nothing of
+    that linear, silently: it raises."""
+    old = [n for g in optimizer.param_groups for p in g["params"]
+           if (n := getattr(p, "_mxs_converted_to", None)) is not None]
+    if old:
+        shown = ", ".join(f"{n or '<root>'}.weight" for n in old[:4]) + (f" and {len(old) - 4} more" if len(old) > 4
+                                                                        else "")
+        raise RuntimeError(f"mxshard: build the optimizer after convert() (over model.parameters() then): it holds "
+                           f"the weights convert() replaced ({shown}: now each converted linear's master "
+                           f"Parameter), so it would never train them")
 
 
 def _after_optimizer_step(optimizer, args, kwargs):

@@ -20,6 +20,8 @@ the values the forward uses.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn as nn
 
@@ -48,12 +50,20 @@ class _ParamLinear(nn.Linear):
         m.in_features, m.out_features = lin.in_features, lin.out_features
         w = lin.weight.detach()
         if w.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"convert: {name}.weight is {w.dtype}; masters are float32, bfloat16 or float16")
+            raise ValueError(f"convert: cast the model to float32 or bfloat16 first (model.float()): {name}.weight is "
+                             f"{w.dtype}; masters are float32, bfloat16 or float16")
         meta = WeightMeta(spec, name, lin.out_features, lin.in_features, group)
         # the master takes over the linear's storage (no copy: a large model converts without a
         # second set of weights; the old Parameter object is dropped with the old module)
         data = w if w.is_contiguous() and w.storage_offset() == 0 else w.clone(memory_format=torch.contiguous_format)
         m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
+        if data is w:
+            # the old Parameter lets go of the storage (a write through it would change the master unseen:
+            # its version counter is not the master's) and is marked: an optimizer built before convert()
+            # holds it, and its step raises (group._before_optimizer_step) instead of training nothing
+            lin.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
+        lin.weight._mxs_converted_to = name
+        lin.register_forward_pre_hook(functools.partial(_replaced_linear, name))
         m.bias = lin.bias
         m.meta, m.spec, m._group = meta, spec, group
         m._plan = _ops.register(m)
@@ -147,7 +157,8 @@ class _ParamLinear(nn.Linear):
         if x.dim() < 1 or x.shape[-1] != self.in_features:
             raise ValueError(f"{who}: input shape {tuple(x.shape)}, the last dim must be in_features={self.in_features}")
         if not x.is_floating_point():
-            raise ValueError(f"{who}: input dtype {x.dtype} is not a floating-point type")
+            raise ValueError(f"{who}: pass a floating-point input (x.float(), or the model's dtype): its dtype "
+                             f"{x.dtype} is not a floating-point type")
         w = _check_weight(self)
         if x.device != w.device:
             raise ValueError(f"{who}: input on {x.device}, the weight on {w.device}")
@@ -185,6 +196,12 @@ class NVFP4ParamLinear(_ParamLinear):
     """As MXFP8ParamLinear, with NVFP4 (E2M1, E4M3 scales per 16 or 16x16, tensor amax)."""
 
     _FORMAT = _formats.NVFP4
+
+
+def _replaced_linear(name, module, args):
+    """The forward pre-hook of an nn.Linear that convert() took the weight of (a handle kept on it)."""
+    raise RuntimeError(f"mxshard: call the module convert() returned, or the model it converted: this nn.Linear "
+                       f"({name or '<root>'}) gave its weight to the converted linear that replaced it")
 
 
 def is_param_linear(module) -> bool:

@@ -310,6 +310,11 @@ class QuantMaster(torch.Tensor):
     # empty storage and crash): `_data` holds the values, so it is the one moved into shared memory.
     # The values do not change, so the quantized bytes derived from them stay valid.
 
+    def numpy(self, *, force=False):
+        """The master's values as a numpy array (`w.detach().cpu().numpy()`: torch refuses it for tensor
+        subclasses); shares memory as Tensor.numpy() does."""
+        return self._data.numpy(force=force)
+
     def share_memory_(self):
         self._data.share_memory_()
         return self

@@ -401,7 +401,8 @@ class _QuantLinear(nn.Module):
             raise ValueError(f"{who}: input shape {tuple(x.shape)}, the last dim must be "
                              f"in_features={self.in_features}")
         if not x.is_floating_point():
-            raise ValueError(f"{who}: input dtype {x.dtype} is not a floating-point type")
+            raise ValueError(f"{who}: pass a floating-point input (x.float(), or the model's dtype): its dtype "
+                             f"{x.dtype} is not a floating-point type")
         dev = self.row_data.device
         if x.device != dev:
             raise ValueError(f"{who}: input on {x.device}, the weight on {dev}")

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: MIT
+"""convert() and the converted linear against the habits of a PyTorch user (one process): the
+order of convert and the optimizer, handles kept on the replaced nn.Linear, loads and exports
+that cannot do what was asked, and the messages that say what to do instead."""
+import copy
+
+import pytest
+
+from conftest import torch_lib_or_skip
+
+torch = pytest.importorskip("torch")
+import torch.nn as nn  # noqa: E402
+
+import mxshard  # noqa: E402
+import mxshard.torch as mxt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _lib():
+    torch_lib_or_skip()
+
+
+def net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.Linear(48, 8))
+
+
+def test_an_optimizer_built_before_convert_raises_at_its_step():
+    """AdamW(model.parameters()) then convert(model): the optimizer holds the replaced weights and
+    would train nothing of the converted linears (their weights stayed at their initial values,
+    silently); its step raises, nothing moved. Built after convert, it trains every weight."""
+    m = net()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    mxt.convert(m, "row")
+    before = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    m(torch.randn(4, 32)).pow(2).sum().backward()
+    with pytest.raises(RuntimeError, match=r"^mxshard: build the optimizer after convert\(\) \(over "
+                                           r"model.parameters\(\) then\): it holds the weights convert\(\) replaced "
+                                           r"\(0.weight, 2.weight"):
+        opt.step()
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    opt.step()
+    assert all(not torch.equal(v, before[k]) for k, v in m.state_dict().items())
+
+
+def test_the_replaced_linear_lets_go_of_the_weight():
+    """The nn.Linear convert() replaced (a handle kept on it, or the root linear whose converted
+    twin convert() returns) no longer shares the master's storage: a write through it changed the
+    master unseen (another version counter) and the bytes went stale. Its forward says to use the
+    module convert() returned."""
+    lin = nn.Linear(32, 8)
+    keep = lin.weight.detach().clone()
+    new = mxt.convert(lin, "row")
+    assert lin.weight.numel() == 0 and torch.equal(new.weight.detach()._data, keep)
+    with pytest.raises(RuntimeError, match=r"^mxshard: call the module convert\(\) returned, or the model it "
+                                           r"converted"):
+        lin(torch.randn(2, 32))
+    m = net()
+    old = m[0]
+    mxt.convert(m, "row")
+    assert old.weight.numel() == 0 and m[0].weight.shape == (48, 32)
+
+
+def test_values_taken_out_of_a_weight_quantize_and_convert_to_numpy():
+    """mxshard.quantize of w.detach() / a clone / a bf16 copy of a converted weight (they stay the
+    weight's tensor subclass, with no data pointer of their own: "a required pointer is NULL") and
+    w.detach().cpu().numpy() (refused by torch for subclasses) work on the master's values."""
+    m = mxt.convert(net(), "row")
+    w = m[0].weight
+    plain = w.detach()._data
+    want = mxshard.quantize(mxshard.MXFP8Weight.empty(48, 32, planes="row", layout="compact", device="cpu"), plain)
+    for src in (w.detach(), w.detach().clone(), w.data):
+        got = mxshard.quantize(mxshard.MXFP8Weight.empty(48, 32, planes="row", layout="compact", device="cpu"), src)
+        assert torch.equal(got.row_data.view(torch.uint8), want.row_data.view(torch.uint8))
+    a = w.detach().cpu().numpy()
+    assert a.shape == (48, 32) and (a == plain.numpy()).all()
+
+
+@pytest.mark.parametrize("other", [{"format": "nvfp4"}, {"layout": "swizzled"}, {"policy": "both"}])
+def test_load_safetensors_into_a_converted_model_of_other_options_raises(other, tmp_path):
+    """A file exported from an MXFP8 "row" compact model loads into a convert()ed model of another
+    format, layout or planes: it requantized the file's values by the model's spec silently (the
+    docs promised CheckpointMismatchError); it raises now, naming the difference, nothing loaded.
+    The same options load, and the forward equals the exporter's."""
+    pytest.importorskip("safetensors")
+    src = mxt.convert(net(), "row", layout="compact")
+    path = tmp_path / "m.safetensors"
+    mxt.export_safetensors(path, src)
+    opts = dict(other)
+    dst = mxt.convert(net(seed=1), opts.pop("policy", "row"), **{"layout": "compact", **opts})
+    before = {k: v.detach().clone() for k, v in dst.state_dict().items()}
+    with pytest.raises(mxt.CheckpointMismatchError, match=r"^load_safetensors: 0: the file's quantized weight has "):
+        mxt.load_safetensors(path, dst)
+    assert all(torch.equal(v, before[k]) for k, v in dst.state_dict().items())
+    same = mxt.convert(net(seed=1), "row", layout="compact")
+    mxt.load_safetensors(path, same)
+    x = torch.randn(3, 32)
+    assert torch.equal(same(x), src(x))
+
+
+@pytest.mark.parametrize("where", ["a directory", "a missing directory"])
+def test_export_to_a_path_that_cannot_be_written_raises_before_anything(where, tmp_path):
+    """export_safetensors to a directory, or into one that does not exist: every rank checks the
+    path first (rank 0 alone raised, after the gather, and the other ranks returned as if it had
+    written), and no temporary file is left."""
+    pytest.importorskip("safetensors")
+    m = mxt.convert(net(), "row")
+    p = tmp_path if where == "a directory" else tmp_path / "nope" / "m.safetensors"
+    with pytest.raises((IsADirectoryError, FileNotFoundError),
+                       match=r"^export_safetensors: (give a file path|create the directory)"):
+        mxt.export_safetensors(p, m)
+    assert not (tmp_path.parent / (tmp_path.name + ".tmp")).exists() and sorted(tmp_path.iterdir()) == []
+
+
+def test_messages_say_what_to_do_first():
+    """A model on the meta device (materialise it), an integer input (a floating-point one), a
+    float64 linear (cast the model), a pattern naming nn.Linear subclasses (convert exact
+    nn.Linear), a shared linear whose names get two policies (one policy)."""
+    with torch.device("meta"):
+        m = net()
+    mxt.convert(m, "row")
+    with pytest.raises(ValueError, match=r"materialise the model first \(model.to_empty\(device=...\)"):
+        m(torch.randn(2, 32, device="meta"))
+    m = mxt.convert(net(), "row")
+    with pytest.raises(ValueError, match=r"^MXFP8ParamLinear.*: pass a floating-point input \(x.float\(\)"):
+        m(torch.ones(2, 32, dtype=torch.int64))
+    with pytest.raises(ValueError, match=r"^convert: cast the model to float32 or bfloat16 first \(model.float\(\)\): "
+                                         r"0.weight is torch.float64"):
+        mxt.convert(net().double(), "row")
+
+    class MyLinear(nn.Linear):
+        pass
+    odd = nn.Sequential(MyLinear(4, 4), nn.LazyLinear(8), nn.Linear(8, 8))
+    for name, cls in (("0", "MyLinear"), ("1", "LazyLinear")):
+        with pytest.raises(ValueError, match=rf"^convert: policy pattern '{name}' names subclasses of nn.Linear, "
+                                             rf"which convert\(\) leaves dense \({name} \({cls}\)\)"):
+            mxt.convert(copy.deepcopy(odd), {name: "row"})
+    shared = nn.Linear(8, 8)
+    two = nn.ModuleDict({"a": shared, "b": shared})
+    with pytest.raises(ValueError, match=r"^convert: give the module shared as a, b one policy"):
+        mxt.convert(two, {"a": "row"})
