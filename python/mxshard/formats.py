@@ -384,10 +384,9 @@ class _NVFP4(Format):
         S = G.chunk_rows(rows, world)
         if S < rows and (S * cols) % 2:
             raise NotImplementedError(
-                f"mxshard: {name} ({rows}x{cols}, NVFP4) over {world} ranks: each rank's {S} rows x {cols} "
-                f"columns is an odd number of elements, so a shard would start mid-byte of the packed plane "
-                f"(contract 9.8); use an even in_features, a world size with ceil(out_features/world) even, or "
-                f"MXFP8 for this weight")
+                f"mxshard: use an even in_features, a world size with ceil(out_features/world) even, or MXFP8 for "
+                f"{name} ({rows}x{cols}, NVFP4) over {world} ranks: each rank's {S} rows x {cols} columns is an odd "
+                f"number of elements, so a shard would start mid-byte of the packed plane (contract 9.8)")
 
     def send_sources(self, planes, block=None):
         """'row', and 'col' (the column stage) for "both"; 16x16 sends its row plane alone (finish
