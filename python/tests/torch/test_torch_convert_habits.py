@@ -140,3 +140,93 @@ def test_messages_say_what_to_do_first():
     two = nn.ModuleDict({"a": shared, "b": shared})
     with pytest.raises(ValueError, match=r"^convert: give the module shared as a, b one policy"):
         mxt.convert(two, {"a": "row"})
+
+
+WRITES = {
+    "w[0].zero_()": lambda w: w[0].zero_(),
+    "w[:, 0].fill_(3)": lambda w: w[:, 0].fill_(3.0),
+    "w[2] = 7": lambda w: w.__setitem__(2, 7.0),
+    "w.view(-1)[5] = 9": lambda w: w.view(-1).__setitem__(5, 9.0),
+    "w.data[0].zero_()": lambda w: w.data[0].zero_(),
+    "w.detach()[1].fill_(4)": lambda w: w.detach()[1].fill_(4.0),
+    "w.unbind(0)[0].zero_()": lambda w: w.unbind(0)[0].zero_(),
+    "w.diagonal().fill_(1)": lambda w: w.diagonal().fill_(1.0),
+    "w.chunk(2)[1].zero_()": lambda w: w.chunk(2)[1].zero_(),
+}
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_writes_through_any_view_of_a_weight_reach_its_bytes(fmt, write):
+    """A write through a select / unbind / diagonal / chunk view of a converted weight, after a
+    forward made its bytes: the next forward multiplies by the quantize of the written master
+    (these views came back as plain tensors, whose writes went unseen: the forward kept the old
+    bytes until the next optimizer step)."""
+    m = mxt.convert(net(), "row", format=fmt)
+    x = torch.randn(3, 32)
+    m(x)
+    with torch.no_grad():
+        WRITES[write](m[0].weight)
+    got = mxt.dequantized_weight(m[0])
+    twin = mxt.convert(net(), "row", format=fmt)
+    with torch.no_grad():
+        twin[0].weight.copy_(m[0].weight.detach()._data)
+    assert torch.equal(got, mxt.dequantized_weight(twin[0])) and torch.equal(m(x), twin(x))
+
+
+def test_a_shared_memory_master_written_by_another_process_reaches_the_bytes():
+    """Hogwild: share_memory(), a forward here, then another process trains the shared masters:
+    this process's next forward uses them (it kept the bytes it had made: its version counters and
+    write counts do not see another process's writes)."""
+    mp = torch.multiprocessing.get_context("fork")
+    m = mxt.convert(net(), "row")
+    m.share_memory()
+    x = torch.randn(3, 32)
+    before = m(x)
+
+    def child():
+        with torch.no_grad():
+            m[0].weight.mul_(-2.0)
+    p = mp.Process(target=child)
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    twin = mxt.convert(net(), "row")
+    with torch.no_grad():
+        twin[0].weight.copy_(m[0].weight.detach()._data)
+    after = m(x)
+    assert not torch.equal(after, before) and torch.equal(after, twin(x))
+
+
+def test_gradient_hooks_on_a_converted_weight_are_refused_by_sharded_optimizer():
+    """register_hook / register_post_accumulate_grad_hook on a converted weight, then
+    ShardedOptimizer: refused at construction, the model left as it was (the hooks were dropped,
+    silently: a halving hook changed nothing). Under torch.optim they run (one process)."""
+    for register in (lambda w: w.register_hook(lambda g: g * 0.5),
+                     lambda w: w.register_post_accumulate_grad_hook(lambda p: None)):
+        m = mxt.convert(net(), "row")
+        register(m[0].weight)
+        with pytest.raises(ValueError, match=r"^ShardedOptimizer: remove the gradient hooks registered on 0.weight"):
+            mxt.ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1))
+        assert mxt.is_param_linear(m[0])
+    m = mxt.convert(net(), "row")
+    m[0].weight.register_hook(lambda g: g * 0.5)
+    m(torch.ones(2, 32)).sum().backward()
+    half = m[0].weight.grad.clone()
+    m = mxt.convert(net(), "row")
+    m(torch.ones(2, 32)).sum().backward()
+    assert torch.equal(half, m[0].weight.grad * 0.5)
+
+
+def test_torch_jit_script_says_what_to_use():
+    """torch.jit.script of a converted model (or of ShardedOptimizer's) names torch.compile /
+    torch.export / jit.trace (it raised TorchScript's own "Expected a single top-level function");
+    jit.trace works."""
+    m = mxt.convert(net(), "row")
+    with pytest.raises(RuntimeError, match=r"^mxshard: use torch.compile or torch.export \(or torch.jit.trace\) for "
+                                           r"a converted model, or keep 0 dense"):
+        torch.jit.script(m)
+    x = torch.randn(2, 32)
+    with pytest.warns(torch.jit.TracerWarning):
+        t = torch.jit.trace(m, x)
+    assert torch.equal(t(x), m(x))

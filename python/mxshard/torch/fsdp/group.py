@@ -342,7 +342,10 @@ class FSDPGroup:
         if u is None or not u.matches(master._data, 1, 0):
             u = WeightUnit(meta, master._data, 1, 0)
             self.units[meta] = u
-        if not u.fresh(master._data) or u.cached is None:
+        # (a master in CPU shared memory, Hogwild-style: another process's writes move neither this
+        # process's version counter nor its write count, so its bytes are made again at every use)
+        shared = master._data.device.type == "cpu" and master._data.is_shared()
+        if not u.fresh(master._data) or u.cached is None or shared:
             u.partial()
             u.apply(master._data._version)
             u.cached = u.local_primary()

@@ -41,6 +41,10 @@ class _ParamLinear(nn.Linear):
 
     _FORMAT = None   # the mxshard.formats value of the subclass
 
+    def __prepare_scriptable__(self):
+        # (torch.jit.script calls it on every submodule first)
+        raise RuntimeError(refuse_script_message(self.meta.name))
+
     @classmethod
     def from_linear(cls, lin, spec, name, group):
         """Takes over nn.Linear `lin`: its weight's storage becomes the master (same dtype, a new
@@ -196,6 +200,12 @@ class NVFP4ParamLinear(_ParamLinear):
     """As MXFP8ParamLinear, with NVFP4 (E2M1, E4M3 scales per 16 or 16x16, tensor amax)."""
 
     _FORMAT = _formats.NVFP4
+
+
+def refuse_script_message(name):
+    return (f"mxshard: use torch.compile or torch.export (or torch.jit.trace) for a converted model, or keep "
+            f"{name or 'the linear'} dense (convert(..., skip=[...])): torch.jit.script cannot compile a converted "
+            f"linear, whose forward calls the library from Python")
 
 
 def _replaced_linear(name, module, args):

@@ -147,6 +147,10 @@ _VIEWS = {
     # with the master is seen (_MATMULS)
     torch.ops.aten.t.default, torch.ops.aten.transpose.int, torch.ops.aten.permute.default,
     torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default,
+    # and every other view a write may go through (w[0].zero_(), w.unbind(0)[0], w.diagonal()...)
+    torch.ops.aten.select.int, torch.ops.aten.unbind.int, torch.ops.aten.squeeze.default, torch.ops.aten.squeeze.dim,
+    torch.ops.aten.squeeze.dims, torch.ops.aten.diagonal.default, torch.ops.aten.unfold.default,
+    torch.ops.aten.chunk.default, torch.ops.aten.unsafe_split.Tensor, torch.ops.aten.view_as.default,
 }
 # Products with a module's weight (by the op's base name): code that multiplies by a converted linear's
 # weight itself (F.linear(x, self.qkv.weight), x @ w.T) would compute with the float master, not the
@@ -380,7 +384,10 @@ class QuantMaster(torch.Tensor):
 
     @staticmethod
     def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
-        return QuantMaster(inner_tensors["_data"], meta)
+        data = inner_tensors["_data"]
+        if type(data) is torch.nn.Parameter:   # (torch.export's run_decompositions hands the Parameter in)
+            data = data.detach()
+        return QuantMaster(data, meta)
 
     # -- FSDP2's all-gather extension (torch.distributed.fsdp._fully_shard._fsdp_param)
 

@@ -41,6 +41,12 @@ def _check_adoptable(name, m):
         raise ValueError(f"ShardedOptimizer: {name} is sharded by FSDP2 (fully_shard). Use one of the two: "
                          f"fully_shard with any torch.optim optimizer, or ShardedOptimizer on a model that is "
                          f"not fully_shard'ed; they shard the same masters two ways")
+    w = m._parameters.get("weight")
+    if getattr(w, "_backward_hooks", None) or getattr(w, "_post_accumulate_grad_hooks", None):
+        raise ValueError(f"ShardedOptimizer: remove the gradient hooks registered on {name}.weight (register_hook, "
+                         f"register_post_accumulate_grad_hook), or train with torch.optim / FSDP2, where they run: "
+                         f"ShardedOptimizer adds a converted weight's gradient into its bucket, and would drop them "
+                         f"silently (a hook on a dense parameter works)")
     if not m.weight.requires_grad:
         raise ValueError(f"ShardedOptimizer: {name}.weight is frozen (requires_grad=False). Keep frozen linears "
                          f"dense (convert(..., skip=...)) or unfreeze them: ShardedOptimizer trains every "

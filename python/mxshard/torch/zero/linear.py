@@ -37,7 +37,7 @@ from ... import _lib as L
 from ..gemm import paths as _gemm
 from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_choice, _check_compute_dtype,
                        _check_device, _check_features, _dtype_code, _require_library)
-from ..fsdp.linear import MXFP8ParamLinear
+from ..fsdp.linear import MXFP8ParamLinear, refuse_script_message
 from ..fsdp.ops import refuse_double_backward, refuse_functorch
 from ... import formats as _formats
 
@@ -138,6 +138,10 @@ class _QuantLinear(nn.Module):
     _dequant(plane, dtype=None) and _quantize(w)."""
 
     fmt = None        # mxshard.formats.MXFP8 | NVFP4
+
+    def __prepare_scriptable__(self):
+        # (torch.jit.script calls it on every submodule first)
+        raise RuntimeError(refuse_script_message(self._who))
     format = None     # its name: "mxfp8" | "nvfp4"
     _BUFS = ()
     _FIXED = ()
