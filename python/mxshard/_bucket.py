@@ -13,6 +13,8 @@ gather schedule), gather() and the `with` protocol.
 """
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from . import _arrays as A
@@ -82,6 +84,9 @@ def item_shard(i, it, w, raw16):
     its dtype code, start, length)."""
     m = A.arr(it.master, f"item {i} master")
     mdt = A.float_dtype(m, raw16 if _is_int16(m) else None)
+    for what, v in (("start", it.start), ("length", it.length)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Integral)):
+            raise TypeError(f"item {i}: give the shard's {what} as an int (an element index), got {v!r}")
     length = m.numel if it.length is None else int(it.length)
     start = int(it.start)
     if length < 0 or start < 0 or start + length > w.rows * w.cols:
@@ -172,6 +177,14 @@ class BucketBase:
     def __exit__(self, *exc):
         self.close()
 
+    def _keep_arrays(self, arrs):
+        """Keeps every array the C items point into alive, whatever the caller reassigns since (a
+        weight's row_data set to another array: the old one stays until the bucket goes). Moving an
+        array's storage in place (Tensor.set_, resize_) after the build is not checked per call
+        (a pointer check per array costs more than the whole Python side of a run): build a new
+        bucket instead; numpy refuses to resize an array the bucket holds."""
+        self._arrs = arrs
+
     def _fragment_ptr(self, fa):
         """A fragment's address for the C item. An empty fragment (an empty shard) has none in
         torch or numpy (data_ptr 0), but the C API takes NULL for "no fragment": it gets the
@@ -198,8 +211,13 @@ class BucketBase:
         rank = dist.get_rank(group)
         backend = str(dist.get_backend(group))
         comm_dev = t.device("cuda", t.cuda.current_device()) if "nccl" in backend else t.device("cpu")
+        regions = []
+        if local_error is None and self._gather_enabled:
+            try:   # (a root array it cannot gather into: this rank's error, told to the others first)
+                regions = self._plane_regions()
+            except Exception as e:  # noqa: BLE001 - re-raised after the agreement below
+                local_error = e
         ok = local_error is None
-        regions = self._plane_regions() if ok and self._gather_enabled else []
         fp = int(self.plan.fingerprint) if ok else 0
         fp = fp - (1 << 64) if fp >= (1 << 63) else fp
         n_iv = sum(len(r["iv"]) for r in regions)

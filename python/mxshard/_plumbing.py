@@ -80,6 +80,9 @@ def quantize_src(primary, src, src_dtype, weight_arrs, name):
     outs = weight_arrs(primary)
     if s.numel != primary.rows * primary.cols:
         raise ValueError(f"src: {s.numel} elements, the primary is {primary.rows}x{primary.cols}")
+    if len(s.shape) == 2 and tuple(s.shape) != (primary.rows, primary.cols):
+        raise ValueError(f"src: give a {primary.rows}x{primary.cols} (or flat) source, as the primary's rows and "
+                         f"columns; got {s.shape[0]}x{s.shape[1]} (transpose it first if that is the layout)")
     return s, dt, A.same_device(outs + [s], name)
 
 

@@ -138,19 +138,35 @@ class NVFP4Weight(PlaneProps):
         self.dirs = dirs
         self.row_data, self.row_scale, self.col_data, self.col_scale = row_data, row_scale, col_data, col_scale
         self.amax = amax
-        arrs = [_check_amax(A.arr(amax, "amax"))]
+        arrs = self.buffer_arrs()
+        self.device = A.same_device(arrs, "NVFP4Weight")
+        self.is_torch = arrs[0].kind == "torch"
+        if any(a.kind != arrs[0].kind for a in arrs):
+            raise ValueError("NVFP4Weight: mix of numpy arrays and torch tensors")
+
+    def buffer_arrs(self):
+        """The buffers as they are now (amax first), each checked against the shape, block, layout
+        and planes (the constructor's checks; every operation runs them again, so that a buffer
+        reassigned since, to one too small, raises instead of being written past its end)."""
+        rows, cols = self.rows, self.cols
+        arrs = [_check_amax(A.arr(self.amax, "amax"))]
         nv = L.nvfp4_host()
         st = L.Nvfp4Tensor()  # the shape alone: the byte counts come from the library
-        st.rows, st.cols, st.dirs, st.scale_layout, st.block = rows, cols, dirs, self.layout, self.block
+        st.rows, st.cols, st.dirs, st.scale_layout, st.block = rows, cols, self.dirs, self.layout, self.block
         dbytes = nv.data_bytes(ctypes.byref(st))
         if dbytes < 0:
             raise L.status_error(L.status_code("MXS_ERR_OVERFLOW"), f"NVFP4Weight {rows}x{cols}")
-        for plane, data, scale in ((L.ROWWISE, row_data, row_scale), (L.COLWISE, col_data, col_scale)):
+        for plane in (L.ROWWISE, L.COLWISE):
             pn = A.PLANES_STR[plane]
+            data, scale = getattr(self, f"{pn}_data"), getattr(self, f"{pn}_scale")
             if scale is None:
+                if self.dirs & plane:
+                    raise ValueError(f"NVFP4Weight: give {pn}_scale back: the weight has a {pn}-wise plane")
                 if data is not None:
                     raise ValueError(f"NVFP4Weight: {pn}_data given without its scales")
                 continue
+            if not self.dirs & plane:
+                raise ValueError(f"NVFP4Weight: build a new weight for a {pn}-wise plane: this one has none")
             s = A.check_bytes(A.arr(scale, f"{pn}_scale"), "E4M3 scale")
             need = nv.scale_bytes(ctypes.byref(st), plane)
             if s.numel != need:
@@ -163,10 +179,7 @@ class NVFP4Weight(PlaneProps):
             if d.numel != dbytes:
                 raise ValueError(f"{pn}_data: {d.numel} bytes, a packed {rows}x{cols} NVFP4 plane needs {dbytes}")
             arrs.append(d)
-        self.device = A.same_device(arrs, "NVFP4Weight")
-        self.is_torch = arrs[0].kind == "torch"
-        if any(a.kind != arrs[0].kind for a in arrs):
-            raise ValueError("NVFP4Weight: mix of numpy arrays and torch tensors")
+        return arrs
 
     # ---- construction ------------------------------------------------------
 
@@ -277,12 +290,7 @@ def nvfp4_struct(w: NVFP4Weight) -> L.Nvfp4Tensor:
 def _weight_arrs(w, writable=True):
     if not isinstance(w, NVFP4Weight):
         raise TypeError(f"expected an NVFP4Weight, got {type(w).__name__}")
-    out = [A.arr(w.amax, "amax")]
-    for pn in ("row", "col"):
-        if getattr(w, f"{pn}_scale") is not None:
-            out.append(A.arr(getattr(w, f"{pn}_scale"), f"{pn}_scale"))
-            if getattr(w, f"{pn}_data") is not None:  # None: in fragments (the C checks refuse it where needed)
-                out.append(A.arr(getattr(w, f"{pn}_data"), f"{pn}_data"))
+    out = w.buffer_arrs()   # (checked as they are now; a data plane None: in fragments, the C checks say)
     return [a.writable() for a in out] if writable else out
 
 

@@ -158,6 +158,7 @@ class NVFP4BucketWriteback(BucketBase):
         if len(kinds) > 1:
             raise ValueError("NVFP4BucketWriteback: mix of numpy arrays and torch tensors")
         self.device = A.same_device(arrs, "NVFP4BucketWriteback")
+        self._keep_arrays(arrs)
         self.is_torch = kinds == {"torch"}
         self.is_cuda = self.device != "cpu"
         # CUDA tensors: <mxshard/cuda_nvfp4.h>'s phases (UnsupportedError when the library lacks them)
@@ -262,7 +263,7 @@ class NVFP4BucketWriteback(BucketBase):
 
     def _check_open(self):
         if self._closed:
-            raise ValueError("NVFP4BucketWriteback: closed")
+            raise ValueError("NVFP4BucketWriteback: build a new writeback: this one was closed")
 
     def _mark_failed(self):
         """Zero the packed buffer, every byte of the status entry 1."""

@@ -40,22 +40,17 @@ def tensor_struct(w) -> L.Tensor:
     return t
 
 
-def _weight_arrs(w, need_data=True):
+def _weight_arrs(w, need_data=True, writable=True):
+    """The weight's buffers as they are now, checked (MXFP8Weight.buffer_arrs); writable for an
+    operation that writes them."""
     if not is_mxfp8_weight(w):
         raise TypeError(f"expected an MXFP8Weight, got {type(w).__name__}")
-    out = []
-    for pn in ("row", "col"):
-        s = getattr(w, f"{pn}_scale")
-        if s is None:
-            continue
-        out.append(A.arr(s, f"{pn}_scale").writable())
-        d = getattr(w, f"{pn}_data")
-        if d is None:
-            if need_data:
+    if need_data:
+        for pn in ("row", "col"):
+            if getattr(w, f"{pn}_scale") is not None and getattr(w, f"{pn}_data") is None:
                 raise ValueError(f"the {pn}-wise plane has no data buffer")
-            continue
-        out.append(A.arr(d, f"{pn}_data").writable())
-    return out
+    out = w.buffer_arrs()
+    return [a.writable() for a in out] if writable else out
 
 
 def quantize(primary, src, rounding="ceil", src_dtype=None):
@@ -77,7 +72,7 @@ def dequantize(primary, plane=None, dtype="bf16", out=None):
     cols. plane: 'row' or 'col' (default: row when present). numpy bf16 is
     ml_dtypes.bfloat16 when installed, else uint16 bit patterns. Returns out."""
     p, dt = dequantize_plane(primary, plane, dtype)
-    ins = _weight_arrs(primary, need_data=False)
+    ins = _weight_arrs(primary, need_data=False, writable=False)   # (read only: read-only buffers are fine)
     check_has_plane(primary, p, "dequantize")
     if getattr(primary, f"{A.PLANES_STR[p]}_data") is None:
         raise ValueError(f"dequantize: the {A.PLANES_STR[p]}-wise plane has no data buffer")

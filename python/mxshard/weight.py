@@ -46,13 +46,29 @@ class MXFP8Weight(PlaneProps):
             raise ValueError("MXFP8Weight: give the scales of at least one plane (row_scale and/or col_scale)")
         self.dirs = dirs
         self.row_data, self.row_scale, self.col_data, self.col_scale = row_data, row_scale, col_data, col_scale
+        arrs = self.buffer_arrs()
+        self.device = A.same_device(arrs, "MXFP8Weight")
+        self.is_torch = arrs[0].kind == "torch"
+        if any(a.kind != arrs[0].kind for a in arrs):
+            raise ValueError("MXFP8Weight: mix of numpy arrays and torch tensors")
+
+    def buffer_arrs(self):
+        """The buffers as they are now, each checked against the shape, layout and planes (the
+        constructor's checks; every operation runs them again, so that a buffer reassigned since,
+        to one too small, raises instead of being written past its end): [Arr] of the present ones."""
+        rows, cols = self.rows, self.cols
         arrs = []
-        for plane, data, scale in ((L.ROWWISE, row_data, row_scale), (L.COLWISE, col_data, col_scale)):
-            if scale is None:
-                if data is not None:
-                    raise ValueError(f"MXFP8Weight: {A.PLANES_STR[plane]}_data given without its scales")
-                continue
+        for plane in (L.ROWWISE, L.COLWISE):
             pn = A.PLANES_STR[plane]
+            data, scale = getattr(self, f"{pn}_data"), getattr(self, f"{pn}_scale")
+            if scale is None:
+                if self.dirs & plane:
+                    raise ValueError(f"MXFP8Weight: give {pn}_scale back: the weight has a {pn}-wise plane")
+                if data is not None:
+                    raise ValueError(f"MXFP8Weight: {pn}_data given without its scales")
+                continue
+            if not self.dirs & plane:
+                raise ValueError(f"MXFP8Weight: build a new weight for a {pn}-wise plane: this one has none")
             s = A.check_bytes(A.arr(scale, f"{pn}_scale"), "E8M0 scale")
             need = int(np.prod(A.scale_shape(rows, cols, plane, self.layout)))
             if s.numel != need:
@@ -64,10 +80,7 @@ class MXFP8Weight(PlaneProps):
                 if d.numel != rows * cols:
                     raise ValueError(f"{pn}_data: {d.numel} bytes, a {rows}x{cols} tensor needs {rows * cols}")
                 arrs.append(d)
-        self.device = A.same_device(arrs, "MXFP8Weight")
-        self.is_torch = arrs[0].kind == "torch"
-        if any(a.kind != arrs[0].kind for a in arrs):
-            raise ValueError("MXFP8Weight: mix of numpy arrays and torch tensors")
+        return arrs
 
     # ---- construction ------------------------------------------------------
 

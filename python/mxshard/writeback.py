@@ -112,6 +112,7 @@ class BucketWriteback(BucketBase):
                     raise ValueError(f"item {i}: {pn}_fragment has {fa.numel} bytes, the shard length is {length}")
                 frags[pn] = fa
                 arrs.append(fa)
+            w.buffer_arrs()   # (the buffers as they are now, their sizes checked: not written past)
             for pn in ("row", "col"):
                 if not getattr(w, f"has_{pn}"):
                     continue
@@ -169,7 +170,7 @@ class BucketWriteback(BucketBase):
         else:
             self._host = host
             self._packed_status_np = (self.packed.numpy() if self.is_torch else self.packed)
-        self._arrs = arrs
+        self._keep_arrays(arrs)
         self._closed = False
 
     def _prepare_cuda(self):
@@ -211,7 +212,7 @@ class BucketWriteback(BucketBase):
         error raised: the caller must still run its reduction."""
         try:
             if self._closed:
-                raise ValueError("BucketWriteback: closed")
+                raise ValueError("BucketWriteback: build a new writeback: this one was closed")
             if self._fault is not None:  # tests: a rank-local failure before the C call
                 raise self._fault
             if self.is_cuda:
@@ -254,7 +255,7 @@ class BucketWriteback(BucketBase):
         caller already knows the group's verdict (it reduced the status byte
         itself): no status read (on CUDA, no copy to the host, no sync)."""
         if self._closed:
-            raise ValueError("BucketWriteback: closed")
+            raise ValueError("BucketWriteback: build a new writeback: this one was closed")
         if check_status and self.status() != 0:
             raise L.remote_error("BucketWriteback.apply")
         self._apply(stream)

@@ -213,6 +213,39 @@ def case_build_failure(rank, world, device, backend="torch"):
     raise AssertionError("no error")
 
 
+def case_ungatherable_root(rank, world, device, backend="torch"):
+    """Rank 1's row_data is a contiguous column of a Fortran-ordered array (a root the gather cannot
+    address): found in the group setup, where it used to raise on rank 1 alone, before the
+    agreement, and leave the others waiting. Every rank raises (rank 1 its ValueError, the others
+    RemoteError), for MXFP8 and NVFP4."""
+    import torch.distributed as dist
+    out = {}
+    for fmt in ("mxfp8", "nvfp4"):
+        R, C = 32, 64
+        n = R * C if fmt == "mxfp8" else R * C // 2
+        rd = np.zeros((n, 2), np.uint8, order="F")[:, 0] if rank == 1 else np.zeros(n, np.uint8)
+        if fmt == "mxfp8":
+            w = mxshard.MXFP8Weight.from_buffers(R, C, row_data=rd,
+                                                 row_scale=np.zeros(mxshard.scale_shape(R, C, "row", "padded"), np.uint8))
+            cls = mxshard.BucketWriteback
+        else:
+            w = mxshard.NVFP4Weight.from_buffers(R, C, row_data=rd, amax=np.zeros(1, np.float32),
+                                                 row_scale=np.zeros(mxshard.nvfp4_scale_shape(R, C, "row", "padded"),
+                                                                    np.uint8))
+            cls = mxshard.NVFP4BucketWriteback
+        half = R * C // 2
+        m = np.ones(half, np.float32)
+        try:
+            cls([(w, m, rank * half)], group=dist.group.WORLD)
+            out[fmt] = "no error"
+        except mxshard.RemoteError:
+            out[fmt] = "remote"
+        except ValueError as e:
+            assert "root array is not contiguous" in str(e), e
+            out[fmt] = "local"
+    return out
+
+
 def case_plan_mismatch(rank, world, device, backend="torch"):
     import torch
     import torch.distributed as dist
@@ -227,7 +260,8 @@ def case_plan_mismatch(rank, world, device, backend="torch"):
 
 
 CASES = {"bucket": case_bucket, "inplace": case_inplace_gather, "failure": case_failure,
-         "build_failure": case_build_failure, "plan_mismatch": case_plan_mismatch}
+         "build_failure": case_build_failure, "plan_mismatch": case_plan_mismatch,
+         "ungatherable_root": case_ungatherable_root}
 
 
 def worker(rank, world, port, backend, device, cases, q):

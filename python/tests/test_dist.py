@@ -31,10 +31,12 @@ def test_gloo_bucket_two_updates(backend):
 
 
 def test_gloo_failures_never_hang():
-    res = spawn([("failure", {}), ("build_failure", {}), ("plan_mismatch", {})])
+    res = spawn([("failure", {}), ("build_failure", {}), ("plan_mismatch", {}), ("ungatherable_root", {})])
     assert res[(1, "failure")]["first_run"] == "local" and res[(0, "failure")]["first_run"] == "remote"
     assert res[(1, "build_failure")]["raised"] == "local" and res[(0, "build_failure")]["raised"] == "remote"
     assert all(res[(r, "plan_mismatch")]["raised"] == "plan_mismatch" for r in range(WORLD))
+    for r in range(WORLD):   # (a root the gather cannot address, on rank 1: found in the setup, told to all)
+        assert res[(r, "ungatherable_root")] == dict.fromkeys(("mxfp8", "nvfp4"), "local" if r == 1 else "remote")
 
 
 def test_gloo_cuda_tensors_one_device():
