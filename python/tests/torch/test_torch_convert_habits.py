@@ -230,3 +230,31 @@ def test_torch_jit_script_says_what_to_use():
     with pytest.warns(torch.jit.TracerWarning):
         t = torch.jit.trace(m, x)
     assert torch.equal(t(x), m(x))
+
+
+def test_after_close_a_torch_optimizer_cannot_silently_skip_the_converted_weights(tmp_path):
+    """ShardedOptimizer.close(), then AdamW(model.parameters()): the linears are the optimizer's
+    byte storage (no weight Parameter), so AdamW trained only biases and norms, silently. The
+    backward that would accumulate a converted weight's gradient for nobody raises, saying what to
+    do; a gradient for the input alone still works; a new ShardedOptimizer on the model trains it.
+    load_checkpoint without a ShardedOptimizer says what to pass."""
+    m = mxt.convert(net(), "row")
+    opt = mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2))
+    x = torch.randn(4, 32)
+    m(x).pow(2).sum().backward()
+    opt.step()
+    opt.close()
+    torch.optim.AdamW(m.parameters(), lr=1e-2)
+    with pytest.raises(RuntimeError, match=r"^mxshard: build a new ShardedOptimizer on the model to train it on"):
+        m(x).pow(2).sum().backward()
+    xi = x.clone().requires_grad_(True)
+    gx, = torch.autograd.grad(m(xi).pow(2).sum(), xi)
+    assert gx.shape == x.shape
+    opt2 = mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2))
+    before = m[0].row_data.clone()
+    m(x).pow(2).sum().backward()
+    opt2.step()
+    assert not torch.equal(m[0].row_data, before)
+    with pytest.raises(TypeError, match=r"^load_checkpoint: pass the ShardedOptimizer that trains the model"):
+        mxt.load_checkpoint(tmp_path, m, None)
+    opt2.close()

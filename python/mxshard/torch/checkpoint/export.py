@@ -421,6 +421,10 @@ def load_safetensors(path, model, *, strict=True):
     _check_args(path, model, who)
     if not isinstance(strict, bool):
         raise TypeError(f"{who}: strict must be a bool, got {type(strict).__name__}")
+    if _sharded(model):
+        raise CheckpointError(f"{who}: load the file into the model before fully_shard (every rank may load it: no "
+                              f"collectives), or load a full state dict with torch's set_model_state_dict(..., "
+                              f"StateDictOptions(full_state_dict=True)): the model's parameters are FSDP2 shards now")
     st = _safetensors(who)
     tensors, mx, aliases = _read(os.fspath(path), st)
     state, ties = _plan(model, tensors, mx, aliases, strict, who)

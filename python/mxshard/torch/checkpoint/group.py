@@ -55,9 +55,12 @@ def check_call(model, opt, path, name):
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{name}: path must be a str or os.PathLike, got {type(path).__name__}")
     if not isinstance(opt, ShardedOptimizer):
-        raise TypeError(f"{name}: opt must be a ShardedOptimizer, got {type(opt).__name__}")
+        raise TypeError(f"{name}: pass the ShardedOptimizer that trains the model (build one on it first, at any "
+                        f"world size, also without a process group: a world of one); got {type(opt).__name__}. "
+                        f"Models trained with torch.optim or FSDP2 use torch.distributed.checkpoint "
+                        f"(get_state_dict / set_state_dict); opt must be a ShardedOptimizer")
     if getattr(opt, "_closed", False):
-        raise ValueError(f"{name}: the optimizer was closed")
+        raise ValueError(f"{name}: build a new ShardedOptimizer on the model: this one was closed")
     if not isinstance(model, nn.Module):
         raise TypeError(f"{name}: model must be an nn.Module, got {type(model).__name__}")
     mods = {id(m) for m in model.modules()}

@@ -374,6 +374,7 @@ class Construction:
                     m.rebind_primary_(**kw)
                     m.main_grad = gview
                     m._mxs_grad_hook = mx_hook(ref, bi, pos)
+                    m._mxs_released = False
 
                     def undo(m=m, old=old, old_grad=old_grad, old_hook=old_hook):
                         m.rebind_primary_(**old)

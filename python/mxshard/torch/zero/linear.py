@@ -110,6 +110,12 @@ class _QuantLinearFn(torch.autograd.Function):
                                                  "col" if m.planes == "both" else "row")
         tok = ctx.token
         if tok is None or torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(tok).node):
+            if getattr(m, "_mxs_released", False):
+                raise RuntimeError(
+                    f"mxshard: build a new ShardedOptimizer on the model to train it on (mxt.save_checkpoint before "
+                    f"close() and mxt.load_checkpoint into the new one keep the FP32 masters), or train a convert()ed "
+                    f"model with torch.optim: {m._who} belonged to a ShardedOptimizer that was closed, and its weight "
+                    f"is held as {m.format.upper()} bytes, no Parameter, so no other optimizer would train it")
             x2 = x.reshape(-1, x.shape[-1])
             m._accumulate_main_grad(gy2, x2)
             hook = m._mxs_grad_hook

@@ -627,6 +627,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             m = it.module
             if m is not None and getattr(getattr(m, "_mxs_grad_hook", None), "_mxs_owner", lambda: None)() is self:
                 m._mxs_grad_hook = None
+                m._mxs_released = True   # (its backward refuses to accumulate for nobody: linear.py)
         for b in self._buckets:
             b.work = None
             for k in ("wb", "nvwb"):
