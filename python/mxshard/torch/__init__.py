@@ -22,8 +22,8 @@ The package, floor by floor (each imports only from the floors below it):
 
 docs/architecture.md draws it.
 """
-from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint, load_safetensors,
-                         save_checkpoint)
+from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint,
+                         load_checkpoint_weights, load_safetensors, save_checkpoint)
 from .convert import convert
 from .fsdp.linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear, masters_changed
 from .fsdp.master import QuantMaster
@@ -34,4 +34,5 @@ from .zero.optim import ShardedOptimizer
 __all__ = ["MXFP8Linear", "NVFP4Linear", "MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
            "masters_changed",
            "is_param_linear", "convert", "is_mxfp8", "is_nvfp4", "ShardedOptimizer", "save_checkpoint",
-           "load_checkpoint", "export_safetensors", "load_safetensors", "CheckpointError", "CheckpointMismatchError"]
+           "load_checkpoint", "load_checkpoint_weights", "export_safetensors", "load_safetensors", "CheckpointError",
+           "CheckpointMismatchError"]

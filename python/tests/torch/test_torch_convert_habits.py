@@ -258,3 +258,50 @@ def test_after_close_a_torch_optimizer_cannot_silently_skip_the_converted_weight
     with pytest.raises(TypeError, match=r"^load_checkpoint: pass the ShardedOptimizer that trains the model"):
         mxt.load_checkpoint(tmp_path, m, None)
     opt2.close()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_a_sharded_optimizer_checkpoint_continues_under_torch_optim_exactly(fmt, tmp_path):
+    """Trained under ShardedOptimizer (a world of one) and saved with save_checkpoint, the weights go
+    into a fresh convert()ed model with load_checkpoint_weights: its masters are bit for bit those
+    of the same steps under torch.optim (the optimizer's exactness rule), and AdamW trains on from
+    there; a plain model gets the same values; a model a ShardedOptimizer holds, one of other
+    names, and a folder that is not a checkpoint each raise, saying what to do."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    xs = [torch.randn(4, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
+
+    def steps(model, opt):
+        for x in xs:
+            model(x).pow(2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    m = mxt.convert(net(), "row", format=fmt)
+    opt = mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2))
+    steps(m, opt)
+    mxt.save_checkpoint(tmp_path / "ck", m, opt)
+    opt.close()
+    ref = mxt.convert(net(), "row", format=fmt)
+    steps(ref, torch.optim.AdamW(ref.parameters(), lr=1e-2))
+    fresh = mxt.convert(net(seed=5), "row", format=fmt)
+    mxt.load_checkpoint_weights(tmp_path / "ck", fresh)
+    for (n, a), (_, b) in zip(fresh.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), n
+    x = torch.randn(2, 32)
+    assert torch.equal(fresh(x), ref(x))
+    plain = net(seed=6)
+    mxt.load_checkpoint_weights(tmp_path / "ck", plain)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), ref.state_dict().values()))
+    before = fresh[0].weight.detach()._data.clone()
+    o = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    fresh(x).pow(2).sum().backward()
+    o.step()
+    assert not torch.equal(fresh[0].weight.detach()._data, before)
+    with pytest.raises(mxt.CheckpointError, match=r"^load_checkpoint_weights: load into a model that convert\(\) "
+                                                  r"made \(or a plain one\), not one a ShardedOptimizer holds"):
+        mxt.load_checkpoint_weights(tmp_path / "ck", m)
+    with pytest.raises(mxt.CheckpointMismatchError, match=r"^load_checkpoint_weights: build the model the "
+                                                          r"checkpoint was saved from"):
+        mxt.load_checkpoint_weights(tmp_path / "ck", nn.Sequential(nn.Linear(32, 48)))
+    with pytest.raises(mxt.CheckpointError, match=r"^load_checkpoint_weights: give the folder of a "
+                                                  r"mxt.save_checkpoint checkpoint"):
+        mxt.load_checkpoint_weights(tmp_path, net())
