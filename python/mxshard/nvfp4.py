@@ -80,6 +80,8 @@ def nvfp4_data_shape(rows, cols, plane):
     flat [ceil(rows*cols/2)] (rows share bytes)."""
     rows, cols = A.check_shape(rows, cols)
     p = A.dirs_code(plane, allow_both=False)
+    if rows * cols > A._INT64_MAX:   # (64-bit index math: the library's limit)
+        raise L.status_error(L.status_code("MXS_ERR_OVERFLOW"), f"nvfp4_data_shape {rows}x{cols}")
     outer, inner = (rows, cols) if p == L.ROWWISE else (cols, rows)
     return (outer, inner // 2) if inner % 2 == 0 else ((rows * cols + 1) // 2,)
 
@@ -92,6 +94,11 @@ def nvfp4_fragment_bytes(start, length):
     """Bytes of a fragment of the shard [start, start+length) (FSDP): its
     byte range [start//2, ceil((start+length)/2)) of a packed plane, 0 for an
     empty shard (mxs_nvfp4_fragment_bytes)."""
+    for n, v in (("start", start), ("length", length)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"nvfp4_fragment_bytes: give {n} as an int >= 0, got {v!r}")
+    if start + length > A._INT64_MAX:
+        raise L.status_error(L.status_code("MXS_ERR_OVERFLOW"), f"nvfp4_fragment_bytes [{start}, {start}+{length})")
     return (start + length + 1) // 2 - start // 2 if length > 0 else 0
 
 

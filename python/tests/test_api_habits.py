@@ -85,3 +85,19 @@ def test_a_source_of_another_shape_or_a_fractional_start_is_refused():
     mxshard.quantize(w, src.reshape(-1))   # (flat: the row-major values, as documented)
     with pytest.raises(TypeError, match=r"^item 0: give the shard's start as an int"):
         mxshard.BucketWriteback([(w, np.ones(10, np.float32), 2.9)])
+
+
+def test_nvfp4_shape_helpers_refuse_int64_overflow():
+    """nvfp4_data_shape / nvfp4_fragment_bytes are 64-bit index math like the library's: beyond int64
+    they raised nothing and returned 128-bit numbers (NVFP4Weight.empty: numpy's "array is too
+    big"); a negative start gave a size. Now SizeOverflowError / ValueError."""
+    big = 2 ** 63 - 1
+    with pytest.raises(mxshard.SizeOverflowError):
+        mxshard.nvfp4_data_shape(big, big, "col")
+    with pytest.raises(mxshard.SizeOverflowError):
+        mxshard.nvfp4_fragment_bytes(big - 1, big - 1)
+    with pytest.raises(mxshard.SizeOverflowError):
+        mxshard.NVFP4Weight.empty(2 ** 40, 2 ** 40)
+    with pytest.raises(ValueError, match=r"^nvfp4_fragment_bytes: give start as an int >= 0"):
+        mxshard.nvfp4_fragment_bytes(-5, 3)
+    assert mxshard.nvfp4_fragment_bytes(3, 5) == 3 and mxshard.nvfp4_data_shape(3, 5, "row") == (8,)
