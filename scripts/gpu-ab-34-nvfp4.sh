@@ -25,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 log=${OUT:-/tmp}/ab34.log
-. scripts/gpu-env.sh # PATH, out, step, summary, status
+. scripts/gpu-env.sh # PATH, out, step, summary, status, lib_in, copy_lib
 export MXS_VECTORS_DIR=$PWD/tests/vectors
 root=$PWD
 b=$root/build-gpu
@@ -37,20 +37,7 @@ case $w in "$root" | "$root"/*) echo "MXS_AB_DIR must lie outside the tree" | te
   echo "cores: $(nproc)"; git log -1 --format='commit %H %s' 2>/dev/null; git status --short 2>/dev/null | head -20
 } | tee -a "$log"
 
-# shellcheck disable=SC2317
-base_build() {
-  rm -rf "$w" && mkdir -p "$w/src" || return 1
-  tar -C "$root" --exclude='./build*' --exclude=./.git -cf - . | tar -C "$w/src" -xf - || return 1
-  (cd "$w/src" && GIT_CEILING_DIRECTORIES=$w git apply --verbose "$patch") || return 1
-  (cd "$w/src" && meson setup "$w/build" -Dcuda=enabled -Dsm_archs=90 -Dtests=disabled -Dbench=false \
-    -Ddemo=false -Dnccl=disabled --buildtype=release > "$w/setup.log") || { tail -n 20 "$w/setup.log"; return 1; }
-  meson compile -C "$w/build" -j "$(nproc)" mxshard_cuda
-}
-export -f base_build
-lib_in() { local f; for f in "$1"/libmxshard_cuda.so.*.*.*; do [ -f "$f" ] && { echo "$f"; return 0; }; done; return 1; }
-copy_lib() { local f; mkdir -p "$2"; for f in "$1"/libmxshard_cuda.so*; do case $f in *.p) ;; *) cp -a "$f" "$2/" ;; esac; done; }
-
-timeout -k 5 420 bash -c base_build > "$out/build-base.log" 2>&1 &
+timeout -k 5 420 bash scripts/gpu-patched-build.sh "$root" "$w" "$patch" > "$out/build-base.log" 2>&1 &
 bpid=$!
 step build-new timeout -k 5 420 bash scripts/gpu-session-36.sh --stage build
 step build-host timeout -k 5 200 meson compile -C "$b" mxshard_host

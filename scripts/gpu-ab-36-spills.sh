@@ -34,7 +34,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 log=${OUT:-/tmp}/ab36-spills.log
-. scripts/gpu-env.sh # PATH, out, step, summary, status
+. scripts/gpu-env.sh # PATH, out, step, summary, status, lib_in, copy_lib
 export MXS_VECTORS_DIR=$PWD/tests/vectors
 root=$PWD
 b=${MXS_S36_BUILD:-build-gpu}
@@ -48,31 +48,6 @@ case $w in "$root" | "$root"/*) echo "MXS_AB_DIR must lie outside the tree" | te
   echo "cores: $(nproc)"; git log -1 --format='commit %H %s' 2>/dev/null; git status --short 2>/dev/null | head -20
 } | tee -a "$log"
 
-# the variant: copy, patch (GIT_CEILING_DIRECTORIES: git apply must not find
-# a repository above the copy), configure, the library alone (run through
-# `bash -c`, exported, as is suite_variant)
-# shellcheck disable=SC2317
-variant_build() {
-  rm -rf "$w" && mkdir -p "$w/src" || return 1
-  tar -C "$root" --exclude='./build*' --exclude=./.git --exclude=./.gpu-prebuilt -cf - . | tar -C "$w/src" -xf - ||
-    return 1
-  (cd "$w/src" && GIT_CEILING_DIRECTORIES=$w git apply --verbose "$patch") || return 1
-  (cd "$w/src" && meson setup "$w/build" -Dcuda=enabled -Dsm_archs=90 -Dtests=disabled -Dbench=false \
-    -Ddemo=false -Dnccl=disabled --buildtype=release > "$w/setup.log") || { tail -n 20 "$w/setup.log"; return 1; }
-  meson compile -C "$w/build" -j "$(nproc)" mxshard_cuda
-}
-# the baseline's library or the variant's (the real file, not the .p object folder)
-lib_in() {
-  local f
-  for f in "$1"/libmxshard_cuda.so.*.*.*; do [ -f "$f" ] && { echo "$f"; return 0; }; done
-  return 1
-}
-# copy a library (its file and soname links) into folder $2
-copy_lib() {
-  local f
-  mkdir -p "$2"
-  for f in "$1"/libmxshard_cuda.so*; do case $f in *.p) ;; *) cp -a "$f" "$2/" ;; esac; done
-}
 # the cuda suite on the variant's library: every program must load it
 # shellcheck disable=SC2317
 suite_variant() {
@@ -86,11 +61,11 @@ suite_variant() {
   meson test -C "$MXS_S36_BUILD" --suite cuda --no-rebuild --print-errorlogs --num-processes 1 \
     --wrapper "env LD_LIBRARY_PATH=$w/ab/spills"
 }
-export -f variant_build suite_variant
+export -f suite_variant
 
 echo "=== git apply --check (this tree)" | tee -a "$log"
 git apply --check "$patch" 2>&1 | tee -a "$log" # a patch that no longer applies shows here first
-timeout -k 5 420 bash -c variant_build > "$out/build-spills.log" 2>&1 &
+timeout -k 5 420 bash scripts/gpu-patched-build.sh "$root" "$w" "$patch" > "$out/build-spills.log" 2>&1 &
 vpid=$!
 step build-base timeout -k 5 420 bash scripts/gpu-session-36.sh --stage build
 wait "$vpid"

@@ -22,3 +22,16 @@ step() {
   echo "=== $name: $v ($((SECONDS - t0)) s)" | tee -a "$log"
   return "$rc"
 }
+
+# a build folder's CUDA library (the real file, not the .p object folder), for the A/B scripts
+lib_in() {
+  local f
+  for f in "$1"/libmxshard_cuda.so.*.*.*; do [ -f "$f" ] && { echo "$f"; return 0; }; done
+  return 1
+}
+# copy a CUDA library (its file and soname links) into folder $2
+copy_lib() {
+  local f
+  mkdir -p "$2"
+  for f in "$1"/libmxshard_cuda.so*; do case $f in *.p) ;; *) cp -a "$f" "$2/" ;; esac; done
+}

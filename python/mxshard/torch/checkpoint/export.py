@@ -302,12 +302,15 @@ def _dequantized(name, info, get, dtype):
 
 def _quantized_entries(name, info, mod, get, who):
     """{state_dict key: tensor} for the file's quantized module `name` loaded into `mod`."""
-    if is_quantized(mod):
+    if is_quantized(mod) or is_param_linear(mod):
+        # (ShardedOptimizer's linears take the bytes; a convert()ed one takes the row plane dequantized as its
+        # master and quantizes it by its own spec: other options would silently be a second quantization)
         diff = _options_difference(info, mod)
         if diff:
             raise CheckpointMismatchError(
                 f"{who}: {name}: the file's quantized weight has {diff}: convert the model with the file's options "
                 f"(see the file's 'mxshard' metadata), or load into an unconverted model (dequantized)")
+    if is_quantized(mod):
         out = {}
         for b in _file_bufs(info):
             key = f"{name}.{b}"
@@ -316,14 +319,6 @@ def _quantized_entries(name, info, mod, get, who):
             except ValueError as e:
                 raise CheckpointMismatchError(f"{who}: {e}") from None
         return out
-    if is_param_linear(mod):
-        # (a convert()ed linear takes the row plane dequantized as its master, and quantizes it by its own spec:
-        # another format, planes, layout or block would silently be a second quantization)
-        diff = _options_difference(info, mod)
-        if diff:
-            raise CheckpointMismatchError(
-                f"{who}: {name}: the file's quantized weight has {diff}: convert the model with the file's options "
-                f"(see the file's 'mxshard' metadata), or load into an unconverted model (dequantized)")
     if isinstance(mod, nn.Linear):
         want = tuple(info["shape"])
         if tuple(mod.weight.shape) != want:
