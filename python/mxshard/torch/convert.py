@@ -153,6 +153,32 @@ def _transposed_linears(model):
             if type(m).__name__ == "Conv1D" and hasattr(m, "nf") and getattr(m, "weight", None) is not None}
 
 
+def _refuse_ddp(model):
+    from torch.nn.parallel import DistributedDataParallel
+    if any(isinstance(m, DistributedDataParallel) for m in model.modules()):
+        raise ValueError("convert: convert the model before wrapping it in DistributedDataParallel "
+                         "(DDP(convert(model, ...))): DDP's reducer holds the nn.Linear weights convert() "
+                         "replaces, so the converted weights' gradients would never be averaged")
+
+
+def _reparametrized_names(model):
+    from torch.nn.utils import parametrize
+    return [n for n, m in model.named_modules(remove_duplicate=False)
+            if isinstance(m, nn.Linear) and parametrize.is_parametrized(m, "weight")]
+
+
+def _refuse_reparametrized(model, skips, decide):
+    """A parametrized nn.Linear (torch.nn.utils.parametrize: its class becomes ParametrizedLinear)
+    that the policy selects would stay dense without a word."""
+    for n in _reparametrized_names(model):
+        m = model.get_submodule(n)
+        if not any(fnmatch.fnmatchcase(n, p) for p in skips) and decide(n, m) != "dense":
+            raise ValueError(f"convert: remove the parametrization of {n or '<root>'}.weight first "
+                             f"(torch.nn.utils.parametrize.remove_parametrizations), or keep {n or '<root>'} "
+                             f"dense (skip=[{n or '<root>'!r}]): a parametrized linear computes its weight, "
+                             f"which convert cannot hold as a quantized master")
+
+
 def _is_dtensor(t):
     try:
         from torch.distributed.tensor import DTensor
@@ -207,6 +233,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
                       "loop (torch.optim, fully_shard, ShardedOptimizer)", DeprecationWarning, stacklevel=2)
     if round_through not in _ROUND_THROUGH:
         raise ValueError(f"convert: round_through={round_through!r} is not 'bf16' or None")
+    _refuse_ddp(model)
     # a module reachable under several names is converted once and set at every name
     names = {}
     for name, mod in model.named_modules(remove_duplicate=False):
@@ -220,13 +247,15 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         # (a pattern naming a converted linear is checked below: "already converted")
         done_names = [n for n, _ in done]
         for kind, pats, among in (("policy pattern", pol_pats, all_names + done_names),
-                                  ("skip pattern", skips, all_names + done_names + list(conv1d_all))):
+                                  ("skip pattern", skips, all_names + done_names + list(conv1d_all)
+                                   + _reparametrized_names(model))):
             bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in among)]
             if bad:
                 others = {n: type(m).__name__ for n, m in model.named_modules(remove_duplicate=False)
                           if isinstance(m, nn.Linear) and type(m) is not nn.Linear and not isinstance(m, _ParamLinear)}
                 raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names,
                                                     list(conv1d_all), others))
+    _refuse_reparametrized(model, skips, decide)
     uses = {}  # parameter -> how many distinct modules own it
     for mod in model.modules():
         for p in mod._parameters.values():
@@ -242,6 +271,13 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         v = vals.pop()
         if v == "dense":
             continue
+        if "weight" not in mod._parameters:
+            who = mod_names[0] or '<root>'
+            raise ValueError(f"convert: remove what replaced {who}.weight by a computed tensor first "
+                             f"(torch.nn.utils.prune.remove, remove_weight_norm, remove_spectral_norm), or keep "
+                             f"{who} dense (skip=[{who!r}]): its weight is no Parameter (it holds "
+                             f"{', '.join(mod._parameters) or 'no parameters'}), and convert would quantize "
+                             f"the computed value and drop the mask / norm silently")
         if uses.get(id(mod.weight), 0) > 1:
             who = mod_names[0] or '<root>'
             raise ValueError(f"convert: keep {who} dense (leave it out of the policy, or skip=[{who!r}]): its "

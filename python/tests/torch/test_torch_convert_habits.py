@@ -305,3 +305,124 @@ def test_a_sharded_optimizer_checkpoint_continues_under_torch_optim_exactly(fmt,
     with pytest.raises(mxt.CheckpointError, match=r"^load_checkpoint_weights: give the folder of a "
                                                   r"mxt.save_checkpoint checkpoint"):
         mxt.load_checkpoint_weights(tmp_path, net())
+
+
+# ---- writes the bytes must follow, and the weight a backward uses -----------------------------
+
+def fresh(lin):
+    """The converted linear's bytes are the whole-tensor quantize of its master now."""
+    twin = nn.Linear(lin.in_features, lin.out_features, bias=False)
+    with torch.no_grad():
+        twin.weight.copy_(lin.weight.detach()._data)
+    twin = mxt.convert(twin, lin.planes, format=lin.format)
+    return torch.equal(mxt.dequantized_weight(lin), mxt.dequantized_weight(twin))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_writes_into_the_state_dicts_tensors_reach_the_forward(fmt, tmp_path):
+    """model.state_dict()[k].copy_(v) and an in-place dcp.load into model.state_dict() (DCP's way of
+    loading) after a forward: the masters took the values but the layers kept multiplying by the
+    old bytes (the state dict's tensor had a version counter of its own). The next forward now uses
+    the loaded values' quantization."""
+    import torch.distributed.checkpoint as dcp
+    src, m = mxt.convert(net(0), "row", format=fmt), mxt.convert(net(1), "row", format=fmt)
+    x = torch.randn(4, 32)
+    m(x)
+    m.state_dict()["0.weight"].copy_(src[0].weight.detach())
+    m.state_dict()["0.bias"].copy_(src[0].bias.detach())
+    assert fresh(m[0]) and torch.equal(m[0](x), src[0](x))
+    dcp.save({"model": src.state_dict()}, checkpoint_id=str(tmp_path))
+    m2 = mxt.convert(net(2), "row", format=fmt)
+    m2(x)
+    dcp.load({"model": m2.state_dict()}, checkpoint_id=str(tmp_path))
+    assert fresh(m2[0]) and fresh(m2[2]) and torch.equal(m2(x), src(x))
+
+
+def test_numpy_of_a_weight_is_read_only_and_masters_changed_redoes_unseen_writes():
+    """w.detach().numpy() shares the master's memory, but writes through numpy move no version
+    counter, so the bytes never followed them: the array is read-only (numpy raises). A write
+    mxshard cannot see (a tensor made over the master's storage) is redone by masters_changed(model),
+    also in one process (it did nothing there)."""
+    m = mxt.convert(net(), "row")
+    m(torch.randn(2, 32))
+    a = m[0].weight.detach().numpy()
+    assert a.shape == (48, 32) and (a == m[0].weight.detach()._data.numpy()).all()
+    with pytest.raises(ValueError, match="read-only"):
+        a[:] = 0.25
+    alias = torch.empty(0).set_(m[0].weight.detach()._data.untyped_storage(), 0, (48, 32))
+    alias.fill_(0.5)   # (another version counter: unseen)
+    assert not fresh(m[0])
+    mxt.masters_changed(m)
+    assert fresh(m[0])
+
+
+def test_a_master_set_to_a_view_of_a_buffer_follows_writes_into_the_buffer():
+    """weight.data = a view into a larger buffer (ZeroRedundancyOptimizer's bucket views,
+    vector_to_parameters): the master stays that view, as a plain Parameter would (it was cloned,
+    so the later writes into the buffer never reached it), and its bytes follow the buffer."""
+    m = mxt.convert(net(), "row")
+    buf = torch.zeros(48 * 32 + 100)
+    buf[100:].copy_(m[0].weight.detach()._data.flatten())
+    m[0].weight.data = buf[100:].view(48, 32)
+    m(torch.randn(2, 32))
+    buf.mul_(-2.0)   # as a broadcast into the bucket: no version counter of the master moves
+    assert torch.equal(m[0].weight.detach()._data, buf[100:].view(48, 32))
+    assert fresh(m[0])
+    twin = copy.deepcopy(m)   # (the wrapper claims offset 0: deepcopy / torch.save work)
+    assert torch.equal(twin[0].weight.detach()._data, buf[100:].view(48, 32))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_the_backward_multiplies_by_the_weight_the_forward_used(fmt):
+    """torch.func.functional_call with a QuantMaster fast weight (first-order MAML): the backward
+    read the module's own weight again (the call had put it back), so the input gradient was
+    another weight's. It is now the fast weight's, as for a model holding it. An in-place write
+    into the weight between forward and backward raises, as with nn.Linear; model.to() /
+    share_memory() with a forward's graph still alive work."""
+    from torch.func import functional_call
+    m = mxt.convert(net(0), "both", format=fmt)
+    holder = mxt.convert(net(1), "both", format=fmt)
+    fast = holder[2].weight.detach().clone().requires_grad_()
+    x = torch.randn(5, 32, requires_grad=True)
+    functional_call(m, {"2.weight": fast}, (x,)).pow(2).sum().backward()
+    gx, gfast = x.grad.clone(), fast.grad.clone()
+    x.grad = None
+    with torch.no_grad():
+        m[2].weight.copy_(fast)
+    m(x).pow(2).sum().backward()
+    assert torch.equal(x.grad, gx) and torch.equal(m[2].weight.grad, gfast)
+    y = m(x).sum()
+    with torch.no_grad():
+        m[2].weight.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    with pytest.raises(RuntimeError, match=r"^mxshard: pass torch.func.functional_call a QuantMaster for 2.weight"):
+        functional_call(m, {"2.weight": torch.randn(8, 48)}, (x,))
+    keep = m(x).sum()   # a graph alive
+    assert m.share_memory() is m and m.to(torch.float32) is m
+    del keep
+
+
+@pytest.mark.parametrize("how", ["prune", "weight_norm", "spectral_norm", "parametrize"])
+def test_convert_refuses_a_linear_whose_weight_is_computed(how):
+    """prune / weight_norm / spectral_norm applied before convert() leave an nn.Linear whose weight is
+    a value a hook computes: convert took that value as the master and dropped the mask and the norm
+    silently (a 50 % pruned layer had no zero left after 3 steps). A parametrized linear matched by
+    the policy stayed dense without a word. Both raise, saying what to do; skip= keeps them dense."""
+    from torch.nn.utils import parametrizations, prune
+    m = net()
+    if how == "prune":
+        prune.l1_unstructured(m[0], "weight", amount=0.5)
+    elif how == "weight_norm":
+        torch.nn.utils.weight_norm(m[0])
+    elif how == "spectral_norm":
+        torch.nn.utils.spectral_norm(m[0])
+    else:
+        parametrizations.orthogonal(m[0])
+    first = (r"^convert: remove the parametrization of 0.weight first" if how == "parametrize"
+             else r"^convert: remove what replaced 0.weight by a computed tensor first")
+    with pytest.raises(ValueError, match=first):
+        mxt.convert(m, "row")
+    assert type(m[2]) is nn.Linear   # (nothing converted)
+    out = mxt.convert(m, "row", skip=["0"])
+    assert mxt.is_param_linear(out[2]) and not mxt.is_param_linear(out[0])

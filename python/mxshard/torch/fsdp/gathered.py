@@ -50,6 +50,10 @@ class _Box:
         return self
 
 
+_LOOKUPS = {"embedding", "embedding_bag", "_embedding_bag", "_embedding_bag_forward_only", "index_select",
+            "gather", "take"}   # ops that read a tied weight's values by index (an embedding)
+
+
 class GatheredWeight(torch.Tensor):
     """The unsharded [out, in] weight of a converted linear under FSDP2 (see the module doc)."""
 
@@ -105,6 +109,13 @@ class GatheredWeight(torch.Tensor):
                 f"(convert(..., skip=[{mod!r}])): under FSDP2 it is the gathered {fmt} weight, which holds "
                 f"quantized planes, not values, so {func} cannot run on it; the module's own forward multiplies "
                 f"by them")
+        if func.name().split("::")[-1].split(".")[0] in _LOOKUPS:
+            # emb.weight = head.weight after convert(): the embedding reads the gathered bytes
+            mod = meta.name if meta is not None and meta.name else "the converted linear"
+            raise NotImplementedError(
+                f"mxshard: keep {mod} dense (convert(..., skip=[{mod!r}])) while another module shares its weight "
+                f"(a tie such as embedding.weight = {what}, made after convert()): under FSDP2 the shared weight is "
+                f"the gathered {fmt} weight, which holds quantized planes, not values, so {func} cannot read it")
         raise NotImplementedError(
             f"mxshard: call reshard() on the fully_shard module that holds {what} (model.reshard() reshards "
             f"the root's own parameters only; for all: `for mod in model.modules(): if isinstance(mod, "

@@ -125,6 +125,14 @@ class FSDPGroup:
         every rank; optimizer steps and load_state_dict do it themselves)."""
         self.generation += 1
 
+    def announced(self):
+        """mxshard.torch.masters_changed(model): as masters_changed(), and the bytes of the weights
+        FSDP2 does not shard (one process) are made again at their next use (writes mxshard cannot
+        see: through numpy, or into a buffer the master aliases)."""
+        self.masters_changed()
+        for u in self.units.values():
+            u.cached = None
+
     # ---- which masters FSDP2 manages now -------------------------------------------------
 
     def _sharded_masters(self):
@@ -343,13 +351,24 @@ class FSDPGroup:
             u = WeightUnit(meta, master._data, 1, 0)
             self.units[meta] = u
         # (a master in CPU shared memory, Hogwild-style: another process's writes move neither this
-        # process's version counter nor its write count, so its bytes are made again at every use)
-        shared = master._data.device.type == "cpu" and master._data.is_shared()
-        if not u.fresh(master._data) or u.cached is None or shared:
+        # process's version counter nor its write count; nor do writes into a larger buffer the master
+        # is a window of (`.data` set to a view of it: ZeroRedundancyOptimizer's bucket views, whose
+        # broadcasts move no version counter): their bytes are made again at every use)
+        d = master._data
+        unseen = (d.device.type == "cpu" and d.is_shared()) or _window(d)
+        if not u.fresh(d) or u.cached is None or unseen:
             u.partial()
             u.apply(master._data._version)
             u.cached = u.local_primary()
         return u.cached
+
+
+def _window(d):
+    """`d` is a window of a larger storage (writes into the rest of it are invisible to d's version)."""
+    try:
+        return d.untyped_storage().nbytes() != d.numel() * d.element_size()
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 _STEP_HOOK = []  # the handle of the one optimizer step post-hook (installed by the first FSDPGroup)
@@ -402,6 +421,11 @@ def _stale_message(name):
 
 
 def _replaced_message(name, w):
+    if type(w) is torch.Tensor:   # torch.func.functional_call / nn.utils.stateless put plain tensors in
+        return (f"mxshard: pass torch.func.functional_call a QuantMaster for {name}.weight (e.g. "
+                f"{name}.weight.detach().clone() with your values copied in, requires_grad_() for fast weights), "
+                f"or leave {name} out of convert(): {name}.weight is a plain tensor here, and a converted linear "
+                f"multiplies by the quantized bytes of its master, which a plain tensor does not carry")
     return (f"mxshard: keep a converted weight's Parameter: load values into it (load_state_dict, "
             f"weight.data.copy_(...)) and keep tied weights dense. {name}.weight is a {type(w).__name__}, not the "
             f"module's QuantMaster: it was replaced (a tie, a new Parameter, or torch.func.functional_call with a "

@@ -224,7 +224,7 @@ def masters_changed(model):
     optimizer step or load_state_dict (weight.data writes, an in-place dcp.load into a state
     dict): the next all-gather refreshes their bytes. Call it on every rank."""
     for g in {id(m._group): m._group for m in model.modules() if isinstance(m, _ParamLinear)}.values():
-        g.masters_changed()
+        g.announced()
 
 
 def param_linear_class(fmt):
@@ -267,11 +267,21 @@ def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):
     if w is None:
         return
     from torch.distributed.tensor import DTensor
+    # The alias is made from the module's own Parameter, here, outside __torch_dispatch__: the
+    # `w` state_dict() hands in is param.detach(), made inside dispatch, where torch does not
+    # share version counters, so writes into it (dcp.load into model.state_dict(), copy_ into
+    # an entry) would not move the master's counter and the next forward would use old bytes.
+    own = module._parameters.get("weight")
     if isinstance(w, QuantMaster):
-        state_dict[key] = w._data.detach()
+        src = own if isinstance(own, QuantMaster) and own._data.data_ptr() == w._data.data_ptr() else w
+        state_dict[key] = src._data.detach()
     elif isinstance(w, DTensor) and isinstance(w._local_tensor, QuantMaster):
+        src = w._local_tensor
+        if isinstance(own, DTensor) and isinstance(own._local_tensor, QuantMaster) \
+                and own._local_tensor._data.data_ptr() == src._data.data_ptr():
+            src = own._local_tensor
         with torch.no_grad():
-            state_dict[key] = DTensor.from_local(w._local_tensor._data.detach(), w.device_mesh, w.placements,
+            state_dict[key] = DTensor.from_local(src._data.detach(), w.device_mesh, w.placements,
                                                  run_check=False, shape=w.shape, stride=w.stride())
     elif isinstance(w, GatheredWeight):
         raise RuntimeError(f"mxshard: {module.meta.name}: state_dict() while FSDP2 holds the weight unsharded "

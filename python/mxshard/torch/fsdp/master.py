@@ -171,6 +171,13 @@ _NEW = {
 
 def _written_args(func, args, kwargs):
     """The QuantMaster arguments `func` writes into (its schema's mutable arguments)."""
+    if func.namespace == "c10d":
+        # torch.distributed's collectives write into their tensors (broadcast_, allreduce_, recv_, the
+        # gathers' outputs: ZeroRedundancyOptimizer's and hand-written data parallel's syncs) while their
+        # schemas mark none as written: every master a collective touches counts as written (a send
+        # only makes the next use quantize once more)
+        from torch.utils._pytree import tree_leaves
+        return list({id(t): t for t in tree_leaves((args, kwargs)) if isinstance(t, QuantMaster)}.values())
     out = []
     schema = func._schema
     for i, a in enumerate(schema.arguments):
@@ -247,15 +254,18 @@ class QuantMaster(torch.Tensor):
     weight. `_data` is the plain tensor holding the values; `_meta` the weight's WeightMeta."""
 
     @staticmethod
-    def __new__(cls, data, meta, requires_grad=None, live=False):
+    def __new__(cls, data, meta, requires_grad=None, live=False, at_zero=False):
+        # at_zero: the wrapper claims storage offset 0 whatever `data`'s (a Parameter whose `.data` was
+        # set to a view into a larger buffer): torch's deepcopy / torch.save take a subclass's own
+        # (empty) storage when its data_ptr() is not 0, and fail on it
         if type(data) is not torch.Tensor and not _tracing_tensor(data):
             raise TypeError(f"QuantMaster wraps a plain tensor, got {type(data).__name__}")
         return torch.Tensor._make_wrapper_subclass(
-            cls, data.size(), strides=data.stride(), storage_offset=data.storage_offset(), dtype=data.dtype,
-            layout=data.layout, device=data.device,
+            cls, data.size(), strides=data.stride(), storage_offset=0 if at_zero else data.storage_offset(),
+            dtype=data.dtype, layout=data.layout, device=data.device,
             requires_grad=data.requires_grad if requires_grad is None else requires_grad)
 
-    def __init__(self, data, meta, requires_grad=None, live=False):
+    def __init__(self, data, meta, requires_grad=None, live=False, at_zero=False):
         self._data = data
         self._meta = meta
         self._live = live   # a view of the module's weight Parameter (not detached): see _MATMULS
@@ -293,13 +303,13 @@ class QuantMaster(torch.Tensor):
         new = value.detach().to(self.dtype).contiguous()
         if type(new) is torch.nn.Parameter:
             new = new.detach()
-        if new.storage_offset() != 0:
-            # a view into a larger buffer at an offset (torch.nn.utils.vector_to_parameters assigns
-            # these): the wrapper would carry the offset without a storage of its own, and deepcopy /
-            # torch.save of the model fail on it; the master takes the values in a storage of its own
-            new = new.clone()
+        # a view into a larger buffer at an offset (torch.nn.utils.vector_to_parameters, and
+        # ZeroRedundancyOptimizer(parameters_as_bucket_view=True), whose later broadcasts into the
+        # bucket must reach the master) stays a view: the master aliases the buffer, as a plain
+        # Parameter would; only the wrapper claims offset 0 (at_zero)
         try:
-            _TENSOR_DATA.__set__(self, QuantMaster(new, meta))   # the wrapper's device / strides follow
+            # the wrapper's device / strides follow
+            _TENSOR_DATA.__set__(self, QuantMaster(new, meta, at_zero=True))
         except RuntimeError as e:   # (torch refuses a plain Parameter the same move: meta -> cpu)
             raise RuntimeError(
                 f"mxshard: materialise {meta.name}.weight with model.to_empty(device=...) and copy into it "
@@ -315,9 +325,13 @@ class QuantMaster(torch.Tensor):
     # The values do not change, so the quantized bytes derived from them stay valid.
 
     def numpy(self, *, force=False):
-        """The master's values as a numpy array (`w.detach().cpu().numpy()`: torch refuses it for tensor
-        subclasses); shares memory as Tensor.numpy() does."""
-        return self._data.numpy(force=force)
+        """The master's values as a READ-ONLY numpy array (`w.detach().cpu().numpy()`: torch refuses it
+        for tensor subclasses). It shares memory with the master, but writes through numpy move no
+        version counter, so the quantized bytes would never follow them: numpy refuses them (write
+        with torch instead: `weight.data.copy_(torch.from_numpy(a))`)."""
+        a = self._data.numpy(force=force)
+        a.flags.writeable = False
+        return a
 
     def share_memory_(self):
         self._data.share_memory_()
@@ -338,7 +352,7 @@ class QuantMaster(torch.Tensor):
             return t._data
 
         written = _written_args(func, args, kwargs)
-        if written:
+        if written and func.namespace != "c10d":
             hit = _broadcast_into(func, args, kwargs)
             if hit is not None:
                 w, t = hit

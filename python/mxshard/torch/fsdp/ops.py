@@ -126,12 +126,29 @@ def refuse_double_backward(name):
             f"cannot be differentiated again (their terms through the weight would be silently missing)")
 
 
-def _backward_parts(m, gy, x, weight_dtype, need_gx, need_gw, need_gb):
-    """(gx, gw, gb), None where not needed: the one backward rule of both paths below."""
+def _dgrad_weight(m, weight):
+    """The weight whose bytes the input gradient multiplies by: the master the forward used (saved
+    for backward: torch.func.functional_call swaps the module's weight for the call only, and an
+    in-place write between forward and backward fails torch's saved-tensor check, as with
+    nn.Linear); under FSDP2 the module's weight FSDP2 gathered again for the backward (the forward's
+    gathered planes are not kept: that is what resharding frees)."""
+    if isinstance(weight, QuantMaster):
+        return weight
+    cur = _check_weight(m)
+    if weight is None or isinstance(cur, GatheredWeight) or weight.numel() == 0:
+        return cur
+    if cur._data.data_ptr() == weight.data_ptr() and cur._data.shape == weight.shape:
+        return cur   # (the custom op: the master's inner tensor)
+    return QuantMaster(weight, m.meta)   # (the custom op: another master's inner tensor)
+
+
+def _backward_parts(m, gy, x, weight, weight_dtype, need_gx, need_gw, need_gb):
+    """(gx, gw, gb), None where not needed: the one backward rule of both paths below. `weight`:
+    what the forward saved (_dgrad_weight)."""
     plane = m.spec.dgrad_plane()
     m._group.backward_ran = True   # (FSDPGroup: a forward after this one is a new micro-batch)
     gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, need_gx, need_gb,
-                                             lambda: _primary(m, _check_weight(m), plane), plane)
+                                             lambda: _primary(m, _dgrad_weight(m, weight), plane), plane)
     gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=weight_dtype) if need_gw else None
     return gx, gw, gb
 
@@ -144,13 +161,27 @@ class ParamLinearFn(torch.autograd.Function):
     def forward(ctx, x, weight, bias, module):
         ctx.module, ctx.weight_dtype, ctx.has_bias = module, weight.dtype, bias is not None
         ctx.save_for_backward(x)
+        # the master is kept for the backward (not FSDP2's gathered weight: the backward gathers it
+        # again) as a Python reference, not a saved tensor: a saved one would count as a second
+        # holder, and model.to() / share_memory() swap a subclass Parameter only when none is left
+        # (a graph kept from a forward would block them, as it does not with nn.Linear); its version
+        # is checked as torch checks a saved tensor's
+        ctx.weight = weight if isinstance(weight, QuantMaster) else None
+        ctx.weight_version = weight._version if ctx.weight is not None else None
         return _forward(module, weight, x, bias)   # (the forward checked the weight)
 
     @staticmethod
     def backward(ctx, gy):
         _refuse_double_backward(ctx.module)
         (x,) = ctx.saved_tensors
-        gx, gw, gb = _backward_parts(ctx.module, gy, x, ctx.weight_dtype, ctx.needs_input_grad[0],
+        weight = ctx.weight
+        if weight is not None and weight._version != ctx.weight_version:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: {ctx.module.meta.name}.weight is at version {weight._version}; expected version "
+                f"{ctx.weight_version} instead (mxshard: write into the weight after the backward, as with "
+                f"nn.Linear)")
+        gx, gw, gb = _backward_parts(ctx.module, gy, x, weight, ctx.weight_dtype, ctx.needs_input_grad[0],
                                      ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
         return gx, gw, gb, None
 
@@ -170,7 +201,7 @@ def _param_linear_fake(x, weight, bias, plan):
 @torch.library.custom_op("mxshard::param_linear_backward", mutates_args=())
 def param_linear_backward(gy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, plan: int, need_gx: bool,
                           need_gw: bool, need_gb: bool) -> List[torch.Tensor]:
-    gx, gw, gb = _backward_parts(_module(plan), gy, x, weight.dtype, need_gx, need_gw, need_gb)
+    gx, gw, gb = _backward_parts(_module(plan), gy, x, weight, weight.dtype, need_gx, need_gw, need_gb)
     return [t for t, need in ((gx, need_gx), (gw, need_gw), (gb, need_gb)) if need]
 
 

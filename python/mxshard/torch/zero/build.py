@@ -63,6 +63,7 @@ class Bucket:
         self.gathers = []        # per dense dtype: a gather schedule
         self.seen = set()
         self.work = None         # the launched reduction (None: not launched)
+        self.task = -1           # the autograd graph task that launched it (-1: none, or step())
         self.wb_planes = []
         self.shard_is_view = True
 

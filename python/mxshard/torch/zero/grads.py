@@ -104,7 +104,10 @@ class Gradients:
             return
         bk = self._buckets[b]
         if bk.work is not None:
-            self._late.append(self._items[bk.spec.items[pos].item].name)
+            name = self._items[bk.spec.items[pos].item].name
+            # in the backward that launched the bucket: a module called more than once in one forward
+            task = torch._C._current_graph_task_id()
+            (self._reused if task != -1 and task == bk.task else self._late).append(name)
             return
         bk.seen.add(pos)
         while self._next < len(self._buckets) and \
@@ -113,6 +116,7 @@ class Gradients:
 
     def _launch(self, b, async_op):
         bk = self._buckets[b]
+        bk.task = torch._C._current_graph_task_id()   # (-1 outside a backward: at step())
         bk.work = self.comm.reduce_grad(bk.grad, bk.grad_shard, async_op=async_op)
         self._next = b + 1
 
@@ -180,6 +184,7 @@ class Gradients:
             bk.work = None
         self._next = 0
         self._late = []
+        self._reused = []
         self._hook_errors = []
 
     def _zero_grads(self, set_to_none):

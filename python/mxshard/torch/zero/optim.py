@@ -288,6 +288,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         self._view_at = []        # per view: (bucket index, shard lo, shard hi, group)
         self._hook_errors = []
         self._late = []
+        self._reused = []         # late gradients of the backward that launched their bucket
         self._zero_pending = False  # a step() consumed the gradients, no zero_grad() since
         self._sync = True
         self._next = 0
@@ -430,6 +431,13 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             arrived = True
             errs.append(f"gradient reduction: {e}")
         errs += self._hook_errors
+        if self._reused:
+            late = self._reused
+            shown = ", ".join(late[:3]) + (f", ... ({len(late)} in all)" if len(late) > 3 else "")
+            errs.append(f"pass overlap=False to ShardedOptimizer: {shown} "
+                        f"{'is' if len(late) == 1 else 'are'} used more than once in one forward, and a "
+                        f"later use's gradient arrived after its bucket's reduction had started (with "
+                        f"overlap=False every reduction waits for step())")
         if self._late:
             late = self._late
             shown = ", ".join(late[:3]) + (f", ... ({len(late)} in all)" if len(late) > 3 else "")

@@ -626,3 +626,32 @@ def test_autograd_grad_wrt_input_leaves_the_buckets(C, HC):
     for kw in ({}, {"nosync": True}):
         got = run(True, **kw)
         assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(ref, got)), kw
+
+
+def test_a_linear_used_twice_in_one_forward_says_overlap_false(C):
+    """A converted linear applied twice in one forward, its bucket complete after the first use's
+    gradient: the second arrives after the reduction started. step() raised naming no_sync first
+    (the fix for a second backward); it now says to pass overlap=False, which trains it."""
+    import torch
+    from mxshard.torch import ShardedOptimizer, convert
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shared, self.out = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 4, bias=False)
+
+        def forward(self, x):
+            return self.out(self.shared(self.shared(x)))
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        m = convert(Twice(), "row")
+        with ShardedOptimizer(m, _adamw, bucket_size=1, overlap=overlap) as o:
+            m(torch.randn(4, 64)).sum().backward()
+            if overlap:
+                with pytest.raises(RuntimeError, match=r"^ShardedOptimizer.step: pass overlap=False to "
+                                                       r"ShardedOptimizer: shared.weight is used more than once"):
+                    o.step()
+            else:
+                before = o._buckets[0].master.clone()
+                o.step()
+                assert not torch.equal(before, o._buckets[0].master)
