@@ -48,7 +48,7 @@ import torch.distributed as dist
 from ... import _lib as L
 from ... import collectives as C
 from .gathered import GatheredWeight, _Box
-from .master import QuantMaster
+from .master import QuantMaster, _storage_id
 from .units import WeightUnit, scratch_bytes, shared_entry_count
 
 __all__ = ["FSDPGroup"]
@@ -351,24 +351,17 @@ class FSDPGroup:
             u = WeightUnit(meta, master._data, 1, 0)
             self.units[meta] = u
         # (a master in CPU shared memory, Hogwild-style: another process's writes move neither this
-        # process's version counter nor its write count; nor do writes into a larger buffer the master
-        # is a window of (`.data` set to a view of it: ZeroRedundancyOptimizer's bucket views, whose
-        # broadcasts move no version counter): their bytes are made again at every use)
+        # process's version counter nor its write count; nor do writes into a buffer the master
+        # aliases (`.data` set to a view of it: ZeroRedundancyOptimizer's bucket views, whose
+        # broadcasts move no version counter; meta.unseen): their bytes are made again at every use)
         d = master._data
-        unseen = (d.device.type == "cpu" and d.is_shared()) or _window(d)
+        unseen = (d.device.type == "cpu" and d.is_shared()) or (meta.unseen is not None
+                                                                and meta.unseen == _storage_id(d))
         if not u.fresh(d) or u.cached is None or unseen:
             u.partial()
             u.apply(master._data._version)
             u.cached = u.local_primary()
         return u.cached
-
-
-def _window(d):
-    """`d` is a window of a larger storage (writes into the rest of it are invisible to d's version)."""
-    try:
-        return d.untyped_storage().nbytes() != d.numel() * d.element_size()
-    except (RuntimeError, NotImplementedError):
-        return False
 
 
 _STEP_HOOK = []  # the handle of the one optimizer step post-hook (installed by the first FSDPGroup)

@@ -71,7 +71,7 @@ class WeightMeta:
     weight -> the QuantMaster -> this meta -> the group -> the module) that Python's collector
     cannot break: a model under fully_shard was never freed."""
 
-    __slots__ = ("spec", "name", "rows", "cols", "_group", "writes", "_hash")
+    __slots__ = ("spec", "name", "rows", "cols", "_group", "writes", "unseen", "_hash")
 
     def __init__(self, spec, name, rows, cols, group=None):
         self.spec, self.name, self.rows, self.cols = spec, name, rows, cols
@@ -81,6 +81,10 @@ class WeightMeta:
         # alone misses its writes; a copy (clone, an EMA's deepcopy) has a storage of its own, and
         # writes into it are not writes into the master
         self.writes = {}
+        # the storage of a master set (`.data = t`) to an alias of memory others write unseen (a view of
+        # ZeroRedundancyOptimizer's bucket, of vector_to_parameters' vector): its bytes are made at
+        # every use (FSDPGroup.local_primary); None: no such storage
+        self.unseen = None
         self._hash = hash(self._key())   # (a dict key on the gather path: hashed once)
 
     @property
@@ -123,6 +127,17 @@ class WeightMeta:
 def _rebuild_meta(spec, name, rows, cols, group):
     # (a copy's storages are new: no write of the original's counts for them)
     return WeightMeta(spec, name, rows, cols, group)
+
+
+def _aliases_more(t):
+    """`t` is a view of another tensor, or a window of a larger storage: writes through the other
+    tensor (a collective into a bucket) move no version counter `t` shares."""
+    if getattr(t, "_base", None) is not None:
+        return True
+    try:
+        return t.untyped_storage().nbytes() != t.numel() * t.element_size()
+    except (RuntimeError, NotImplementedError):
+        return False
 
 
 def _storage_id(data):
@@ -290,6 +305,7 @@ class QuantMaster(torch.Tensor):
         meta = self._meta
         if isinstance(value, QuantMaster):
             value = value._data
+        aliased = isinstance(value, torch.Tensor) and _aliases_more(value)
         if type(value) is not torch.Tensor and type(value) is not torch.nn.Parameter \
                 and not _tracing_tensor(value):
             raise TypeError(f"mxshard: assign a plain torch.Tensor to {meta.name}.weight.data (or copy into it: "
@@ -317,6 +333,8 @@ class QuantMaster(torch.Tensor):
                 f"it from {self.device} to {value.device} through `.data =` ({e})") from None
         self._data = new
         meta.count_write(new)   # fresh bytes at the next use (the storage changed too: a new unit)
+        sid = _storage_id(new)
+        meta.unseen = sid if aliased and sid is not None and sid == _storage_id(value) else None
 
     # -- shared memory (nn.Module.share_memory(), torch.multiprocessing)
     #

@@ -183,3 +183,43 @@ def test_a_model_built_on_meta_then_sharded_then_materialised(phase_a):
     import torch_fsdp_cases as F
     for o in H.case_results(phase_a, "meta").values():
         assert o["checked"] == 2 * len(F.MODULES), o
+
+
+def test_an_in_place_dcp_load_into_the_state_dict_reaches_the_evaluation(phase_a):
+    """dcp.load into model.state_dict() after a forward: row-only MXFP8 weights are redone on each
+    rank; "both" cut mid-block and NVFP4 raise on every rank naming masters_changed, which then
+    makes the evaluation the saved model's (it used the old bytes, silently)."""
+    out = H.case_results(phase_a, "dcp_inplace", (2,))
+    for o in out.values():
+        assert o["row"] == "no error" and o["row_equal"], o
+        assert o["cut"].startswith("mxshard: call mxshard.torch.masters_changed(model) on every"), o
+        assert o["cut_equal"], o
+
+
+def test_an_embedding_tied_to_a_converted_head_says_keep_it_dense(phase_a):
+    out = H.case_results(phase_a, "tied", (2,))
+    for o in out.values():
+        assert o["raised"] == "mxshard: keep head dense (convert(..., skip=['head'])) while ", o
+
+
+def test_collectives_into_converted_weights_reach_the_forward(phase_a):
+    """dist.broadcast / all_reduce into converted weights (hand-written data parallel's syncs):
+    the bytes are the quantize of the new masters, and the ranks' forwards agree."""
+    out = H.case_results(phase_a, "collectives", (2,))
+    for o in out.values():
+        assert all(all(v) for k, v in o.items() if k != "same_forward") and o["same_forward"], o
+
+
+@pytest.mark.parametrize("cid", ["zero", "zero_view"])
+def test_ddp_with_zero_redundancy_optimizer_is_one_process_adamw_bit_for_bit(phase_a, cid):
+    """DDP + ZeroRedundancyOptimizer (parameters_as_bucket_view False / True), the same batch on
+    both ranks: masters, forward and bytes equal a one-process AdamW run (the ranks diverged)."""
+    out = H.case_results(phase_a, cid, (2,))
+    for o in out.values():
+        assert all(o["masters"]) and o["forward"] and all(o["fresh"]), o
+
+
+def test_convert_after_ddp_raises_on_every_rank(phase_a):
+    out = H.case_results(phase_a, "ddp_convert", (2,))
+    for o in out.values():
+        assert o["raised"] == "convert: convert the model before wrapping it in DistributedDataParallel (D", o

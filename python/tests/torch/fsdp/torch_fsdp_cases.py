@@ -18,7 +18,9 @@ import mxshard
 import mxshard.torch as mxt
 import torch_harness as H
 from mxshard.torch.fsdp import linear as FL
-from torch_fsdp_habit_cases import case_assign, case_ema_copy, case_inference_first, case_product_in_forward
+from torch_dp_habit_cases import case_collectives_into_weights, case_convert_after_ddp, case_zero_redundancy
+from torch_fsdp_habit_cases import (case_assign, case_dcp_inplace, case_ema_copy, case_inference_first,
+                                    case_product_in_forward, case_tied_embedding)
 from torch_fsdp_model import (DEV, MODULES, Net, build, count_collectives, dev, fsdp, full_masters, grad_for,
                               loss_of, plane_bytes, quantize_whole, record_planes, shard_all)
 
@@ -622,7 +624,10 @@ def plan_a(root):
             ("bytes", "bytes", {}), ("dcp_save", "dcp_save@2", {"root": root}), ("vs_sharded", "vs_sharded@2", {}),
             ("export", "export@2", {"root": root}), ("meta", "meta", {}), ("compile", "compile@2", {}),
             ("freed", "freed@2", {}), ("assign", "assign@2", {}), ("ema_copy", "ema_copy@2", {}),
-            ("inference_first", "inference_first@2", {}), ("product", "product@2", {})]
+            ("inference_first", "inference_first@2", {}), ("product", "product@2", {}),
+            ("dcp_inplace", "dcp_inplace@2", {"root": root}), ("tied", "tied@2", {}),
+            ("collectives", "collectives@2", {}), ("zero", "zero@2", {}), ("zero_view", "zero@2", {"bucket_view": True}),
+            ("ddp_convert", "ddp_convert@2", {})]
 
 
 def plan_b(root):
@@ -637,7 +642,10 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "vs_sharded@2": only_at(2, case_vs_sharded), "export@2": only_at(2, case_export), "meta": case_meta,
          "compile@2": only_at(2, case_compile), "freed@2": only_at(2, case_freed),
          "assign@2": only_at(2, case_assign), "ema_copy@2": only_at(2, case_ema_copy),
-         "inference_first@2": only_at(2, case_inference_first), "product@2": only_at(2, case_product_in_forward)}
+         "inference_first@2": only_at(2, case_inference_first), "product@2": only_at(2, case_product_in_forward),
+         "dcp_inplace@2": only_at(2, case_dcp_inplace), "tied@2": only_at(2, case_tied_embedding),
+         "collectives@2": only_at(2, case_collectives_into_weights), "zero@2": only_at(2, case_zero_redundancy),
+         "ddp_convert@2": only_at(2, case_convert_after_ddp)}
 
 
 def worker(rank, world, port, q, plan=None):

@@ -146,3 +146,59 @@ def case_assign(rank, world):
         changed[label] = not torch.equal(full_masters(model)["a.weight"], before)
     out["data_changed"] = changed
     return out
+
+
+def case_dcp_inplace(rank, world, root):
+    """dcp.load into model.state_dict() in place (DCP's own way of loading) after a forward, with
+    no set_model_state_dict and no masters_changed: the state dict's tensors had version counters
+    of their own, so the masters took the values unseen and the evaluation after the load
+    multiplied by the old bytes on every rank. Row-only MXFP8 weights are now redone on each rank
+    (the evaluation equals the saved model's); weights whose bytes need the ranks' reduction (a
+    "both" weight cut mid-block, NVFP4) raise on every rank naming masters_changed, and after it
+    the evaluation equals the saved model's."""
+    import torch.distributed.checkpoint as dcp
+    import mxshard.torch as mxt
+    out = {}
+    for label, mods in (("row", [MODULES[0]]), ("cut", [MODULES[1], MODULES[5]])):
+        path = f"{root}/dcp_inplace_{label}"
+        src = shard_all(build(seed=0, modules=mods, dense=False))
+        dcp.save({"model": src.state_dict()}, checkpoint_id=path)
+        m = shard_all(build(seed=1, modules=mods, dense=False))
+        xs = {name: torch.eye(cin, dtype=torch.bfloat16, device=dev()) for name, _, _, _, _, (cin, _) in mods}
+        with torch.no_grad():
+            m(xs)
+            dcp.load({"model": m.state_dict()}, checkpoint_id=path)
+            try:
+                got = m(xs)
+                out[label] = "no error"
+            except RuntimeError as e:
+                out[label] = str(e)[:60]
+                mxt.masters_changed(m)
+                got = m(xs)
+            want = src(xs)
+        out[label + "_equal"] = all(torch.equal(got[k], want[k]) for k in want)
+    return out
+
+
+def case_tied_embedding(rank, world):
+    """An embedding tied to a converted head after convert() (emb.weight = head.weight), then
+    fully_shard: the embedding reads the gathered bytes, and every rank raised saying to call
+    reshard(), which fixes nothing. Every rank now raises saying to keep the tied linear dense."""
+    import mxshard.torch as mxt
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(48, 32), nn.Linear(32, 48, bias=False)
+
+        def forward(self, t):
+            return self.head(self.emb(t))
+    torch.manual_seed(0)
+    m = mxt.convert(LM(), "row").to(dev())
+    m.emb.weight = m.head.weight
+    fsdp(m)
+    try:
+        m(torch.arange(8, device=dev()))
+    except NotImplementedError as e:
+        return {"raised": str(e)[:61]}
+    return {"raised": None}
