@@ -426,3 +426,17 @@ def test_convert_refuses_a_linear_whose_weight_is_computed(how):
     assert type(m[2]) is nn.Linear   # (nothing converted)
     out = mxt.convert(m, "row", skip=["0"])
     assert mxt.is_param_linear(out[2]) and not mxt.is_param_linear(out[0])
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_a_model_built_in_inference_mode_converts_and_runs(fmt):
+    """A model built (or loaded) inside torch.inference_mode() and converted there (an inference
+    server's habit): its first forward raised "Inference tensors do not track version counter".
+    The master is a normal copy; the outputs are those of the same model built outside it."""
+    x = torch.randn(3, 32)
+    with torch.inference_mode():
+        m = mxt.convert(net(4), "row", format=fmt)
+        got = m(x)
+    ref = mxt.convert(net(4), "row", format=fmt)
+    with torch.no_grad():
+        assert torch.equal(got, ref(x))

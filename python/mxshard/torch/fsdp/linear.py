@@ -59,8 +59,17 @@ class _ParamLinear(nn.Linear):
         meta = WeightMeta(spec, name, lin.out_features, lin.in_features, group)
         # the master takes over the linear's storage (no copy: a large model converts without a
         # second set of weights; the old Parameter object is dropped with the old module)
-        data = w if w.is_contiguous() and w.storage_offset() == 0 else w.clone(memory_format=torch.contiguous_format)
-        m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
+        # (a model built or loaded inside torch.inference_mode(): an inference tensor has no version
+        # counter, which the bytes' freshness reads, so the master is a normal copy of it, made, as
+        # its wrapper, outside inference mode)
+        with torch.inference_mode(False):
+            if w.is_inference():
+                data = w.clone(memory_format=torch.contiguous_format)
+            elif w.is_contiguous() and w.storage_offset() == 0:
+                data = w
+            else:
+                data = w.clone(memory_format=torch.contiguous_format)
+            m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
         if data is w:
             # the old Parameter lets go of the storage (a write through it would change the master unseen:
             # its version counter is not the master's) and is marked: an optimizer built before convert()
@@ -290,7 +299,8 @@ def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):
 
 @torch.no_grad()
 def dequantized_weight(module, dtype=torch.float32):
-    """The [out, in] weight the forward multiplies by (the row plane, dequantized to `dtype`), for
+    """The [out, in] weight the forward multiplies by (the row plane, dequantized to `dtype`: float32
+    gives its values exactly, module.compute_dtype the GEMM's operand bit for bit), for
     an MXFP8ParamLinear / NVFP4ParamLinear that FSDP2 does not shard, or inside its forward while
     FSDP2 holds it unsharded. A sharded weight (between steps under FSDP2) raises: its bytes exist
     only while gathered. A linear ShardedOptimizer owns (MXFP8Linear / NVFP4Linear) gives its row
