@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import warnings
+import weakref
 
 import torch
 import torch.nn as nn
@@ -139,11 +140,11 @@ def _already_converted_message(done, detail):
 
 
 def _group_of(model):
-    """The FSDPGroup of a model that convert() already touched (one per model), or a new one."""
-    for m in model.modules():
-        if isinstance(m, _ParamLinear):
-            return m._group
-    return FSDPGroup()
+    """The FSDPGroup of a model that convert() already touched (one per model), or a new one; its
+    `root` (weakly held) is the model convert() was given."""
+    g = next((m._group for m in model.modules() if isinstance(m, _ParamLinear)), None) or FSDPGroup()
+    g.root = weakref.ref(model)
+    return g
 
 
 def _transposed_linears(model):

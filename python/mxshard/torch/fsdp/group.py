@@ -99,6 +99,7 @@ class FSDPGroup:
         self._stale = None       # a weight found written unseen on this rank where no collective could say so
         self._passed = set()     # weights gathered in forward since the last refresh or check
         self.backward_ran = False  # a converted linear's backward ran since then (fsdp.ops sets it)
+        self.root = None         # weakref of the model convert() was given (convert sets it)
         _install_step_hook()
 
     def add(self, name, module):
@@ -113,7 +114,7 @@ class FSDPGroup:
     def __getstate__(self):
         state = dict(self.__dict__)
         state.update(units={}, _agreed=None, refreshed=0, generation=self.generation + 1, _stale=None, _passed=set(),
-                     backward_ran=False)
+                     backward_ran=False, root=None)
         return state
 
     def __setstate__(self, state):
@@ -146,7 +147,9 @@ class FSDPGroup:
                 mesh = w.device_mesh
                 if mesh.ndim != 1:
                     raise NotImplementedError(
-                        f"mxshard: {name}.weight lives on a {mesh.ndim}-D device mesh {mesh.mesh_dim_names}: quantized "
+                        f"mxshard: fully_shard the modules holding converted weights over a 1-D mesh (e.g. "
+                        f"mesh['shard'] of your mesh, or init_device_mesh(device, (world,))), or keep them dense: "
+                        f"{name}.weight lives on a {mesh.ndim}-D device mesh {mesh.mesh_dim_names}, and quantized "
                         f"FSDP2 weights support one data-parallel mesh dimension (no HSDP, no tensor parallel)")
                 if tuple(w.placements) != (Shard(0),):
                     raise NotImplementedError(
@@ -177,7 +180,7 @@ class FSDPGroup:
         n = sum(counts)
         dev = masters[0][1].device if masters else torch.device("cpu")
         if self._agreed != world:  # whatever the policy: only then is every rank's next step the same
-            self._agree(pg, world, n, _fingerprint(masters, world), dev)
+            self._agree(pg, world, n, _fingerprint(masters, world), dev, self._unsupported_resharding())
         wire = torch.zeros(n + 1, dtype=torch.int32, device=dev)
         units, err = [], None
         try:
@@ -218,15 +221,40 @@ class FSDPGroup:
         self.refreshes += 1
         self.refreshed = self.generation
 
-    def _agree(self, pg, world, n, fp, dev):
+    def _agree(self, pg, world, n, fp, dev, problem=None):
         """Once per world size, before the first reduction: one all_gather of (entry count,
         fingerprint of names, shapes and options); ranks that differ all raise PlanMismatchError
-        (a reduction of unequal buffers would hang or mix unrelated entries)."""
-        C.agree(True, [n] + fp, "mxshard FSDP2 refresh", pg, dev, counts=self.collectives, kind="setup_all_gather",
-                mismatch=lambda bad: f"mxshard FSDP2: build and convert the same model on every rank: ranks {bad} "
-                                     f"converted a different model than rank 0 (names, shapes, formats, planes or "
-                                     f"options of the quantized linears)")
+        (a reduction of unequal buffers would hang or mix unrelated entries). `problem`: this
+        rank's message for a setup it refuses (every other rank raises RemoteError)."""
+        got = C.agree(problem is None, [n] + fp, "mxshard FSDP2 refresh", pg, dev, counts=self.collectives,
+                      kind="setup_all_gather",
+                      mismatch=lambda bad: f"mxshard FSDP2: build and convert the same model on every rank: ranks "
+                                           f"{bad} converted a different model than rank 0 (names, shapes, formats, "
+                                           f"planes or options of the quantized linears)")
+        if got is None:
+            raise NotImplementedError(problem)
         self._agreed = world
+
+    def _unsupported_resharding(self):
+        """The message for an FSDP2 module that reshards converted weights after forward onto a
+        smaller mesh (reshard_after_forward=<int>: torch's post-forward reshard keeps one float
+        all-gather output, and a quantized weight gathers bytes), or None. Looks below the model
+        convert() was given (self.root)."""
+        root = self.root() if getattr(self, "root", None) is not None else None
+        if root is None:
+            return None
+        from torch.distributed.fsdp import FSDPModule
+        for name, mod in root.named_modules():
+            state = mod._get_fsdp_state() if isinstance(mod, FSDPModule) else None
+            pg = getattr(state, "_fsdp_param_group", None)
+            if pg is None or not getattr(pg, "_use_post_forward_mesh", False):
+                continue
+            if any(isinstance(getattr(p.sharded_param, "_local_tensor", None), QuantMaster) for p in pg.fsdp_params):
+                return (f"mxshard: pass reshard_after_forward=True or False to fully_shard of {name or 'the root'} "
+                        f"(or keep its converted linears dense): an int reshards the gathered weights onto a "
+                        f"smaller mesh after forward, which FSDP2 does for float parameters only, and a converted "
+                        f"weight gathers quantized bytes")
+        return None
 
     # ---- FSDP2's hooks -------------------------------------------------------------------
 

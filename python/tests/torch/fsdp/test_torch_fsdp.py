@@ -223,3 +223,9 @@ def test_convert_after_ddp_raises_on_every_rank(phase_a):
     out = H.case_results(phase_a, "ddp_convert", (2,))
     for o in out.values():
         assert o["raised"] == "convert: convert the model before wrapping it in DistributedDataParallel (D", o
+
+
+def test_reshard_after_forward_int_raises_on_every_rank_saying_what_to_pass(phase_a):
+    out = H.case_results(phase_a, "reshard_int", (4,))
+    for o in out.values():
+        assert o["raised"] == "mxshard: pass reshard_after_forward=True or False to fully_s", o

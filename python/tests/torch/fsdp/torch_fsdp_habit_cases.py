@@ -202,3 +202,16 @@ def case_tied_embedding(rank, world):
     except NotImplementedError as e:
         return {"raised": str(e)[:61]}
     return {"raised": None}
+
+
+def case_reshard_int(rank, world):
+    """reshard_after_forward=2 on 4 ranks (reshard onto a smaller mesh after forward): FSDP2 does
+    that for float parameters only, and every rank failed inside torch ("Expected 1
+    all_gather_output, got 2", or "only Tensors of floating point dtype can require gradients").
+    Every rank now raises before the first gather, saying what to pass."""
+    m = shard_all(build(modules=[MODULES[0], MODULES[1]]), reshard_after_forward=2)
+    try:
+        loss_of(m, [MODULES[0], MODULES[1]], 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    except NotImplementedError as e:
+        return {"raised": str(e)[:60]}
+    return {"raised": None}
