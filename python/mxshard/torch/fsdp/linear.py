@@ -126,6 +126,24 @@ class _ParamLinear(nn.Linear):
             error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(t.shape)} from "
                               f"checkpoint, the shape in current model is {tuple(w.shape)}.")
             return
+        if sharded and w._local_tensor.is_meta and _is_dtensor(t) and tuple(t.placements) == tuple(w.placements) \
+                and t.device_mesh == w.device_mesh and t.is_floating_point() and not t.is_meta:
+            # torchtune's load into a model built on meta and fully_shard'ed (a state dict of
+            # distribute_tensor shards, assign=True): the shard becomes this rank's master, a
+            # QuantMaster inside a new DTensor Parameter (FSDP2's load post-hook pads it again)
+            from torch.distributed.tensor import DTensor
+            local = t._local_tensor.detach()
+            local = (local._data if isinstance(local, QuantMaster) else local).contiguous()
+            with torch.no_grad():
+                self.weight = nn.Parameter(
+                    DTensor.from_local(QuantMaster(local, self.meta), t.device_mesh, t.placements, run_check=False,
+                                       shape=t.shape, stride=t.stride()), requires_grad=w.requires_grad)
+            rest = {k: v for k, v in state_dict.items() if k != key}
+            super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)
+            if key in missing_keys:
+                missing_keys.remove(key)
+            return
         if sharded:
             # FSDP2: a new Parameter would reach FSDP2 as a plain sharded tensor (the all-gather of
             # quantized bytes gone); the module's values are copied instead (its weight and bias

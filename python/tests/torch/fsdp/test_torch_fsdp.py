@@ -229,3 +229,12 @@ def test_reshard_after_forward_int_raises_on_every_rank_saying_what_to_pass(phas
     out = H.case_results(phase_a, "reshard_int", (4,))
     for o in out.values():
         assert o["raised"] == "mxshard: pass reshard_after_forward=True or False to fully_s", o
+
+
+def test_torchtune_assign_load_into_a_meta_built_sharded_model(phase_a):
+    """load_state_dict(assign=True) of distribute_tensor shards into a model built on meta and
+    fully_shard'ed (torchtune's loader): the masters are the state dict's, the gathered planes
+    their quantize, and the optimizer trains them."""
+    out = H.case_results(phase_a, "assign_meta", (2,))
+    for o in out.values():
+        assert o["checked"] == 2 * 4 and o["moved"] == o["params"], o

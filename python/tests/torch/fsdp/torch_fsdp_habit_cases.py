@@ -215,3 +215,32 @@ def case_reshard_int(rank, world):
     except NotImplementedError as e:
         return {"raised": str(e)[:60]}
     return {"raised": None}
+
+
+def case_assign_on_meta(rank, world):
+    """torchtune's load (load_from_full_model_state_dict): the model built on meta, converted and
+    fully_shard'ed, then load_state_dict(assign=True) of distribute_tensor shards of a full state
+    dict, no to_empty(). It raised on every rank; the shards now become the masters (a QuantMaster
+    in a new DTensor Parameter), the full masters equal the source's, and the planes gathered by a
+    training step are their whole-tensor quantize."""
+    from torch.distributed.tensor import distribute_tensor
+    mods = [MODULES[i] for i in (0, 1, 5, 6)]
+    src = build(seed=7, modules=mods)
+    full = {k: v.detach().clone() for k, v in src.state_dict().items()}
+    m = shard_all(build(modules=mods, meta=True))
+    meta_sd = m.state_dict()
+    sharded = {k: nn.Parameter(distribute_tensor(full[k].to(v.dtype).to(dev()), v.device_mesh, v.placements),
+                               requires_grad=False) for k, v in meta_sd.items()}
+    m.load_state_dict(sharded, strict=True, assign=True)
+    got = full_masters(m)
+    bad = [k for k in full if not torch.equal(got[k].cpu(), full[k].cpu())]
+    assert not bad, f"assign=True on meta did not load {bad}"
+    with record_planes() as seen:
+        loss_of(m, mods, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    for name, plane, b in seen:
+        ref = plane_bytes(quantize_whole(getattr(m, name).spec, got[f"{name}.weight"].to(dev())), plane)
+        assert all(torch.equal(b[k].cpu(), ref[k].cpu()) for k in ref), (name, plane)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    o.step()
+    moved = sum(not torch.equal(v, got[k]) for k, v in full_masters(m).items())
+    return {"checked": len(seen), "moved": moved, "params": len(got)}
