@@ -26,9 +26,10 @@ load_state_dict into a converted module, and masters_changed() (for writes
 mxshard cannot see: call it on every rank). A rank's own version counters
 are only a safety net: a weight whose bytes need no reduction is simply
 redone locally; one that needs it must not have moved unseen (FSDP2
-re-padding a shard into new storage with the same values is fine), else
-every rank raises naming masters_changed(): at the next forward pass of an evaluation
-(one flag all-reduced, _check) or at the next refresh (its status entry),
+re-padding a shard into new storage with the same values is fine): found at
+the next forward pass of an evaluation before any use (one flag all-reduced,
+_check), every rank refreshes; else every rank raises naming masters_changed()
+at that check or at the next refresh (its status entry),
 while the gather in between sends the bytes every rank made (a rank that
 raised alone would leave the others waiting in FSDP2's all-gather). A world of one without FSDP2 (the weight
 a plain Parameter) uses the same units with no collective at all
@@ -290,16 +291,23 @@ class FSDPGroup:
         backward and no refresh in between (evaluation): one all_reduce(MAX) of one flag, set by
         a rank that holds a weight whose master was written since its bytes were made (unseen: no
         optimizer step, load_state_dict or masters_changed) and whose bytes need the ranks'
-        reduction. Any flag: every rank raises, naming masters_changed. (After a backward,
+        reduction. Found before any use (an EMA's update_parameters, an in-place dcp.load between
+        evaluations): every rank refreshes, as after masters_changed (every rank saw the flag, so
+        the refresh's collective is every rank's). Stale bytes already sent in an earlier forward
+        of the loop (self._stale): every rank raises, naming masters_changed. (After a backward,
         gradient accumulation's next micro-batch, it is skipped: what a rank found waits for the
         next refresh's status entry, one collective per optimizer step as before.)"""
-        stale = self._stale or next((u.meta.name for u in self.units.values()
-                                     if u.n_shared and u.version is not None and not u.fresh(u.local)), None)
+        used = self._stale
+        found = used or next((u.meta.name for u in self.units.values()
+                              if u.n_shared and u.version is not None and not u.fresh(u.local)), None)
         self._stale, self._passed, self.backward_ran = None, set(), False
-        flag = torch.tensor([_STALE if stale is not None else 0], dtype=torch.int32, device=dev)
+        flag = torch.tensor([2 if used is not None else 1 if found is not None else 0], dtype=torch.int32, device=dev)
         C.all_reduce_max(flag, mesh.get_group(), self.collectives, "check_all_reduce")
-        if int(flag[0]) != 0:
-            raise RuntimeError(_stale_message(stale))
+        if int(flag[0]) == 2:
+            raise RuntimeError(_stale_message(used))
+        if int(flag[0]) == 1:
+            self.masters_changed()
+            self.refresh(mesh)
 
     def _ready(self, local, world, rank):
         """The unit of `local` with bytes of its current values, without a collective (see the

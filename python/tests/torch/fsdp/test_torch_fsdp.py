@@ -186,14 +186,13 @@ def test_a_model_built_on_meta_then_sharded_then_materialised(phase_a):
 
 
 def test_an_in_place_dcp_load_into_the_state_dict_reaches_the_evaluation(phase_a):
-    """dcp.load into model.state_dict() after a forward: row-only MXFP8 weights are redone on each
-    rank; "both" cut mid-block and NVFP4 raise on every rank naming masters_changed, which then
-    makes the evaluation the saved model's (it used the old bytes, silently)."""
+    """dcp.load into model.state_dict() after a forward: the evaluation after it is the saved
+    model's (it used the old bytes, silently): row-only MXFP8 weights are redone on each rank,
+    "both" cut mid-block and NVFP4 by a refresh every rank runs (one flag says so)."""
     out = H.case_results(phase_a, "dcp_inplace", (2,))
     for o in out.values():
         assert o["row"] == "no error" and o["row_equal"], o
-        assert o["cut"].startswith("mxshard: call mxshard.torch.masters_changed(model) on every"), o
-        assert o["cut_equal"], o
+        assert o["cut"] == "no error" and o["cut_equal"], o
 
 
 def test_an_embedding_tied_to_a_converted_head_says_keep_it_dense(phase_a):

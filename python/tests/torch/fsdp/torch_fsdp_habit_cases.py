@@ -152,10 +152,10 @@ def case_dcp_inplace(rank, world, root):
     """dcp.load into model.state_dict() in place (DCP's own way of loading) after a forward, with
     no set_model_state_dict and no masters_changed: the state dict's tensors had version counters
     of their own, so the masters took the values unseen and the evaluation after the load
-    multiplied by the old bytes on every rank. Row-only MXFP8 weights are now redone on each rank
-    (the evaluation equals the saved model's); weights whose bytes need the ranks' reduction (a
-    "both" weight cut mid-block, NVFP4) raise on every rank naming masters_changed, and after it
-    the evaluation equals the saved model's."""
+    multiplied by the old bytes on every rank. Row-only MXFP8 weights are now redone on each rank;
+    weights whose bytes need the ranks' reduction (a "both" weight cut mid-block, NVFP4) are found
+    stale before use at the evaluation's first gather, and every rank refreshes (the load's writes
+    now move the masters' version counters). Either way the evaluation equals the saved model's."""
     import torch.distributed.checkpoint as dcp
     import mxshard.torch as mxt
     out = {}
