@@ -96,8 +96,17 @@ def _format_options(format, rounding, block):
     return fmt, given["rounding"], given["block"]
 
 
-def _unmatched_message(kind, pats, names, conv1d=(), others=None):
+def _unmatched_message(kind, pats, names, conv1d=(), others=None, batched=None):
     shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "") if names else "none"
+    # a pattern naming weights stored batched ([E, out, in]: a mixture of experts' experts in one tensor)
+    hit = [(n, shape) for n, shape in (batched or {}).items()
+           if any(fnmatch.fnmatchcase(n, p) or fnmatch.fnmatchcase(n.rpartition(".")[0], p) for p in pats)]
+    if hit:
+        what = ", ".join(f"{n} {list(shape)}" for n, shape in hit[:4]) + (", ..." if len(hit) > 4 else "")
+        return (f"convert: keep batched weights dense (leave them out of the policy, or pass strict=False), or split "
+                f"them into nn.Linear modules to convert them: {kind} {', '.join(map(repr, pats))} name"
+                f"{'s' if len(pats) == 1 else ''} weights stored as one tensor per group ({what}: experts in one "
+                f"Parameter), which convert() cannot quantize; it converts nn.Linear modules (the model's: {shown})")
     # a pattern naming subclasses of nn.Linear (a LazyLinear not yet materialised, a class of the model's own)
     hit = {n: c for n, c in (others or {}).items() if any(fnmatch.fnmatchcase(n, p) for p in pats)}
     if hit:
@@ -254,8 +263,12 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
             if bad:
                 others = {n: type(m).__name__ for n, m in model.named_modules(remove_duplicate=False)
                           if isinstance(m, nn.Linear) and type(m) is not nn.Linear and not isinstance(m, _ParamLinear)}
+                batched = {f"{mn}.{pn}" if mn else pn: tuple(p.shape)
+                           for mn, mod in model.named_modules() for pn, p in mod._parameters.items()
+                           if p is not None and not isinstance(p, nn.parameter.UninitializedParameter)
+                           and p.dim() >= 3}
                 raise ValueError(_unmatched_message(kind + ("s" if len(bad) > 1 else ""), bad, all_names,
-                                                    list(conv1d_all), others))
+                                                    list(conv1d_all), others, batched))
     _refuse_reparametrized(model, skips, decide)
     uses = {}  # parameter -> how many distinct modules own it
     for mod in model.modules():

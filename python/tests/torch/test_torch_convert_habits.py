@@ -440,3 +440,48 @@ def test_a_model_built_in_inference_mode_converts_and_runs(fmt):
     ref = mxt.convert(net(4), "row", format=fmt)
     with torch.no_grad():
         assert torch.equal(got, ref(x))
+
+
+def test_hooks_buffers_and_attributes_of_a_converted_linear_stay():
+    """Hooks registered on an nn.Linear before convert() (forward pre / forward / full backward),
+    a buffer and an attribute on it were dropped with the replaced module, silently (a backward
+    hook zeroing a gradient no longer did). They move to the converted linear; their handles
+    still remove them."""
+    m = net()
+    seen = []
+    h1 = m[0].register_forward_hook(lambda mod, i, o: seen.append(o.shape))
+    m[2].register_full_backward_pre_hook(lambda mod, go: (torch.zeros_like(go[0]),))
+    m[0].register_buffer("mask", torch.ones(48))
+    m[0].no_weight_decay = True
+    mxt.convert(m, "row")
+    m(torch.randn(4, 32)).sum().backward()
+    assert seen == [torch.Size([4, 48])]
+    assert m[2].weight.grad.abs().sum() == 0 and m[0].weight.grad.abs().sum() == 0   # (zeroed upstream too)
+    assert torch.equal(m[0].mask, torch.ones(48)) and "0.mask" in m.state_dict() and m[0].no_weight_decay
+    h1.remove()
+    m(torch.randn(4, 32))
+    assert len(seen) == 1
+
+
+def test_forward_mode_ad_and_batched_experts_say_what_to_do():
+    """Forward-mode AD (dual tensors) through a converted linear raised torch's "implement the jvp
+    function" error; a policy naming experts stored as one [E, out, in] Parameter said "fix the
+    pattern", though the pattern was right. Both now say what to do first."""
+    import torch.autograd.forward_ad as fwAD
+    m = mxt.convert(net(), "row")
+    x = torch.randn(2, 32)
+    with fwAD.dual_level():
+        with pytest.raises(RuntimeError, match=r"^mxshard: leave 0 out of convert\(\) \(skip=\[...\]\) to run "
+                                               r"forward-mode AD"):
+            m(fwAD.make_dual(x, torch.randn_like(x)))
+
+    class Experts(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Parameter(torch.randn(4, 64, 32))
+
+    model = nn.Module()
+    model.router, model.experts = nn.Linear(32, 4), Experts()
+    for pattern in ("experts", "experts.*"):
+        with pytest.raises(ValueError, match=r"^convert: keep batched weights dense .* \(experts.w1 \[4, 64, 32\]"):
+            mxt.convert(model, {pattern: "row"})

@@ -45,6 +45,7 @@ from torch import nn
 
 from ... import formats as _formats
 from ..zero.byte_buffers import as_buffer_bytes, stored_dtype
+from . import pieces as P
 from .errors import CheckpointError, CheckpointMismatchError
 from ..fsdp.linear import is_param_linear
 from ..fsdp.units import WeightUnit
@@ -53,6 +54,7 @@ from ..zero.linear import is_quantized
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
 
 EXPORT_FORMAT = "mxshard.safetensors/1"
+_PLANE_KEYS = ("row_data", "row_scale", "col_data", "col_scale", "amax")   # a quantized module's buffers
 _DEQUANT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
@@ -74,11 +76,24 @@ def _check_args(path, model, who):
 def _check_target(p):
     """On every rank, before any collective: a path rank 0 can write (a raise on rank 0 alone, after the
     gather, would leave the others returning as if the export had succeeded)."""
+    if not p:
+        raise ValueError("export_safetensors: give a file path (an empty path names no file)")
     if os.path.isdir(p):
         raise IsADirectoryError(f"export_safetensors: give a file path, not a directory: {p!r} is a directory")
     d = os.path.dirname(os.path.abspath(p))
     if not os.path.isdir(d):
         raise FileNotFoundError(f"export_safetensors: create the directory {d!r} first: the file {p!r} goes into it")
+    if not os.access(d, os.W_OK):
+        raise PermissionError(f"export_safetensors: give a path in a directory you can write: {d!r} is not writable")
+
+
+def _every_rank(err, where, device):
+    """One small all_gather of every rank's ok flag (mxshard.collectives.agree): a rank-local error
+    (its own path, rank 0's write) makes every rank raise, that rank its own error, the others
+    RemoteError, and no rank goes on to a collective the others skip."""
+    from ... import collectives as C
+    if C.agree(err is None, [], where, None, device) is None:
+        raise err
 
 
 # ---- pure helpers ------------------------------------------------------------------
@@ -147,7 +162,7 @@ def _options_difference(info, m):
     fmt = _file_format(info)
     if fmt != m.format:
         return f"format {fmt}, the model's {m.format}"
-    for k in ("shape", "planes", "layout", "block"):
+    for k in ("shape", "planes", "layout", "block", "rounding"):   # (NVFP4's info has no rounding: None, None)
         if info.get(k) != mine.get(k):
             return f"{k} {info.get(k)!r}, the model's {mine.get(k)!r}"
     return None
@@ -217,18 +232,44 @@ def export_safetensors(path, model):
     otherwise no collectives and the other ranks return at once. Needs the
     `safetensors` package."""
     _check_args(path, model, "export_safetensors")
-    _check_target(os.fspath(path))
     st = _safetensors("export_safetensors")
     import torch.distributed as dist
     dist_on = dist.is_available() and dist.is_initialized()
-    if _sharded(model):
-        full = _full_state_dict(model, keep=not dist_on or dist.get_rank() == 0)
+    if not _sharded(model):   # (no collective: rank 0 alone writes, the others return at once)
+        _check_target(os.fspath(path))
         if dist_on and dist.get_rank() != 0:
             return
-    else:
-        if dist_on and dist.get_rank() != 0:
-            return
-        full = model.state_dict()
+        return _write(path, model, model.state_dict(), st)
+    # FSDP2: every rank gathers, so every rank learns whether a rank's path was bad, and whether
+    # rank 0's write worked (a rank raising alone leaves the others in the next collective)
+    dev = next(p for p in model.parameters() if p is not None).device
+    err = None
+    try:
+        _check_target(os.fspath(path))
+    except Exception as e:  # noqa: BLE001 - every rank learns of it first
+        err = e
+    try:
+        _every_rank(err, "export_safetensors (another rank's path)", dev)
+    finally:
+        err = None
+    full = _full_state_dict(model, keep=not dist_on or dist.get_rank() == 0)
+    if dist_on and dist.get_rank() != 0:
+        return _every_rank(None, "export_safetensors (rank 0's write)", dev)
+    try:
+        _write(path, model, full, st)
+    except Exception as e:  # noqa: BLE001
+        err = e
+    try:
+        if dist_on:
+            _every_rank(err, "export_safetensors (rank 0's write)", dev)
+        elif err is not None:
+            raise err
+    finally:
+        err = None
+
+
+def _write(path, model, full, st):
+    """Rank 0's part of export_safetensors: the file from the model's full state dict."""
     mx, fmt_of = {}, {}
     for name, m in model.named_modules(remove_duplicate=False):
         if is_quantized(m) or is_param_linear(m):
@@ -254,11 +295,19 @@ def export_safetensors(path, model):
             t = t.view(stored_dtype(fmt_of[mod], leaf))
         tensors[key] = t.detach().to("cpu").contiguous().clone()
     meta = {"format": EXPORT_FORMAT, "mxshard": json.dumps(mx, sort_keys=True),
-            "aliases": json.dumps(aliases, sort_keys=True)}
+            "aliases": json.dumps(aliases, sort_keys=True),
+            # per tensor (pieces.checksum: safetensors records none): load_safetensors checks them
+            "checksums": json.dumps({k: P.checksum(t, 0) for k, t in tensors.items()}, sort_keys=True)}
     p = os.fspath(path)
     tmp = p + ".tmp"
-    st.save_file(tensors, tmp, metadata=meta)
-    os.replace(tmp, p)
+    try:
+        st.save_file(tensors, tmp, metadata=meta)
+        os.replace(tmp, p)
+    except Exception as e:  # noqa: BLE001 - a full disk, a read-only file system, `<path>.tmp` a directory
+        if os.path.isfile(tmp):
+            os.remove(tmp)
+        raise CheckpointError(f"export_safetensors: give a path you can write ({p!r} and {tmp!r} beside it): "
+                              f"writing failed ({type(e).__name__}: {e})") from e
 
 
 # ---- load --------------------------------------------------------------------------
@@ -282,8 +331,31 @@ def _read(p, st):
         raise CheckpointError(f"load_safetensors: {p!r} is a {fmt} file; this version reads {EXPORT_FORMAT}")
     try:
         mx, aliases = json.loads(meta.get("mxshard", "{}")), json.loads(meta.get("aliases", "{}"))
+        sums = json.loads(meta.get("checksums", "{}"))   # (files of the first writers have none)
     except ValueError as e:
         raise CheckpointError(f"load_safetensors: {p!r}: damaged metadata ({e})") from e
+    if not (isinstance(mx, dict) and all(isinstance(v, dict) for v in mx.values()) and isinstance(aliases, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items())
+            and isinstance(sums, dict)):
+        raise CheckpointError(f"load_safetensors: give a file written by export_safetensors (unedited): {p!r}'s "
+                              f"'mxshard', 'aliases' or 'checksums' metadata is not of its kind")
+    for name, info in mx.items():
+        need = [k for k in ("shape", "planes", "layout") if k not in info]
+        if need or not (isinstance(info["shape"], list) and len(info["shape"]) == 2
+                        and all(isinstance(v, int) and v > 0 for v in info["shape"])):
+            raise CheckpointError(f"load_safetensors: give a file written by export_safetensors (unedited): the "
+                                  f"'mxshard' metadata of {name!r} lacks {need or 'a [rows, cols] shape'}")
+        try:
+            _formats.get(_file_format(info))
+        except ValueError:
+            raise CheckpointError(f"load_safetensors: give a file written by export_safetensors (unedited): the "
+                                  f"'mxshard' metadata of {name!r} names the format {info.get('format')!r}, which "
+                                  f"this version does not read") from None
+    bad = [k for k, t in tensors.items() if k in sums and P.checksum(t, 0) != sums[k]]
+    if bad or (sums and set(sums) != set(tensors)):
+        what = f"{bad[0]!r} does not match its checksum" if bad else "its tensors differ from those it recorded"
+        raise CheckpointError(f"load_safetensors: give an undamaged file: in {p!r}, {what} (a modified or damaged "
+                              f"file); nothing was loaded")
     return tensors, mx, aliases
 
 
@@ -350,7 +422,16 @@ def _plan(model, tensors, mx, aliases, strict, who):
                                               f"of that name (strict=False skips it)")
             continue
         out.update(_quantized_entries(name, info, mod, get, who))
+    for name in mx:
+        if f"{name}.weight" in tensors:
+            raise CheckpointMismatchError(f"{who}: give a file written by export_safetensors (unedited): it has both "
+                                          f"a dense {name}.weight and {name}'s quantized planes")
     for name, mod in modules.items():
+        planes = [b for b in _PLANE_KEYS if f"{name}.{b}" in tensors] if name not in mx else []
+        if planes and f"{name}.weight" in target:
+            raise CheckpointMismatchError(f"{who}: give a file written by export_safetensors (unedited): it has "
+                                          f"{name}'s quantized planes ({', '.join(planes)}) but its 'mxshard' "
+                                          f"metadata does not describe {name}, so they cannot be read")
         if is_quantized(mod) and name not in mx and f"{name}.weight" in tensors:
             raise CheckpointMismatchError(f"{who}: load the file before ShardedOptimizer takes the model over (a "
                                           f"convert()ed model loads a dense file as it is): the file has a dense "

@@ -21,7 +21,9 @@ import torch
 from torch import nn
 
 from ..zero.linear import is_quantized
+from . import pieces as P
 from .errors import CheckpointError, CheckpointMismatchError
+from .zero import _META, _unseal
 
 __all__ = ["load_checkpoint_weights"]
 
@@ -64,7 +66,8 @@ def load_checkpoint_weights(path, model, *, strict=True):
         kind, _, name = key.partition("/")
         if kind in _KINDS and hasattr(meta, "size"):
             found[name] = (key, meta)
-    if not any(k.startswith("master/") or k.startswith("dense/") for k in md.state_dict_metadata):
+    if _META not in md.state_dict_metadata or \
+            not any(k.startswith("master/") or k.startswith("dense/") for k in md.state_dict_metadata):
         raise CheckpointError(f"{who}: give the folder of a mxt.save_checkpoint checkpoint: {os.fspath(path)!r} "
                               f"holds no ShardedOptimizer weights (a plain DCP checkpoint loads with dcp.load and "
                               f"set_model_state_dict)")
@@ -83,6 +86,18 @@ def load_checkpoint_weights(path, model, *, strict=True):
                 raise CheckpointMismatchError(f"{who}: {n}: the checkpoint has {meta.size.numel()} elements, the "
                                               f"model {tuple(t.shape)}")
             bufs[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
-    dcp.load(bufs, storage_reader=reader, no_dist=True)
+    raw = bufs[_META] = torch.zeros(int(md.state_dict_metadata[_META].size[0]), dtype=torch.uint8)
+    try:
+        dcp.load(bufs, storage_reader=reader, no_dist=True)
+    except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise CheckpointError(f"{who}: give a complete checkpoint folder: reading {os.fspath(path)!r} failed (a "
+                              f"missing, truncated or damaged file?): {P.dcp_error(e)}") from None
+    keys = _unseal(raw.numpy().tobytes()).get("keys", {})   # (the record's own sha256 is checked)
+    for key, t in bufs.items():
+        if key != _META and (key not in keys or P.checksum(t, 0) != keys[key][2]):
+            raise CheckpointError(f"{who}: give an undamaged checkpoint: {key} does not match its checksum in the "
+                                  f"checkpoint's record (a modified or damaged file); nothing was loaded")
     sd = {n: bufs[found[n][0]].view(t.shape).to(t.dtype) for n, t in target.items() if n in found}
     return model.load_state_dict(sd, strict=False)

@@ -367,12 +367,17 @@ def save_checkpoint(path, model, opt, *, extra=None, rng=False, timeout=G.DEFAUL
         extra_empty = {f"extra/{k}": P.dtype_name(t.dtype) for k, t in xt.items() if t.numel() == 0}
         extra_empty.update({f"model/{k}": P.dtype_name(t.dtype) for k, t in others.items() if t.numel() == 0})
         payload = {"sums": sums, "info": info, "groups": groups,
-                   "cuda": sum(1 for k in pieces if k.startswith(f"rng/{r}/cuda"))}
+                   "cuda": sum(1 for k in pieces if k.startswith(f"rng/{r}/cuda")),
+                   "path": os.path.abspath(os.fspath(path))}
         for key in list(pieces):
             pieces[key] = (pieces[key][0], [(o, t) for o, t in pieces[key][1] if t.numel()])
     except Exception as e:  # noqa: BLE001 - the group learns of it first
         err = e
     got = G.agree(opt, err, payload, "save_checkpoint")
+    paths = sorted({p["path"] for p in got})
+    if len(paths) > 1:   # (every rank sees the same payloads: every rank raises, before anything is written)
+        raise CheckpointError(f"save_checkpoint: give every rank the same path (one checkpoint folder, each rank "
+                              f"writes its pieces into it): the ranks gave {len(paths)} paths, e.g. {paths[:2]}")
     # the same on every rank from here (the gathered payloads)
     keys, sums = {}, {}
     for p in got:

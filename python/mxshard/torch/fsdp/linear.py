@@ -36,6 +36,53 @@ __all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantiz
            "param_linear_class"]
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
+_PARAM_LINEAR_OWN = ("meta", "spec", "_group", "_plan")   # a converted linear's own attributes
+
+
+def hand_over(old, new, keep=()):
+    """Moves what a user added to module `old` onto `new`, which replaces it: its forward and
+    backward hooks (the same dicts: the user's RemovableHandles keep working), buffers, parameters
+    other than weight / bias, submodules and attributes that `new` lacks (Hugging Face's flags, a
+    `no_weight_decay` mark); `keep`: attribute names of `old` that stay. Returns the function that
+    moves them back (ShardedOptimizer's failed construction). State dict hooks stay: they belong
+    to each module's own kind."""
+    hooks = {n: getattr(old, n) for n in _HOOK_DICTS}
+    full = old._is_full_backward_hook
+    bufs = {k: v for k, v in old._buffers.items() if k not in new._buffers}
+    transient = {k for k in bufs if k in old._non_persistent_buffers_set}
+    params = {k: v for k, v in old._parameters.items() if k not in ("weight", "bias")}
+    mods = dict(old._modules)
+    attrs = {k: v for k, v in old.__dict__.items() if k not in new.__dict__ and k not in keep and k not in hooks}
+    for n, d in hooks.items():
+        setattr(new, n, d)
+        setattr(old, n, type(d)())
+    new._is_full_backward_hook = full
+    for k, v in bufs.items():
+        new.register_buffer(k, v, persistent=k not in transient)
+    for k, v in params.items():
+        new.register_parameter(k, v)
+    for k, v in mods.items():
+        new._modules[k] = v
+    new.__dict__.update(attrs)
+
+    def back():
+        for n, d in hooks.items():
+            setattr(old, n, d)
+            setattr(new, n, type(d)())
+        for k in bufs:
+            new._buffers.pop(k, None)
+            new._non_persistent_buffers_set.discard(k)
+        for k in params:
+            new._parameters.pop(k, None)
+        for k in mods:
+            new._modules.pop(k, None)
+        for k in attrs:
+            new.__dict__.pop(k, None)
+    return back
+
+
 class _ParamLinear(nn.Linear):
     """What MXFP8ParamLinear and NVFP4ParamLinear share; built by convert()."""
 
@@ -75,6 +122,7 @@ class _ParamLinear(nn.Linear):
             # its version counter is not the master's) and is marked: an optimizer built before convert()
             # holds it, and its step raises (group._before_optimizer_step) instead of training nothing
             lin.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
+        hand_over(lin, m)   # (before the replaced linear's own hook below: that one stays on it)
         lin.weight._mxs_converted_to = name
         lin.register_forward_pre_hook(functools.partial(_replaced_linear, name))
         m.bias = lin.bias

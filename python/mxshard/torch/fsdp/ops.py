@@ -75,6 +75,15 @@ def refuse_functorch(name, *tensors):
             f"be batched or differentiated by torch.func")
 
 
+def refuse_forward_ad(name):
+    """The jvp of both converted linears' autograd functions: forward-mode AD (torch.autograd.forward_ad
+    dual tensors) through a converted linear."""
+    raise RuntimeError(
+        f"mxshard: leave {name} out of convert() (skip=[...]) to run forward-mode AD (torch.autograd.forward_ad, "
+        f"dual tensors) through it, or use reverse mode (backward, torch.autograd.grad): a converted linear "
+        f"multiplies by its quantized weight outside autograd's forward-mode machinery")
+
+
 def _check_weight(module):
     """The weight tensor the forward can use (GatheredWeight or QuantMaster), or a clear error."""
     w = module._parameters.get("weight")
@@ -169,6 +178,10 @@ class ParamLinearFn(torch.autograd.Function):
         ctx.weight = weight if isinstance(weight, QuantMaster) else None
         ctx.weight_version = weight._version if ctx.weight is not None else None
         return _forward(module, weight, x, bias)   # (the forward checked the weight)
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        refuse_forward_ad(ctx.module.meta.name or "this linear (the converted model's root)")
 
     @staticmethod
     def backward(ctx, gy):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import types
 
-from ..fsdp.linear import _ParamLinear
+from ..fsdp.linear import _PARAM_LINEAR_OWN, _ParamLinear, hand_over
 from .linear import MXFP8Linear
 from .nvfp4_linear import NVFP4Linear
 
@@ -95,7 +95,11 @@ def adopt_param_linears(model, undo):
             new_of[id(m)] = new
             aliases[id(m)] = new
             aliases[id(m.weight)] = new
+    moved = set()
     for name, m in found:
+        if id(m) not in moved:   # (a module under several names: once)
+            moved.add(id(m))
+            undo.append(hand_over(m, new_of[id(m)], keep=_PARAM_LINEAR_OWN))   # its hooks keep running
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, new_of[id(m)])

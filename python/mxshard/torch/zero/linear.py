@@ -38,7 +38,7 @@ from ..gemm import paths as _gemm
 from ..options import (_COMPUTE_DTYPES, _LAYOUTS, _PLANES, _ROUNDINGS, _check_choice, _check_compute_dtype,
                        _check_device, _check_features, _dtype_code, _require_library)
 from ..fsdp.linear import MXFP8ParamLinear, refuse_script_message
-from ..fsdp.ops import refuse_double_backward, refuse_functorch
+from ..fsdp.ops import refuse_double_backward, refuse_forward_ad, refuse_functorch
 from ... import formats as _formats
 
 __all__ = ["MXFP8Linear", "is_mxfp8", "is_quantized", "ReadOnlyWeight", "ReadOnlyPlane"]
@@ -99,6 +99,10 @@ class _QuantLinearFn(torch.autograd.Function):
         ctx.has_bias = b is not None
         ctx.save_for_backward(x)
         return y
+
+    @staticmethod
+    def jvp(ctx, *tangents):
+        refuse_forward_ad(ctx.module._who)
 
     @staticmethod
     def backward(ctx, gy):

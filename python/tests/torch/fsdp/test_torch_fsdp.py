@@ -237,3 +237,15 @@ def test_torchtune_assign_load_into_a_meta_built_sharded_model(phase_a):
     out = H.case_results(phase_a, "assign_meta", (2,))
     for o in out.values():
         assert o["checked"] == 2 * 4 and o["moved"] == o["params"], o
+
+
+def test_export_with_a_bad_path_on_one_rank_raises_on_every_rank(phase_a):
+    out = H.case_results(phase_a, "export_path", (2,))
+    assert out[(2, 0)]["bad"] == "FileNotFoundError" and out[(2, 1)]["bad"] == "RemoteError", out
+    assert all(o["written"] for o in out.values()), out
+
+
+def test_save_checkpoint_with_a_path_per_rank_raises_on_every_rank(phase_a):
+    out = H.case_results(phase_a, "split_paths", (2,))
+    for o in out.values():
+        assert o["raised"] == "save_checkpoint: give every rank the same path (on" and not o["written"], o

@@ -95,3 +95,16 @@ def case_convert_after_ddp(rank, world):
     except ValueError as e:
         return {"raised": str(e)[:75]}
     return {"raised": None}
+
+
+def case_save_checkpoint_split_paths(rank, world, root):
+    """save_checkpoint where each rank gives its own folder: both returned, and neither folder held
+    a loadable checkpoint. Every rank raises now, before anything is written."""
+    m = _net(0)
+    with mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2)) as o:
+        try:
+            mxt.save_checkpoint(f"{root}/split_{rank}", m, o)
+        except mxt.CheckpointError as e:
+            import os
+            return {"raised": str(e)[:50], "written": os.path.exists(f"{root}/split_{rank}/.metadata")}
+    return {"raised": None}

@@ -244,3 +244,26 @@ def case_assign_on_meta(rank, world):
     o.step()
     moved = sum(not torch.equal(v, got[k]) for k, v in full_masters(m).items())
     return {"checked": len(seen), "moved": moved, "params": len(got)}
+
+
+def case_export_rank_local_path(rank, world, root):
+    """export_safetensors of an FSDP2 model where only rank 0's path is bad (its own directory
+    missing): rank 0 raised before the gather, rank 1 gathered alone, and the next collective
+    aborted the job. Every rank raises now (rank 0 its error, the others RemoteError), and training
+    goes on; with a good path on every rank the export works."""
+    import mxshard.torch as mxt
+    mods = [MODULES[0], MODULES[5]]
+    m = shard_all(build(modules=mods))
+    path = f"{root}/no_such_dir/m.safetensors" if rank == 0 else f"{root}/export_rank_local.safetensors"
+    out = {}
+    try:
+        mxt.export_safetensors(path, m)
+        out["bad"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["bad"] = type(e).__name__
+    loss_of(m, mods, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    good = f"{root}/export_rank_local.safetensors"
+    mxt.export_safetensors(good, m)
+    import os
+    out["written"] = os.path.isfile(good)
+    return out

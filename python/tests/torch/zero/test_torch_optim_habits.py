@@ -655,3 +655,25 @@ def test_a_linear_used_twice_in_one_forward_says_overlap_false(C):
                 before = o._buckets[0].master.clone()
                 o.step()
                 assert not torch.equal(before, o._buckets[0].master)
+
+
+def test_module_hooks_on_converted_linears_survive_the_optimizer(C):
+    """Forward and backward hooks registered on convert()'s linears before ShardedOptimizer took
+    them over stopped running (the optimizer swaps in its own linear): a forward hook captured
+    nothing and a backward pre-hook zeroing a gradient was ignored, silently. They move to the
+    optimizer's linear; a failed construction moves them back."""
+    import torch
+    from mxshard.torch import ShardedOptimizer, convert
+    torch.manual_seed(0)
+    m = convert(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)), "row")
+    seen = []
+    m[0].register_forward_hook(lambda mod, i, o: seen.append(type(mod).__name__))
+    m[2].register_full_backward_pre_hook(lambda mod, go: (torch.zeros_like(go[0]),))
+    with pytest.raises(RuntimeError, match="no optimizer"):
+        ShardedOptimizer(m, lambda g: (_ for _ in ()).throw(RuntimeError("no optimizer")))
+    m(torch.randn(2, 64))
+    assert seen == ["MXFP8ParamLinear"]
+    with ShardedOptimizer(m, _adamw) as o:
+        m(torch.randn(4, 64)).sum().backward()
+        assert seen[-1] == "MXFP8Linear"
+        assert all(bk.grad.abs().sum() == 0 for bk in o._buckets), "the backward pre-hook was dropped"
