@@ -485,3 +485,35 @@ def test_forward_mode_ad_and_batched_experts_say_what_to_do():
     for pattern in ("experts", "experts.*"):
         with pytest.raises(ValueError, match=r"^convert: keep batched weights dense .* \(experts.w1 \[4, 64, 32\]"):
             mxt.convert(model, {pattern: "row"})
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_state_dict_aliases_keep_vars_and_assign_loads(fmt):
+    """A state dict taken before convert() (its tensors alias the storage the master took over), and
+    a meta model loaded with assign=True from tensors someone keeps writing: writes through them
+    changed the master but not the forward's bytes (the master's inner tensor had a version counter
+    of its own). state_dict(keep_vars=True) gave a detached tensor, not the Parameter (a
+    requires_grad filter dropped every converted weight). assign=True into a materialised
+    converted linear replaced its bias (an optimizer built before trained the weight only)."""
+    m = net(0)
+    sd = m.state_dict()
+    mxt.convert(m, "row", format=fmt)
+    m(torch.randn(2, 32))
+    sd["0.weight"].copy_(torch.randn(48, 32))
+    assert torch.equal(m[0].weight.detach()._data, sd["0.weight"]) and fresh(m[0])
+    src = {k: v.detach().clone() for k, v in net(1).state_dict().items()}
+    with torch.device("meta"):
+        b = nn.Sequential(nn.Linear(32, 48), nn.GELU(), nn.Linear(48, 8))
+    mxt.convert(b, "row", format=fmt)
+    b.load_state_dict(src, assign=True)
+    b(torch.randn(2, 32))
+    src["0.weight"].mul_(-1)
+    assert torch.equal(b[0].weight.detach()._data, src["0.weight"]) and fresh(b[0])
+    kv = m.state_dict(keep_vars=True)
+    assert kv["0.weight"] is m[0].weight and kv["0.weight"].requires_grad
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    m.load_state_dict({k: v.detach().clone() for k, v in net(2).state_dict().items()}, assign=True)
+    before = {k: v.detach().clone() for k, v in m.state_dict().items()}
+    m(torch.randn(3, 32)).sum().backward()
+    opt.step()
+    assert all(not torch.equal(v, before[k]) for k, v in m.state_dict().items()), "assign=True froze a parameter"

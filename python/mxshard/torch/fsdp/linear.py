@@ -36,6 +36,17 @@ __all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantiz
            "param_linear_class"]
 
 
+def master_parameter(data, meta, requires_grad):
+    """nn.Parameter(QuantMaster(data, meta)) whose values are `data` itself, not the alias
+    Parameter's constructor makes by detaching inside __torch_dispatch__ (where torch gives a
+    detached tensor a version counter of its own): writes through other aliases of `data` (a state
+    dict taken before convert(), the tensor a meta model was loaded from with assign=True) move the
+    counter the bytes' freshness reads."""
+    p = nn.Parameter(QuantMaster(data, meta), requires_grad=requires_grad)
+    p._data = data
+    return p
+
+
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks")
 _PARAM_LINEAR_OWN = ("meta", "spec", "_group", "_plan")   # a converted linear's own attributes
@@ -116,7 +127,7 @@ class _ParamLinear(nn.Linear):
                 data = w
             else:
                 data = w.clone(memory_format=torch.contiguous_format)
-            m.weight = nn.Parameter(QuantMaster(data, meta), requires_grad=lin.weight.requires_grad)
+            m.weight = master_parameter(data, meta, lin.weight.requires_grad)
         if data is w:
             # the old Parameter lets go of the storage (a write through it would change the master unseen:
             # its version counter is not the master's) and is marked: an optimizer built before convert()
@@ -213,12 +224,14 @@ class _ParamLinear(nn.Linear):
                                       f"device takes a plain tensor, got a {type(t).__name__}")
                     return
                 data = t.detach().contiguous()
-                self.weight = nn.Parameter(QuantMaster(data, self.meta), requires_grad=w.requires_grad)
+                self.weight = master_parameter(data, self.meta, w.requires_grad)
             else:
                 w.copy_(t)
         rest = {k: v for k, v in state_dict.items() if k != key}
-        super()._load_from_state_dict(rest, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+        # a materialised linear copies its bias too (both keep their Parameters, so an optimizer made
+        # before keeps training both, as under FSDP2); one on the meta device takes it (assign's meaning)
+        meta = local_metadata if w.is_meta else dict(local_metadata, assign_to_params_buffers=False)
+        super()._load_from_state_dict(rest, prefix, meta, strict, missing_keys, unexpected_keys, error_msgs)
         if key in missing_keys:
             missing_keys.remove(key)
 
@@ -347,6 +360,8 @@ def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):
     # share version counters, so writes into it (dcp.load into model.state_dict(), copy_ into
     # an entry) would not move the master's counter and the next forward would use old bytes.
     own = module._parameters.get("weight")
+    if w is own and isinstance(w, QuantMaster):
+        return   # state_dict(keep_vars=True): the Parameter itself, as nn.Linear gives (writes go through dispatch)
     if isinstance(w, QuantMaster):
         src = own if isinstance(own, QuantMaster) and own._data.data_ptr() == w._data.data_ptr() else w
         state_dict[key] = src._data.detach()
