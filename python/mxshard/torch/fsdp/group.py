@@ -276,9 +276,11 @@ class FSDPGroup:
         if self.refreshed != self.generation:
             self.refresh(mesh)
         elif forward and meta in self._passed:   # a new forward pass without a refresh
-            if self.backward_ran:                # (gradient accumulation: the next refresh tells)
+            if self.backward_ran and (torch.is_grad_enabled() or module.training):
+                # (gradient accumulation's next micro-batch, a reentrant checkpoint's no-grad forward
+                # included: the next refresh tells, no collective more)
                 self._passed, self.backward_ran = set(), False
-            else:                                # (evaluation): say now what was written unseen
+            else:   # (evaluation: eval() and no grad, also between micro-batches): say now what was written unseen
                 self._check(mesh, local.device)
         if forward:
             self._passed.add(meta)

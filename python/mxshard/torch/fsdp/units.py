@@ -264,7 +264,12 @@ class _Assembly:
         self.nsc = math.prod(self.shape)
         self.convert = fmt.scale_conversion(R, C, plane, "compact", spec.layout)
         names = self.names = (f"{plane}_data", f"{plane}_scale")
-        amax, layout, block = u.amax, spec.layout, spec.block
+        # NVFP4: the gathered primary's own tensor amax, set from the unit's at each gather (an alias of
+        # the unit's would move under a gathered weight FSDP2 keeps unsharded while a refresh runs:
+        # old codes with the new amax, values of neither quantize)
+        with torch.inference_mode(False):   # (a first gather may run inside inference mode)
+            self._amax = amax = u.amax.clone() if u.amax is not None else None
+        layout, block = spec.layout, spec.block
         self.build = lambda data, scale: fmt.weight(R, C, layout=layout, block=block, amax=amax,
                                                     **dict(zip(names, (data, scale))))
         self.primary = None
@@ -366,4 +371,6 @@ class _Assembly:
         else:
             setattr(w, self.names[0], data)
             setattr(w, self.names[1], scale)
+        if self._amax is not None:
+            self._amax.copy_(self.unit.amax)
         return w
