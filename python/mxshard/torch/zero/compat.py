@@ -134,3 +134,36 @@ def check_state_identity(sd, world, rank, fingerprint, config):
                          f"across bucket sizes and world sizes and restores the saved lr; the configurations "
                          f"differ" + (f": saved {diff}" if diff else
                                       f" (fingerprint {sd.get('fingerprint')!r}, this optimizer's {fingerprint!r})"))
+
+
+def check_inner(opt, inner):
+    """The inner optimizer's part: its groups and, per parameter (a view of a master shard), state
+    tensors of the view's shape (scalars aside) and, where this optimizer has state already, the
+    same keys; numeric options stay numbers. (A wrong one was loaded over everything and the next
+    step() raised.)"""
+    first = "load_state_dict: give a state dict this optimizer's state_dict() made (the same world, " \
+            "rank and configuration): "
+    cur = opt.inner.state_dict()
+    if not isinstance(inner, dict) or not isinstance(inner.get("state"), dict) \
+            or not isinstance(inner.get("param_groups"), list) \
+            or len(inner["param_groups"]) != len(cur["param_groups"]):
+        raise ValueError(first + f"'inner' must be the inner optimizer's state_dict() with "
+                                 f"{len(cur['param_groups'])} param group(s)")
+    views = [v for *_, v in opt._inner_params()]
+    for i, st in inner["state"].items():
+        if not isinstance(i, int) or not 0 <= i < len(views) or not isinstance(st, dict):
+            raise ValueError(first + f"inner state has an entry {i!r} for no parameter of it")
+        for k, t in st.items():
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and tuple(t.shape) != tuple(views[i].shape):
+                raise ValueError(first + f"inner state {k!r} of parameter {i} has shape {tuple(t.shape)}, "
+                                         f"the shard view {tuple(views[i].shape)}")
+        if i in cur["state"] and set(cur["state"][i]) != set(st):
+            raise ValueError(first + f"inner state of parameter {i} has keys {sorted(st)}, this optimizer's "
+                                     f"{sorted(cur['state'][i])}")
+    for g, (new, old) in enumerate(zip(inner["param_groups"], cur["param_groups"])):
+        if not isinstance(new, dict):
+            raise ValueError(first + f"inner param group {g} is a {type(new).__name__}")
+        for k, v in old.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k in new \
+                    and (isinstance(new[k], bool) or not isinstance(new[k], (int, float, torch.Tensor))):
+                raise ValueError(first + f"inner param group {g}'s {k!r} is {new[k]!r}, not a number")
