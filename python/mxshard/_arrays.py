@@ -162,6 +162,14 @@ def same_device(arrs, what):
     return devs.pop() if devs else "cpu"
 
 
+def device_and_kind(arrs, what):
+    """(device, is_torch) of a weight's buffers: one device, and all numpy arrays or all torch tensors."""
+    device = same_device(arrs, what)
+    if any(a.kind != arrs[0].kind for a in arrs):
+        raise ValueError(f"{what}: mix of numpy arrays and torch tensors")
+    return device, arrs[0].kind == "torch"
+
+
 # ---- options ----------------------------------------------------------------
 
 def rounding_code(r):

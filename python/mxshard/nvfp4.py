@@ -145,11 +145,7 @@ class NVFP4Weight(PlaneProps):
         self.dirs = dirs
         self.row_data, self.row_scale, self.col_data, self.col_scale = row_data, row_scale, col_data, col_scale
         self.amax = amax
-        arrs = self.buffer_arrs()
-        self.device = A.same_device(arrs, "NVFP4Weight")
-        self.is_torch = arrs[0].kind == "torch"
-        if any(a.kind != arrs[0].kind for a in arrs):
-            raise ValueError("NVFP4Weight: mix of numpy arrays and torch tensors")
+        self.device, self.is_torch = A.device_and_kind(self.buffer_arrs(), "NVFP4Weight")
 
     def buffer_arrs(self):
         """The buffers as they are now (amax first), each checked against the shape, block, layout

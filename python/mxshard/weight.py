@@ -46,11 +46,7 @@ class MXFP8Weight(PlaneProps):
             raise ValueError("MXFP8Weight: give the scales of at least one plane (row_scale and/or col_scale)")
         self.dirs = dirs
         self.row_data, self.row_scale, self.col_data, self.col_scale = row_data, row_scale, col_data, col_scale
-        arrs = self.buffer_arrs()
-        self.device = A.same_device(arrs, "MXFP8Weight")
-        self.is_torch = arrs[0].kind == "torch"
-        if any(a.kind != arrs[0].kind for a in arrs):
-            raise ValueError("MXFP8Weight: mix of numpy arrays and torch tensors")
+        self.device, self.is_torch = A.device_and_kind(self.buffer_arrs(), "MXFP8Weight")
 
     def buffer_arrs(self):
         """The buffers as they are now, each checked against the shape, layout and planes (the

@@ -13,6 +13,7 @@ import torch.nn as nn  # noqa: E402
 
 import mxshard  # noqa: E402
 import mxshard.torch as mxt  # noqa: E402
+from converted_checks import bytes_fresh as fresh  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -309,13 +310,6 @@ def test_a_sharded_optimizer_checkpoint_continues_under_torch_optim_exactly(fmt,
 
 # ---- writes the bytes must follow, and the weight a backward uses -----------------------------
 
-def fresh(lin):
-    """The converted linear's bytes are the whole-tensor quantize of its master now."""
-    twin = nn.Linear(lin.in_features, lin.out_features, bias=False)
-    with torch.no_grad():
-        twin.weight.copy_(lin.weight.detach()._data)
-    twin = mxt.convert(twin, lin.planes, format=lin.format)
-    return torch.equal(mxt.dequantized_weight(lin), mxt.dequantized_weight(twin))
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])

@@ -432,10 +432,8 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
             errs.append(f"gradient reduction: {e}")
         errs += self._hook_errors
         if self._reused:
-            late = self._reused
-            shown = ", ".join(late[:3]) + (f", ... ({len(late)} in all)" if len(late) > 3 else "")
-            errs.append(f"pass overlap=False to ShardedOptimizer: {shown} "
-                        f"{'is' if len(late) == 1 else 'are'} used more than once in one forward, and a "
+            errs.append(f"pass overlap=False to ShardedOptimizer: {names_shown(self._reused)} "
+                        f"{'is' if len(self._reused) == 1 else 'are'} used more than once in one forward, and a "
                         f"later use's gradient arrived after its bucket's reduction had started (with "
                         f"overlap=False every reduction waits for step())")
         if self._late:

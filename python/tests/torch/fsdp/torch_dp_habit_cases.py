@@ -8,20 +8,12 @@ import torch.distributed as dist
 from torch import nn
 
 import mxshard.torch as mxt
+from converted_checks import bytes_fresh
 
 
 def _net(seed, policy="row"):
     torch.manual_seed(seed)
     return mxt.convert(nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 40)), policy)
-
-
-def _fresh(lin):
-    """The converted linear's bytes are the whole-tensor quantize of its master now."""
-    twin = nn.Linear(lin.in_features, lin.out_features, bias=False)
-    with torch.no_grad():
-        twin.weight.copy_(lin.weight.detach()._data)
-    twin = mxt.convert(twin, lin.planes, format=lin.format)
-    return torch.equal(mxt.dequantized_weight(lin), mxt.dequantized_weight(twin))
 
 
 def case_collectives_into_weights(rank, world):
@@ -42,7 +34,7 @@ def case_collectives_into_weights(rank, world):
                 dist.broadcast(p.data, 0)
             else:
                 dist.all_reduce(p.data)
-        out[how] = [_fresh(m[0]), _fresh(m[2])]
+        out[how] = [bytes_fresh(m[0]), bytes_fresh(m[2])]
     y = m(x)
     ys = [torch.empty_like(y) for _ in range(world)]
     dist.all_gather(ys, y.detach())
@@ -79,7 +71,7 @@ def case_zero_redundancy(rank, world, bucket_view=False):
     x = torch.randn(4, 64, generator=g)
     with torch.no_grad():
         fwd = torch.equal(m(x), ref(x))
-    return {"masters": same, "forward": fwd, "fresh": [_fresh(m[0]), _fresh(m[2])]}
+    return {"masters": same, "forward": fwd, "fresh": [bytes_fresh(m[0]), bytes_fresh(m[2])]}
 
 
 def case_convert_after_ddp(rank, world):
