@@ -269,6 +269,7 @@ class _Assembly:
         # old codes with the new amax, values of neither quantize)
         with torch.inference_mode(False):   # (a first gather may run inside inference mode)
             self._amax = amax = u.amax.clone() if u.amax is not None else None
+        self._amax_at = None   # the unit's version the copy was taken at (one copy per refresh, not per gather)
         layout, block = spec.layout, spec.block
         self.build = lambda data, scale: fmt.weight(R, C, layout=layout, block=block, amax=amax,
                                                     **dict(zip(names, (data, scale))))
@@ -371,6 +372,7 @@ class _Assembly:
         else:
             setattr(w, self.names[0], data)
             setattr(w, self.names[1], scale)
-        if self._amax is not None:
+        if self._amax is not None and self._amax_at != self.unit.version:
             self._amax.copy_(self.unit.amax)
+            self._amax_at = self.unit.version
         return w
