@@ -104,6 +104,17 @@ def test_an_ema_kept_as_parameter_copies_is_not_a_write_into_the_masters(phase_a
         assert o["checked"] == 4 and o["ema_moved"] > 0, o
 
 
+def test_weights_kept_gathered_between_evaluations_take_announced_writes(phase_a):
+    """NVFP4 linears in the root's group (FSDP2 keeps them gathered after the forward) beside an MXFP8
+    one resharded, new master values written between no-grad evaluations and announced with
+    masters_changed(): the next pass refreshes every unit; the kept weights multiply by the bytes of
+    the last quantize (NVFP4's tensor amax included: it moved under them), the other by the new
+    one; after reshard() every weight by the whole-tensor quantize of the new masters."""
+    out = H.case_results(phase_a, "root_gathered", (2,))
+    for o in out.values():
+        assert o["checked"] == 2 * 4, o
+
+
 def test_a_first_forward_under_inference_mode_works_and_training_follows(phase_a):
     """An evaluation before any training step, in torch.inference_mode(), under fully_shard: the
     outputs of a no_grad forward, then a step moves every master (it raised on every rank)."""

@@ -22,7 +22,7 @@ from torch_dp_habit_cases import (case_collectives_into_weights, case_convert_af
                                   case_save_checkpoint_split_paths, case_zero_redundancy)
 from torch_fsdp_habit_cases import (case_assign, case_dcp_inplace, case_ema_copy, case_inference_first,
                                     case_product_in_forward, case_reshard_int, case_tied_embedding,
-                                    case_assign_on_meta, case_export_rank_local_path)
+                                    case_assign_on_meta, case_export_rank_local_path, case_root_kept_gathered)
 from torch_fsdp_model import (DEV, MODULES, Net, build, count_collectives, dev, fsdp, full_masters, grad_for,
                               loss_of, plane_bytes, quantize_whole, record_planes, shard_all)
 
@@ -643,7 +643,8 @@ def plan_a(root):
             ("collectives", "collectives@2", {}), ("zero", "zero@2", {}), ("zero_view", "zero@2", {"bucket_view": True}),
             ("ddp_convert", "ddp_convert@2", {}), ("reshard_int", "reshard_int@4", {}),
             ("assign_meta", "assign_meta@2", {}), ("export_path", "export_path@2", {"root": root}),
-            ("split_paths", "split_paths@2", {"root": root})]
+            ("split_paths", "split_paths@2", {"root": root}),
+            ("root_gathered", "root_gathered@2", {})]
 
 
 def plan_b(root):
@@ -663,7 +664,8 @@ CASES = {"exact": case_exact, "features": case_features, "failure": case_failure
          "collectives@2": only_at(2, case_collectives_into_weights), "zero@2": only_at(2, case_zero_redundancy),
          "ddp_convert@2": only_at(2, case_convert_after_ddp), "reshard_int@4": only_at(4, case_reshard_int),
          "assign_meta@2": only_at(2, case_assign_on_meta), "export_path@2": only_at(2, case_export_rank_local_path),
-         "split_paths@2": only_at(2, case_save_checkpoint_split_paths)}
+         "split_paths@2": only_at(2, case_save_checkpoint_split_paths),
+         "root_gathered@2": only_at(2, case_root_kept_gathered)}
 
 
 def worker(rank, world, port, q, plan=None):

@@ -267,3 +267,50 @@ def case_export_rank_local_path(rank, world, root):
     import os
     out["written"] = os.path.isfile(good)
     return out
+
+
+def case_root_kept_gathered(rank, world):
+    """NVFP4 weights FSDP2 keeps gathered between passes (in the root's group: the root is not
+    resharded after its forward) beside an MXFP8 one in a group of its own, new master values
+    written between no-grad evaluations (an EMA swapped in) and announced with masters_changed()
+    on every rank. The next pass gathers the MXFP8 weight, which refreshes every unit: that
+    weight takes the new values, the kept ones keep the bytes of the last quantize (as a plain
+    FSDP2 parameter kept unsharded keeps its values); after reshard() every weight takes the
+    new values. The refresh moved the units' tensor amax under the kept NVFP4 weights, which
+    read it with their old codes: the bytes of neither quantize."""
+    import mxshard.torch as mxt
+    mods = [MODULES[i] for i in (1, 5, 6, 7)]   # MXFP8 "both" cut mid-block, NVFP4 row / both 16x16 / 1x16
+    m = build(modules=mods)
+    fsdp(m.b)
+    fsdp(m)                                      # g, h, i in the root's group
+    named = list(m.named_parameters())           # the sharded parameters (while gathered the names give the planes)
+    o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    loss_of(m, mods, 0, lambda n, sh: grad_for(n, sh, 0, rank)).backward()
+    o.step()
+    o.zero_grad()
+    m.eval()
+    g = torch.Generator().manual_seed(11 + rank)
+    passes = []
+    with torch.no_grad():
+        loss_of(m, mods, 1, lambda n, sh: grad_for(n, sh, 1, rank))
+        before = full_masters(m, named)
+        for _, p in named:
+            local = p.to_local()
+            local.mul_(1.5).add_(0.05 * torch.randn(local.shape, generator=g).to(local))
+        mxt.masters_changed(m)
+        for step in (2, 3):
+            with record_planes() as seen:
+                loss_of(m, mods, step, lambda n, sh: grad_for(n, sh, step, rank))
+            passes.append(seen)
+            m.reshard()
+    after = full_masters(m, named)
+    assert all(not torch.equal(after[k], before[k]) for k in before), "a write did not reach a master"
+    kept = {"g", "h", "i"}
+    for step, seen in zip((2, 3), passes):
+        assert {name for name, _, _ in seen} == {name for name, *_ in mods}, seen
+        for name, plane, b in seen:
+            src = before if step == 2 and name in kept else after
+            ref = plane_bytes(quantize_whole(getattr(m, name).spec, src[f"{name}.weight"]), plane)
+            bad = [k for k in ref if not torch.equal(b[k].cpu(), ref[k].cpu())]
+            assert not bad, (step, name, plane, bad)
+    return {"checked": sum(len(s) for s in passes)}

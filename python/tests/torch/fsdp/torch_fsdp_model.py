@@ -154,12 +154,13 @@ def count_collectives():
             setattr(dist, n, orig[n])
 
 
-def full_masters(m):
-    """{param name: full value} (a collective per FSDP2 parameter: every rank calls it). Gathered from
+def full_masters(m, named=None):
+    """{param name: full value} (a collective per FSDP2 parameter: every rank calls it; `named`: the
+    (name, sharded parameter) pairs to read instead of m.named_parameters()). Gathered from
     the local shards with a plain all_gather (FSDP2's dim-0 shards), not DTensor.full_tensor: gloo's
     functional collectives crash on CUDA tensors (torch 2.11, seen on the H200)."""
     out = {}
-    for n, p in m.named_parameters():
+    for n, p in named if named is not None else m.named_parameters():
         local = getattr(p, "_local_tensor", None)
         if local is None:
             t = p.detach()
