@@ -332,38 +332,64 @@ def test_writes_into_the_state_dicts_tensors_reach_the_forward(fmt, tmp_path):
     assert fresh(m2[0]) and fresh(m2[2]) and torch.equal(m2(x), src(x))
 
 
-def test_numpy_of_a_weight_is_read_only_and_masters_changed_redoes_unseen_writes():
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_numpy_of_a_weight_is_read_only_and_masters_changed_redoes_unseen_writes(fmt):
     """w.detach().numpy() shares the master's memory, but writes through numpy move no version
     counter, so the bytes never followed them: the array is read-only (numpy raises). A write
     mxshard cannot see (a tensor made over the master's storage) is redone by masters_changed(model),
-    also in one process (it did nothing there)."""
-    m = mxt.convert(net(), "row")
+    also in one process (it did nothing there), at every such write: NVFP4's tensor amax too (from
+    the second one on, it kept the amax of the first: one refresh per master version)."""
+    m = mxt.convert(net(), "row", format=fmt)
     m(torch.randn(2, 32))
     a = m[0].weight.detach().numpy()
     assert a.shape == (48, 32) and (a == m[0].weight.detach()._data.numpy()).all()
     with pytest.raises(ValueError, match="read-only"):
         a[:] = 0.25
     alias = torch.empty(0).set_(m[0].weight.detach()._data.untyped_storage(), 0, (48, 32))
-    alias.fill_(0.5)   # (another version counter: unseen)
-    assert not fresh(m[0])
-    mxt.masters_changed(m)
-    assert fresh(m[0])
+    for scale in (0.5, 0.7, 3.0):
+        alias.mul_(scale)   # (another version counter: unseen)
+        assert not fresh(m[0])
+        mxt.masters_changed(m)
+        assert fresh(m[0]), scale
 
 
-def test_a_master_set_to_a_view_of_a_buffer_follows_writes_into_the_buffer():
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_a_master_set_to_a_view_of_a_buffer_follows_writes_into_the_buffer(fmt):
     """weight.data = a view into a larger buffer (ZeroRedundancyOptimizer's bucket views,
     vector_to_parameters): the master stays that view, as a plain Parameter would (it was cloned,
-    so the later writes into the buffer never reached it), and its bytes follow the buffer."""
-    m = mxt.convert(net(), "row")
+    so the later writes into the buffer never reached it), and its bytes follow the buffer, at
+    every write (NVFP4's tensor amax too)."""
+    m = mxt.convert(net(), "row", format=fmt)
     buf = torch.zeros(48 * 32 + 100)
     buf[100:].copy_(m[0].weight.detach()._data.flatten())
     m[0].weight.data = buf[100:].view(48, 32)
     m(torch.randn(2, 32))
-    buf.mul_(-2.0)   # as a broadcast into the bucket: no version counter of the master moves
-    assert torch.equal(m[0].weight.detach()._data, buf[100:].view(48, 32))
-    assert fresh(m[0])
+    for scale in (-2.0, 0.7, 5.0):
+        buf.mul_(scale)   # as a broadcast into the bucket: no version counter of the master moves
+        assert torch.equal(m[0].weight.detach()._data, buf[100:].view(48, 32))
+        assert fresh(m[0]), scale
     twin = copy.deepcopy(m)   # (the wrapper claims offset 0: deepcopy / torch.save work)
     assert torch.equal(twin[0].weight.detach()._data, buf[100:].view(48, 32))
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_copies_set_to_another_buffer_leave_the_masters_buffer_view_alone(fmt):
+    """The model's masters are views of one flat vector (vector_to_parameters), and an EMA kept as
+    copies (p.detach().clone()) is set to views of a vector of its own the same way: the copies
+    share the weight's WeightMeta, whose one slot for "the storage a master aliases" the copies
+    took over, so the model's later writes into its vector went unseen (stale bytes). Per storage
+    now: the model's bytes follow its vector, the copies' settings do not touch them."""
+    from torch.nn.utils import parameters_to_vector, vector_to_parameters
+    m = mxt.convert(net(), "row", format=fmt)
+    flat = parameters_to_vector(m.parameters()).clone()
+    vector_to_parameters(flat, m.parameters())
+    ema = [p.detach().clone() for p in m.parameters()]
+    vector_to_parameters(parameters_to_vector(ema).clone(), ema)
+    x = torch.randn(3, 32)
+    m(x)
+    for scale in (0.5, -3.0):
+        flat.mul_(scale)
+        assert fresh(m[0]) and fresh(m[2]), scale
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])

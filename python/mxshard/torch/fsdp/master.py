@@ -81,10 +81,11 @@ class WeightMeta:
         # alone misses its writes; a copy (clone, an EMA's deepcopy) has a storage of its own, and
         # writes into it are not writes into the master
         self.writes = {}
-        # the storage of a master set (`.data = t`) to an alias of memory others write unseen (a view of
-        # ZeroRedundancyOptimizer's bucket, of vector_to_parameters' vector): its bytes are made at
-        # every use (FSDPGroup.local_primary); None: no such storage
-        self.unseen = None
+        # the storages of masters set (`.data = t`) to an alias of memory others write unseen (a view of
+        # ZeroRedundancyOptimizer's bucket, of vector_to_parameters' vector): their bytes are made at
+        # every use (FSDPGroup.local_primary). Per storage, as the writes: a copy (an EMA's clone) set
+        # to another alias leaves the master's entry alone
+        self.unseen = set()
         self._hash = hash(self._key())   # (a dict key on the gather path: hashed once)
 
     @property
@@ -331,10 +332,13 @@ class QuantMaster(torch.Tensor):
                 f"mxshard: materialise {meta.name}.weight with model.to_empty(device=...) and copy into it "
                 f"(weight.data.copy_(t)), or load it with load_state_dict(sd, assign=True): torch cannot move "
                 f"it from {self.device} to {value.device} through `.data =` ({e})") from None
+        old = _storage_id(self._data)
         self._data = new
         meta.count_write(new)   # fresh bytes at the next use (the storage changed too: a new unit)
         sid = _storage_id(new)
-        meta.unseen = sid if aliased and sid is not None and sid == _storage_id(value) else None
+        meta.unseen.discard(old)
+        if aliased and sid is not None and sid == _storage_id(value):
+            meta.unseen.add(sid)
 
     # -- shared memory (nn.Module.share_memory(), torch.multiprocessing)
     #

@@ -144,6 +144,7 @@ class WeightUnit:
         self.assembly = {}   # plane -> _Assembly (prepared at the plane's first gather)
         self.reduced = None  # the reduced shared entries of the last refresh (int32)
         self.version = None  # the master's version the bytes were made from (None: never)
+        self.made = 0        # how many times apply() made the bytes (refreshes of the same version included)
         self.cached = None   # a world of one: the whole primary (FSDPGroup.local_primary)
 
     # -- identity
@@ -208,6 +209,7 @@ class WeightUnit:
             else:                           # [T, unit]: this rank's rows first
                 buf[:(b1 - b0) * sc.shape[1]].view(b1 - b0, sc.shape[1]).copy_(sc[b0:b1])
         self.version = (version, self.meta.writes_to(self.local))
+        self.made += 1
         self.cached = None
 
     # -- the all-gather of one plane
@@ -269,7 +271,8 @@ class _Assembly:
         # old codes with the new amax, values of neither quantize)
         with torch.inference_mode(False):   # (a first gather may run inside inference mode)
             self._amax = amax = u.amax.clone() if u.amax is not None else None
-        self._amax_at = None   # the unit's version the copy was taken at (one copy per refresh, not per gather)
+        self._amax_at = None   # the unit's `made` the copy was taken at (one copy per refresh, not per gather; a
+                               # refresh of the same version, after masters_changed or an unseen write, too)
         layout, block = spec.layout, spec.block
         self.build = lambda data, scale: fmt.weight(R, C, layout=layout, block=block, amax=amax,
                                                     **dict(zip(names, (data, scale))))
@@ -372,7 +375,7 @@ class _Assembly:
         else:
             setattr(w, self.names[0], data)
             setattr(w, self.names[1], scale)
-        if self._amax is not None and self._amax_at != self.unit.version:
+        if self._amax is not None and self._amax_at != self.unit.made:
             self._amax.copy_(self.unit.amax)
-            self._amax_at = self.unit.version
+            self._amax_at = self.unit.made
         return w
