@@ -345,6 +345,8 @@ def test_numpy_of_a_weight_is_read_only_and_masters_changed_redoes_unseen_writes
     assert a.shape == (48, 32) and (a == m[0].weight.detach()._data.numpy()).all()
     with pytest.raises(ValueError, match="read-only"):
         a[:] = 0.25
+    w = m[0].weight
+    assert w.tolist() == w.data.tolist() == w.detach().clone().tolist() == w.detach()._data.tolist()
     alias = torch.empty(0).set_(m[0].weight.detach()._data.untyped_storage(), 0, (48, 32))
     for scale in (0.5, 0.7, 3.0):
         alias.mul_(scale)   # (another version counter: unseen)

@@ -355,6 +355,11 @@ class QuantMaster(torch.Tensor):
         a.flags.writeable = False
         return a
 
+    def tolist(self):
+        """The master's values as nested lists, as a plain Parameter's `tolist()` (torch refuses it for
+        tensor subclasses)."""
+        return self._data.tolist()
+
     def share_memory_(self):
         self._data.share_memory_()
         return self
