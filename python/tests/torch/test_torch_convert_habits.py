@@ -233,6 +233,49 @@ def test_torch_jit_script_says_what_to_use():
     assert torch.equal(t(x), m(x))
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+def test_traced_programs_multiply_by_the_weight_they_are_given(fmt):
+    """The custom op of a traced converted linear names its module (the plan) and gets the weight
+    as an argument; it multiplied by the module's own master, ignoring the argument: under
+    torch.compile, functional_call with a QuantMaster fast weight silently computed with the
+    module's weight (eager used the fast one), and a torch.export program whose parameter was
+    replaced (load_state_dict(assign=True)) silently kept the old one. Both multiply by the
+    quantize of the weight given now, forward and input gradient; the module's own is untouched.
+    A program outliving its model says what to do."""
+    from torch.func import functional_call
+    m = mxt.convert(net(0), "both", format=fmt)
+    x = torch.randn(5, 32)
+    fast = m[0].weight.detach().clone()
+    fast.mul_(2.0)
+    params = {"0.weight": fast}
+    twin = mxt.convert(net(0), "both", format=fmt)
+    with torch.no_grad():
+        twin[0].weight.copy_(fast._data)
+    own = m(x)
+    xe = x.clone().requires_grad_()
+    want = twin(xe)
+    want.sum().backward()
+    f = torch.compile(lambda p, x: functional_call(m, p, (x,)), backend="aot_eager")
+    xc = x.clone().requires_grad_()
+    got = f(params, xc)
+    got.sum().backward()
+    assert torch.equal(got, want) and torch.equal(xc.grad, xe.grad)
+    assert torch.equal(m(x), own) and torch.equal(functional_call(m, params, (x,)), want)
+    m.eval()
+    um = torch.export.export(m, (x,)).module()
+    assert torch.equal(um(x), own)
+    sd = dict(um.state_dict())
+    sd["0.weight"] = fast._data.clone()
+    um.load_state_dict(sd, assign=True)
+    assert torch.equal(um(x), twin(x)) and torch.equal(m(x), own)
+    ep = torch.export.export(mxt.convert(net(3), "row", format=fmt), (x,))
+    import gc
+    gc.collect()
+    with pytest.raises(RuntimeError, match=r"^mxshard: keep the converted model alive while a program traced from "
+                                           r"it runs"):
+        ep.module()(x)
+
+
 def test_after_close_a_torch_optimizer_cannot_silently_skip_the_converted_weights(tmp_path):
     """ShardedOptimizer.close(), then AdamW(model.parameters()): the linears are the optimizer's
     byte storage (no weight Parameter), so AdamW trained only biases and norms, silently. The

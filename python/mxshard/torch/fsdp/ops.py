@@ -49,7 +49,10 @@ def register(module):
 def _module(plan):
     m = _PLANS[plan]() if 0 <= plan < len(_PLANS) else None
     if m is None:
-        raise RuntimeError(f"mxshard: plan {plan} names no live converted linear (the module was freed)")
+        raise RuntimeError(f"mxshard: keep the converted model alive while a program traced from it runs "
+                           f"(torch.export, torch.compile), or export the model with export_safetensors and load "
+                           f"the file into a plain model: the program's mxshard ops name converted linear {plan}, "
+                           f"which was freed")
     return m
 
 
@@ -135,29 +138,37 @@ def refuse_double_backward(name):
             f"cannot be differentiated again (their terms through the weight would be silently missing)")
 
 
-def _dgrad_weight(m, weight):
-    """The weight whose bytes the input gradient multiplies by: the master the forward used (saved
-    for backward: torch.func.functional_call swaps the module's weight for the call only, and an
-    in-place write between forward and backward fails torch's saved-tensor check, as with
-    nn.Linear); under FSDP2 the module's weight FSDP2 gathered again for the backward (the forward's
-    gathered planes are not kept: that is what resharding frees)."""
+def _call_weight(m, weight):
+    """The weight a call multiplies by (forward and input gradient): the master the call was given.
+    The eager path hands in the QuantMaster itself (saved for backward: torch.func.functional_call
+    swaps the module's weight for the call only, and an in-place write between forward and backward
+    fails torch's saved-tensor check, as with nn.Linear). The custom ops get its inner tensor: the
+    module's own master's (the module's weight), another one's (functional_call's fast weight under
+    torch.compile, the parameter of a torch.export program: quantized as a master of this module's
+    spec; it was ignored for the module's own, silently), or a zero-size stand-in (FSDP2's gathered
+    weight, gathered again for the backward: the forward's planes are not kept, that is what
+    resharding frees)."""
     if isinstance(weight, QuantMaster):
         return weight
     cur = _check_weight(m)
     if weight is None or isinstance(cur, GatheredWeight) or weight.numel() == 0:
         return cur
     if cur._data.data_ptr() == weight.data_ptr() and cur._data.shape == weight.shape:
-        return cur   # (the custom op: the master's inner tensor)
-    return QuantMaster(weight, m.meta)   # (the custom op: another master's inner tensor)
+        return cur   # (the module's own master's inner tensor)
+    if tuple(weight.shape) != (m.out_features, m.in_features):
+        raise ValueError(f"mxshard: give {m.meta.name}.weight a tensor of its shape {(m.out_features, m.in_features)}; "
+                         f"got {tuple(weight.shape)}")
+    data = weight.detach() if type(weight) is torch.nn.Parameter else weight
+    return QuantMaster(data.contiguous(), m.meta)   # (another master's inner tensor)
 
 
 def _backward_parts(m, gy, x, weight, weight_dtype, need_gx, need_gw, need_gb):
     """(gx, gw, gb), None where not needed: the one backward rule of both paths below. `weight`:
-    what the forward saved (_dgrad_weight)."""
+    what the forward saved (_call_weight)."""
     plane = m.spec.dgrad_plane()
     m._group.backward_ran = True   # (FSDPGroup: a forward after this one is a new micro-batch)
     gy2, gx, gb = _gemm.input_and_bias_grads(gy, m.spec.compute_dtype, need_gx, need_gb,
-                                             lambda: _primary(m, _dgrad_weight(m, weight), plane), plane)
+                                             lambda: _primary(m, _call_weight(m, weight), plane), plane)
     gw = _gemm.linear_wgrad(gy2, x.reshape(-1, x.shape[-1]), dtype=weight_dtype) if need_gw else None
     return gx, gw, gb
 
@@ -202,7 +213,7 @@ class ParamLinearFn(torch.autograd.Function):
 @torch.library.custom_op("mxshard::param_linear", mutates_args=())
 def param_linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: int) -> torch.Tensor:
     m = _module(plan)
-    return _forward(m, _check_weight(m), x, bias)   # (`weight` is a stand-in: the plan names the module)
+    return _forward(m, _call_weight(m, weight), x, bias)   # (the plan names the module: its spec and group)
 
 
 @param_linear.register_fake
