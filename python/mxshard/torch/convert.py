@@ -337,6 +337,11 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         raise ValueError(f"convert: the policy converts no nn.Linear of the model (its nn.Linear modules: "
                          f"{', '.join(all_names[:6]) or 'none'}); pass strict=False to allow it")
     group = _group_of(model)
+    first = {}
+    for n, m in done:   # (a linear an earlier call converted as part of a submodule: named from this root now)
+        if m._group is group:
+            first.setdefault(m, n)
+    group.rename(first)
     cls = param_linear_class(fmt)
     for mod, mod_names, v in todo:
         spec = make_spec(fmt, v, layout, rounding, block, compute_dtype, _ROUND_THROUGH[round_through])

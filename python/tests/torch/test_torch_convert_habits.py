@@ -233,6 +233,52 @@ def test_torch_jit_script_says_what_to_use():
     assert torch.equal(t(x), m(x))
 
 
+def test_a_model_converted_in_parts_names_each_weight_from_its_root():
+    """convert(model.blk), then convert(model): blk.fc1 kept the name "fc1" of the first call's root,
+    equal to the model's own fc1, so the two weights shared one unit (each forward made the
+    other's bytes again: every forward re-quantized both) and messages named the wrong module."""
+    import mxshard.torch.fsdp.units as U
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(32, 32)
+
+        def forward(self, x):
+            return self.fc1(x)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.blk = nn.Linear(32, 32), Block()
+
+        def forward(self, x):
+            return self.blk(self.fc1(x))
+
+    torch.manual_seed(0)
+    m = Net()
+    mxt.convert(m.blk, "row")
+    mxt.convert(m, "row")
+    assert (m.fc1.meta.name, m.blk.fc1.meta.name) == ("fc1", "blk.fc1")
+    assert [n for n, _ in m.fc1._group.members] == ["blk.fc1", "fc1"]
+    built, orig = [], U.WeightUnit.__init__
+
+    def counting(self, *a, **k):
+        built.append(1)
+        orig(self, *a, **k)
+    x = torch.randn(3, 32)
+    U.WeightUnit.__init__ = counting
+    try:
+        with torch.no_grad():
+            for _ in range(4):
+                m(x)
+    finally:
+        U.WeightUnit.__init__ = orig
+    assert len(built) <= 2 and fresh(m.fc1) and fresh(m.blk.fc1)
+    with pytest.raises(RuntimeError, match=r"blk\.fc1\.weight"):
+        m.blk.fc1.weight @ x.T
+
+
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
 def test_traced_programs_multiply_by_the_weight_they_are_given(fmt):
     """The custom op of a traced converted linear names its module (the plan) and gets the weight

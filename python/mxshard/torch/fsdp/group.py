@@ -107,6 +107,16 @@ class FSDPGroup:
         self.members.append((name, module))
         module.register_load_state_dict_post_hook(self._loaded)
 
+    def rename(self, names):
+        """{module: its qualified name in the model convert() was given now}: a model converted in
+        parts (a submodule first, then the model holding it) names each weight from the root, so
+        that two weights of one model never share a name (their units are keyed by it)."""
+        for module, name in names.items():
+            if module.meta.name != name:
+                module.meta.rename(name)
+        self.members = [(m.meta.name, m) for _, m in self.members]
+        self.units = {u.meta: u for u in self.units.values()}
+
     def _loaded(self, module, incompatible_keys):
         self.masters_changed()
 

@@ -106,6 +106,12 @@ class WeightMeta:
         """The writes counted for `data`'s storage (count_write)."""
         return self.writes.get(_storage_id(data), 0)
 
+    def rename(self, name):
+        """The weight's qualified name in a larger model (convert() of a submodule, then of the model
+        holding it): rehashed, so dicts keyed by this meta must be rebuilt (FSDPGroup.rename)."""
+        self.name = name
+        self._hash = hash(self._key())
+
     def __repr__(self):
         return f"WeightMeta({self.name!r}, {self.rows}x{self.cols}, {self.spec.format}, planes={self.spec.planes})"
 
