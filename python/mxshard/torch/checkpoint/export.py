@@ -226,18 +226,20 @@ def export_safetensors(path, model):
     """A single-file safetensors of the whole model for inference (the module
     doc: names, dtypes, aliases, metadata). convert()'s linears are written
     as the bytes their forward multiplies by (their primaries, quantized from
-    the masters), not as the masters. Global rank 0 writes (atomically,
-    through a temporary file). A model under FSDP2 (fully_shard): every rank
-    calls it (the full state dict is gathered, a collective), rank 0 writes;
-    otherwise no collectives and the other ranks return at once. Needs the
-    `safetensors` package."""
+    the masters), not as the masters. Rank 0 writes (atomically, through a
+    temporary file): of the ShardedOptimizer's process group when one trains
+    the model, else global rank 0. A model under FSDP2 (fully_shard): every
+    rank calls it (the full state dict is gathered, a collective), rank 0
+    writes; otherwise no collectives and the other ranks return at once
+    (called on them alone, it writes nothing). Needs the `safetensors`
+    package."""
     _check_args(path, model, "export_safetensors")
     st = _safetensors("export_safetensors")
     import torch.distributed as dist
     dist_on = dist.is_available() and dist.is_initialized()
     if not _sharded(model):   # (no collective: rank 0 alone writes, the others return at once)
         _check_target(os.fspath(path))
-        if dist_on and dist.get_rank() != 0:
+        if dist_on and not _writes_here(model):
             return
         return _write(path, model, model.state_dict(), st)
     # FSDP2: every rank gathers, so every rank learns whether a rank's path was bad, and whether
@@ -266,6 +268,19 @@ def export_safetensors(path, model):
             raise err
     finally:
         err = None
+
+
+def _writes_here(model):
+    """Whether this rank writes a model no collective gathers (torch.distributed initialised): rank 0
+    of the group of the ShardedOptimizer that trains it (a data-parallel group without global rank
+    0, as Megatron's, wrote nothing, silently), else global rank 0."""
+    import torch.distributed as dist
+    for m in model.modules():
+        ref = getattr(getattr(m, "_mxs_grad_hook", None), "_mxs_owner", None)
+        opt = ref() if ref is not None else None
+        if opt is not None:
+            return opt.rank == 0
+    return dist.get_rank() == 0
 
 
 def _write(path, model, full, st):

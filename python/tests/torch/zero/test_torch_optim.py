@@ -223,3 +223,12 @@ def test_cuda_two_gloo_ranks_one_device():
     for cid, _, _ in C.PLAN_CUDA:
         _case(res, cid)
     assert not res["hung"]
+
+
+def test_export_from_a_data_parallel_group_without_global_rank_0_writes_the_file(dist_results):
+    """ShardedOptimizer over new_group([1, 2]) of 3 ranks: export_safetensors on its members writes
+    the file, holding the bytes their forward uses (it waited for global rank 0: no file, no error)."""
+    out = _case(dist_results, "export_subgroup")
+    assert out[(3, 0)] == {"member": False}
+    for r in (1, 2):
+        assert out[(3, r)] == {"member": True, "written": True, "same": True}, out[(3, r)]

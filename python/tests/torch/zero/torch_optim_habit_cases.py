@@ -424,10 +424,49 @@ def case_fsdp_after(rank, world):
     return out
 
 
+def case_export_subgroup(rank, world):
+    """ShardedOptimizer over a data-parallel group without global rank 0 (new_group([1, 2]) of 3
+    ranks, Megatron's layout): export_safetensors on its members writes the file (it waited for
+    global rank 0, which is not in the group, and nobody wrote, silently); the file holds the
+    bytes the members' forward uses."""
+    import os
+    import tempfile
+    import torch.distributed as dist
+    import mxshard.torch as mxt
+    if world != 3:
+        return {"skipped": world}
+    sub = dist.new_group([1, 2])   # (every rank calls new_group)
+    if rank == 0:
+        dist.barrier()
+        return {"member": False}
+    torch.manual_seed(0)
+    m = mxt.convert(nn.Sequential(nn.Linear(40, 48), nn.GELU(), nn.Linear(48, 8)), "row")
+    o = ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2), process_group=sub)
+    x = torch.randn(4, 40)
+    m(x).pow(2).sum().backward()
+    o.step()
+    name = [tempfile.mkdtemp() if rank == 1 else None]
+    dist.broadcast_object_list(name, src=1, group=sub)
+    path = os.path.join(name[0], "model.safetensors")
+    mxt.export_safetensors(path, m)
+    dist.barrier(sub)
+    written = os.path.exists(path)
+    plain = nn.Sequential(nn.Linear(40, 48), nn.GELU(), nn.Linear(48, 8))
+    mxt.load_safetensors(path, plain)
+    same = all(torch.equal(plain[i].weight.detach(), m[i].weight.detach().float()) for i in (0, 2))
+    o.close()
+    dist.barrier(sub)
+    if rank == 1:
+        os.remove(path)
+        os.rmdir(name[0])
+    dist.barrier()
+    return {"member": True, "written": written, "same": same}
+
+
 CASES = dict(C.CASES, no_gradient_step=case_no_gradient_step, model_written=case_model_written, ddp=case_ddp,
              bf16_exact=case_bf16_exact, failed_construction_frees=case_failed_construction_frees,
              set_master=case_set_master, requires_grad_changed=case_requires_grad_changed,
-             fsdp_after=case_fsdp_after, closure_raises=case_closure_raises)
+             fsdp_after=case_fsdp_after, closure_raises=case_closure_raises, export_subgroup=case_export_subgroup)
 
 HABITS = [
     ("no_gradient_step", "no_gradient_step", {}),
@@ -439,6 +478,7 @@ HABITS = [
     ("requires_grad_changed", "requires_grad_changed", {}),
     ("fsdp_after", "fsdp_after", {}),
     ("closure_raises", "closure_raises", {}),
+    ("export_subgroup", "export_subgroup", {}),
 ]
 PLAN = C.PLAN + HABITS
 
