@@ -233,6 +233,35 @@ def test_torch_jit_script_says_what_to_use():
     assert torch.equal(t(x), m(x))
 
 
+def test_a_copy_of_one_block_holds_its_own_linears_only():
+    """copy.deepcopy / torch.save of one converted linear (or block) copied every converted linear
+    of the model with it (their group listed them all): torch.save(model[1]) of 4 layers wrote 4
+    layers, depth upscaling with deepcopy(layers[-1]) kept hidden copies alive. A copy's group
+    lists the copied linears only; a copy of the whole model lists all of them, in order."""
+    import io
+    m = mxt.convert(nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]), "row")
+    x = torch.randn(3, 64)
+    m(x)
+    one = copy.deepcopy(m[3])
+    assert [(n, mod is one) for n, mod in one._group.members] == [("3", True)]
+    assert torch.equal(one(x), m[3](x))
+    saved, plain = io.BytesIO(), io.BytesIO()
+    torch.save(m[1], saved)
+    torch.save(nn.Linear(64, 64), plain)
+    assert len(saved.getvalue()) < 1.2 * len(plain.getvalue()), (len(saved.getvalue()), len(plain.getvalue()))
+    for twin in (copy.deepcopy(m), torch.load(io.BytesIO(_saved(m)), weights_only=False)):
+        assert [(n, mod is twin[int(n)]) for n, mod in twin[0]._group.members] == [(str(i), True) for i in range(4)]
+        assert torch.equal(twin(x), m(x))
+    assert [n for n, _ in m[0]._group.members] == ["0", "1", "2", "3"]
+
+
+def _saved(obj):
+    import io
+    b = io.BytesIO()
+    torch.save(obj, b)
+    return b.getvalue()
+
+
 def test_a_model_converted_in_parts_names_each_weight_from_its_root():
     """convert(model.blk), then convert(model): blk.fc1 kept the name "fc1" of the first call's root,
     equal to the model's own fc1, so the two weights shared one unit (each forward made the

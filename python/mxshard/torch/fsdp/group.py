@@ -121,11 +121,14 @@ class FSDPGroup:
         self.masters_changed()
 
     # torch.save(model) / copy.deepcopy pickle the group with its modules: the units (the bytes
-    # derived from the masters, and the library objects behind them) are rebuilt at the next use
+    # derived from the masters, and the library objects behind them) are rebuilt at the next use.
+    # The members are not pickled: each copied converted linear joins its group's copy itself
+    # (_ParamLinear.__setstate__), so a copy of one block (deepcopy(model.layers[-1]), torch.save
+    # of a submodule) holds its own linears, not copies of every linear of the model
     def __getstate__(self):
         state = dict(self.__dict__)
-        state.update(units={}, _agreed=None, refreshed=0, generation=self.generation + 1, _stale=None, _passed=set(),
-                     backward_ran=False, root=None)
+        state.update(members=[], units={}, _agreed=None, refreshed=0, generation=self.generation + 1, _stale=None,
+                     _passed=set(), backward_ran=False, root=None)
         return state
 
     def __setstate__(self, state):

@@ -269,6 +269,8 @@ class _ParamLinear(nn.Linear):
         super().__setstate__(state)
         if "_plan" in state:
             self._plan = _ops.register(self)
+        if state.get("_group") is not None:   # (the group's copy lists the copied members only)
+            state["_group"].members.append((self.meta.name, self))
 
     def extra_repr(self):
         s = self.spec
