@@ -3,7 +3,7 @@
 # One device call for issue 35 (2026-12-06): bench/fsdp_bench.py step, a world of one over NCCL,
 # every row measured in the same process as its BF16 baseline; all outputs under $OUT:
 #   build  the libraries in build-gpu (configured unless build-gpu/build.ninja exists; ~105 s)
-#   tests  the FSDP2 cases on CUDA tensors, test_gpu.py and the GEMM tests (pytest; ~100 s)
+#   tests  the FSDP2 cases on CUDA tensors, test_gpu.py and the GEMM tests (pytest; ~140 s)
 #   llama  the Llama-like ~1B model (16 blocks, d 2048, SwiGLU 5632, fused qkv): BF16, MXFP8 row,
 #          NVFP4 row, MXFP8 both; plus cProfile of MXS35_CPROFILE (3) steps of each   -> step-llama.{md,json},
 #          cprofile-llama-<variant>.{md,prof}
@@ -63,7 +63,7 @@ fi
 # the Python package's GPU paths, before any timing: the FSDP2 cases on CUDA tensors (2-4 gloo ranks
 # sharing the GPU: masters bit-identical, every gathered plane the whole-tensor quantize), GPU against
 # host bytes, and the GEMM paths on the GPU
-want tests && stage tests 200 "$out/tests.log" env MXS_FSDP_DEVICE=cuda PYTHONPATH="$PWD/python" python3 -m pytest \
+want tests && stage tests 300 "$out/tests.log" env MXS_FSDP_DEVICE=cuda PYTHONPATH="$PWD/python" python3 -m pytest \
   python/tests/torch/fsdp/test_torch_fsdp.py python/tests/test_gpu.py python/tests/torch/gemm/test_torch_gemm.py \
   -q -rs -p no:cacheprovider
 tr=(torchrun --standalone --nproc_per_node=1 bench/fsdp_bench.py)
