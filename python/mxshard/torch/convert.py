@@ -79,6 +79,15 @@ def _skip_patterns(skip):
     return pats
 
 
+def _skip_matches(name, pattern):
+    """A skip pattern names a linear, or a module whose linears it leaves dense all ("blk" as "blk.*")."""
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, pattern + ".*")
+
+
+def _skipped(name, skips):
+    return any(_skip_matches(name, p) for p in skips)
+
+
 def _format_options(format, rounding, block):
     """convert's format options -> (the Format, rounding, block): the format's own option (rounding
     for MXFP8, block for NVFP4) checked against its choices, the other one None (giving it is a
@@ -182,7 +191,7 @@ def _refuse_reparametrized(model, skips, decide):
     that the policy selects would stay dense without a word."""
     for n in _reparametrized_names(model):
         m = model.get_submodule(n)
-        if not any(fnmatch.fnmatchcase(n, p) for p in skips) and decide(n, m) != "dense":
+        if not _skipped(n, skips) and decide(n, m) != "dense":
             raise ValueError(f"convert: remove the parametrization of {n or '<root>'}.weight first "
                              f"(torch.nn.utils.parametrize.remove_parametrizations), or keep {n or '<root>'} "
                              f"dense (skip=[{n or '<root>'!r}]): a parametrized linear computes its weight, "
@@ -204,7 +213,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the qualified module
     name: value} (first match wins, unmatched -> dense); or a callable (name, module) -> value
     or None (dense). skip: fnmatch pattern(s) of qualified names that stay dense whatever the
-    policy says. Only exact nn.Linear instances are candidates (subclasses such as
+    policy says (a module's name leaves all of its linears dense: "blk" as "blk.*"). Only exact nn.Linear instances are candidates (subclasses such as
     MultiheadAttention's out_proj, whose weight is read directly, are left alone). A weight
     shared with another module (tied) cannot be converted: ValueError. strict (default True): a
     dict pattern or skip pattern that matches no nn.Linear, or a policy that converts nothing,
@@ -259,7 +268,8 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         for kind, pats, among in (("policy pattern", pol_pats, all_names + done_names),
                                   ("skip pattern", skips, all_names + done_names + list(conv1d_all)
                                    + _reparametrized_names(model))):
-            bad = [p for p in pats if not any(fnmatch.fnmatchcase(n, p) for n in among)]
+            match = _skip_matches if kind == "skip pattern" else fnmatch.fnmatchcase
+            bad = [p for p in pats if not any(match(n, p) for n in among)]
             if bad:
                 others = {n: type(m).__name__ for n, m in model.named_modules(remove_duplicate=False)
                           if isinstance(m, nn.Linear) and type(m) is not nn.Linear and not isinstance(m, _ParamLinear)}
@@ -277,7 +287,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
                 uses[id(p)] = uses.get(id(p), 0) + 1
     todo = []
     for mod, mod_names in names.values():
-        vals = {"dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, mod) for n in mod_names}
+        vals = {"dense" if _skipped(n, skips) else decide(n, mod) for n in mod_names}
         if len(vals) > 1:
             raise ValueError(f"convert: give the module shared as {', '.join(mod_names)} one policy (a pattern, or "
                              f"skip=, that matches all its names alike): its names get different policies "
@@ -308,7 +318,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     # two-format model: this call sees only the plain nn.Linear modules, as documented.
     selected, clash = [], []
     for n, m in done:
-        v = "dense" if any(fnmatch.fnmatchcase(n, p) for p in skips) else decide(n, m)
+        v = "dense" if _skipped(n, skips) else decide(n, m)
         if v == "dense":
             continue
         selected.append(n)
@@ -321,7 +331,7 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
         raise ValueError(_already_converted_message(
             done, f"This call would convert {', '.join(clash[:6])}{', ...' if len(clash) > 6 else ''} again"))
     conv1d = [n for n, m in conv1d_all.items()
-              if not any(fnmatch.fnmatchcase(n, p) for p in skips) and decide(n, m) != "dense"]
+              if not _skipped(n, skips) and decide(n, m) != "dense"]
     if conv1d:
         shown = ", ".join(conv1d[:4]) + (f", ... ({len(conv1d)} in all)" if len(conv1d) > 4 else "")
         msg = (f"convert: add the Conv1D modules to skip= (or pass strict=False) to convert the nn.Linear modules "

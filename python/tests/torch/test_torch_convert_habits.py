@@ -233,6 +233,24 @@ def test_torch_jit_script_says_what_to_use():
     assert torch.equal(t(x), m(x))
 
 
+def test_skip_naming_a_module_leaves_its_linears_dense():
+    """skip=["blk"] (a block's name, as for a module in most tools) was refused as "matches no
+    nn.Linear": it leaves every linear under blk dense; a name matching nothing still raises."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(32, 32)
+            self.blk = nn.Sequential(nn.Linear(32, 32), nn.Linear(32, 32))
+
+        def forward(self, x):
+            return self.blk(self.fc(x))
+
+    m = mxt.convert(Net(), "row", skip=["blk"])
+    assert mxt.is_param_linear(m.fc) and all(type(l) is nn.Linear for l in m.blk)
+    with pytest.raises(ValueError, match="nope"):
+        mxt.convert(Net(), "row", skip=["nope"])
+
+
 def test_a_copy_of_one_block_holds_its_own_linears_only():
     """copy.deepcopy / torch.save of one converted linear (or block) copied every converted linear
     of the model with it (their group listed them all): torch.save(model[1]) of 4 layers wrote 4
