@@ -49,14 +49,18 @@ def test_the_replaced_linear_lets_go_of_the_weight():
     """The nn.Linear convert() replaced (a handle kept on it, or the root linear whose converted
     twin convert() returns) no longer shares the master's storage: a write through it changed the
     master unseen (another version counter) and the bytes went stale. Its forward says to use the
-    module convert() returned."""
+    module convert() returned, also when torch.compile traced it before convert() (the recompiled
+    call ran F.linear on the released weight: torch's "mat2 must be a matrix")."""
     lin = nn.Linear(32, 8)
     keep = lin.weight.detach().clone()
+    compiled = torch.compile(lin, backend="eager")
+    compiled(torch.randn(2, 32))
     new = mxt.convert(lin, "row")
     assert lin.weight.numel() == 0 and torch.equal(new.weight.detach()._data, keep)
-    with pytest.raises(RuntimeError, match=r"^mxshard: call the module convert\(\) returned, or the model it "
-                                           r"converted"):
-        lin(torch.randn(2, 32))
+    for call in (lin, compiled):
+        with pytest.raises(RuntimeError, match=r"^mxshard: call the module convert\(\) returned, or the model it "
+                                               r"converted"):
+            call(torch.randn(2, 32))
     m = net()
     old = m[0]
     mxt.convert(m, "row")
