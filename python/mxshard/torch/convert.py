@@ -213,8 +213,9 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
     policy: 'row' | 'both' | 'dense' for all; a dict {fnmatch pattern on the qualified module
     name: value} (first match wins, unmatched -> dense); or a callable (name, module) -> value
     or None (dense). skip: fnmatch pattern(s) of qualified names that stay dense whatever the
-    policy says (a module's name leaves all of its linears dense: "blk" as "blk.*"). Only exact nn.Linear instances are candidates (subclasses such as
-    MultiheadAttention's out_proj, whose weight is read directly, are left alone). A weight
+    policy says (a module's name leaves all of its linears dense: "blk" as "blk.*"). Only exact
+    nn.Linear instances are candidates (subclasses such as MultiheadAttention's out_proj, whose
+    weight is read directly, are left alone). A weight
     shared with another module (tied) cannot be converted: ValueError. strict (default True): a
     dict pattern or skip pattern that matches no nn.Linear, or a policy that converts nothing,
     is a ValueError (a typo would otherwise train the model dense without a word); strict=False
