@@ -45,6 +45,7 @@ from torch import nn
 
 from ... import formats as _formats
 from ..zero.byte_buffers import as_buffer_bytes, stored_dtype
+from ..zero.grads import module_owner
 from . import pieces as P
 from .errors import CheckpointError, CheckpointMismatchError
 from ..fsdp.linear import is_param_linear
@@ -275,12 +276,8 @@ def _writes_here(model):
     of the group of the ShardedOptimizer that trains it (a data-parallel group without global rank
     0, as Megatron's, wrote nothing, silently), else global rank 0."""
     import torch.distributed as dist
-    for m in model.modules():
-        ref = getattr(getattr(m, "_mxs_grad_hook", None), "_mxs_owner", None)
-        opt = ref() if ref is not None else None
-        if opt is not None:
-            return opt.rank == 0
-    return dist.get_rank() == 0
+    opt = next((o for o in map(module_owner, model.modules()) if o is not None), None)
+    return opt.rank == 0 if opt is not None else dist.get_rank() == 0
 
 
 def _write(path, model, full, st):

@@ -406,7 +406,7 @@ class FSDPGroup:
         # aliases (`.data` set to a view of it: ZeroRedundancyOptimizer's bucket views, whose
         # broadcasts move no version counter; meta.unseen): their bytes are made again at every use)
         d = master._data
-        unseen = (d.device.type == "cpu" and d.is_shared()) or _storage_id(d) in meta.unseen
+        unseen = (d.device.type == "cpu" and d.is_shared()) or (bool(meta.unseen) and _storage_id(d) in meta.unseen)
         if not u.fresh(d) or u.cached is None or unseen:
             u.partial()
             u.apply(master._data._version)

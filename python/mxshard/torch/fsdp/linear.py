@@ -133,12 +133,11 @@ class _ParamLinear(nn.Linear):
             # its version counter is not the master's) and is marked: an optimizer built before convert()
             # holds it, and its step raises (group._before_optimizer_step) instead of training nothing
             lin.weight.data = torch.empty(0, dtype=w.dtype, device=w.device)
-        hand_over(lin, m)   # (before the replaced linear's own hook below: that one stays on it)
+        hand_over(lin, m)
         lin.weight._mxs_converted_to = name
-        lin.register_forward_pre_hook(functools.partial(_replaced_linear, name))
-        # (and its forward: torch.compile does not guard on hooks, so a graph traced before convert()
-        # retraced without the hook and ran F.linear on the released weight: torch's "mat2 must be a
-        # matrix")
+        # its forward refuses (an instance attribute, not a hook: torch.compile does not guard on hooks,
+        # so a graph traced before convert() retraced without one and ran F.linear on the released
+        # weight: torch's "mat2 must be a matrix")
         lin.forward = functools.partial(_replaced_forward, name)
         m.bias = lin.bias
         m.meta, m.spec, m._group = meta, spec, group
@@ -302,14 +301,10 @@ def refuse_script_message(name):
             f"linear, whose forward calls the library from Python")
 
 
-def _replaced_linear(name, module, args):
-    """The forward pre-hook of an nn.Linear that convert() took the weight of (a handle kept on it)."""
+def _replaced_forward(name, *args, **kwargs):
+    """The forward of an nn.Linear that convert() took the weight of (a handle kept on it)."""
     raise RuntimeError(f"mxshard: call the module convert() returned, or the model it converted: this nn.Linear "
                        f"({name or '<root>'}) gave its weight to the converted linear that replaced it")
-
-
-def _replaced_forward(name, *args, **kwargs):
-    _replaced_linear(name, None, args)
 
 
 def is_param_linear(module) -> bool:

@@ -31,7 +31,8 @@ import torch
 
 from .held_grad import HeldGrad
 
-__all__ = ["mx_hook", "dense_hook", "owned_hook", "sum_squares", "GRAD_DTYPES", "Gradients"]
+__all__ = ["mx_hook", "dense_hook", "owned_hook", "hook_owner", "module_owner", "sum_squares", "GRAD_DTYPES",
+           "Gradients"]
 
 GRAD_DTYPES = (torch.float32, torch.bfloat16)
 
@@ -46,10 +47,20 @@ def mx_hook(ref, b, pos):
     return hook
 
 
+def hook_owner(hook):
+    """The live ShardedOptimizer `hook` belongs to, or None."""
+    ref = getattr(hook, "_mxs_owner", None)
+    return ref() if ref is not None else None
+
+
+def module_owner(module):
+    """The live ShardedOptimizer whose gradient hook `module` (a quantized linear) carries, or None."""
+    return hook_owner(getattr(module, "_mxs_grad_hook", None))
+
+
 def owned_hook(hook):
     """True when `hook` belongs to a ShardedOptimizer that is still alive."""
-    ref = getattr(hook, "_mxs_owner", None)
-    return ref is not None and ref() is not None
+    return hook_owner(hook) is not None
 
 
 def zero_pending_hook(ref):

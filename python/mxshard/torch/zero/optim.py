@@ -197,7 +197,7 @@ from . import compat as compat
 from . import layout as LY
 from .build import Construction
 from .build import plain as _plain  # noqa: F401 - mxshard.torch.checkpoint imports it from here
-from .grads import Gradients, sum_squares
+from .grads import Gradients, module_owner, sum_squares
 from .held_grad import HeldGrad
 from .linear import FSDP_ADVICE as _FSDP_ADVICE, fsdp_touched
 from .writeback import PLANE_BUFFERS, Writeback, names_shown
@@ -632,7 +632,7 @@ class ShardedOptimizer(Construction, Gradients, Writeback, torch.optim.Optimizer
         self._handles = []
         for it in self._items:   # the quantized linears' gradient hooks (unless a rollback restored another's)
             m = it.module
-            if m is not None and getattr(getattr(m, "_mxs_grad_hook", None), "_mxs_owner", lambda: None)() is self:
+            if m is not None and module_owner(m) is self:
                 m._mxs_grad_hook = None
                 m._mxs_released = True   # (its backward refuses to accumulate for nobody: linear.py)
         for b in self._buckets:
