@@ -27,12 +27,10 @@ from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safete
 from .convert import convert
 from .fsdp.linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear, masters_changed
 from .fsdp.master import QuantMaster
-from .zero.linear import MXFP8Linear, is_mxfp8
-from .zero.nvfp4_linear import NVFP4Linear, is_nvfp4
 from .zero.optim import ShardedOptimizer
 
-__all__ = ["MXFP8Linear", "NVFP4Linear", "MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
+__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
            "masters_changed",
-           "is_param_linear", "convert", "is_mxfp8", "is_nvfp4", "ShardedOptimizer", "save_checkpoint",
+           "is_param_linear", "convert", "ShardedOptimizer", "save_checkpoint",
            "load_checkpoint", "load_checkpoint_weights", "export_safetensors", "load_safetensors", "CheckpointError",
            "CheckpointMismatchError"]

@@ -50,7 +50,10 @@ from . import pieces as P
 from .errors import CheckpointError, CheckpointMismatchError
 from ..fsdp.linear import is_param_linear
 from ..fsdp.units import WeightUnit
-from ..zero.linear import is_quantized
+
+
+def is_quantized(m):   # (ShardedOptimizer's own linears are gone: WIP)
+    return False
 
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
 

@@ -36,7 +36,7 @@ from ...nvfp4 import nvfp4_stage_to_col
 
 __all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported"]
 
-_RT = {"bf16": "bf16", "none": None}
+_RT = {"bf16": "bf16", "f16": "f16", "none": None}
 _U8 = torch.uint8
 _MASTER_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # what the library's writeback reads
 

@@ -25,7 +25,7 @@ import sys
 import torch
 
 from ... import _lib as L
-from . import layout as LY
+
 
 __all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "called_from_dcp_state_dict",
            "dcp_error", "plan_mismatch", "check_state_identity"]
@@ -128,7 +128,7 @@ def check_state_identity(sd, world, rank, fingerprint, config):
                          f"(torch.distributed.checkpoint.save of opt.state_dict() keeps one rank's copy)")
     if sd.get("fingerprint") != fingerprint:
         saved = sd.get("config")
-        diff = LY.first_difference(list(saved), config) if isinstance(saved, (list, tuple)) else None
+        diff = None
         raise ValueError(f"load_state_dict: build the ShardedOptimizer as the one that saved the state dict (the "
                          f"same model, param groups and options), or use mxt.load_checkpoint, which loads "
                          f"across bucket sizes and world sizes and restores the saved lr; the configurations "

@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: MIT
+"""ShardedOptimizer's writeback: from the fp32 master shards to the model's
+replicated weights, with FSDP2's engine (fsdp.units.WeightUnit: the library's
+sharded writeback of a rank's rows).
+
+    every converted weight    WeightUnit over this rank's rows of its master: partial
+    ONE all_reduce(MAX, int32) of every shared entry of every weight, + a status entry (a rank
+                              that failed, in the inner step or here: every rank raises)
+    every converted weight    apply: fragments + scale windows (its send buffers)
+    per bucket ONE all_gather of one byte buffer per rank: each converted weight's sends (every
+                              plane it has) and each dense item's rows cast to its dtype
+    then                      assemble: each plane's primary (the GatheredWeight's box, the same
+                              objects rebound: the GEMM plans stay); dense rows into p.data
+
+A world of one issues no collective (the send buffer is the gathered one).
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import _lib as L
+from ... import collectives as C
+from ..fsdp.master import QuantMaster
+from ..fsdp.units import WeightUnit, scratch_bytes, shared_entry_count
+
+__all__ = ["Refresh"]
+
+_FAILED = 1
+
+
+def _aligned(n):
+    """Pieces start at multiples of 16 bytes (a dense piece is viewed as its dtype)."""
+    return -(-n // 16) * 16
+
+
+class _Piece:
+    """One tensor in a bucket's per-rank send buffer: [at, at + n) bytes."""
+
+    __slots__ = ("at", "n", "src", "out")
+
+    def __init__(self, at, n, src):
+        self.at, self.n, self.src, self.out = at, n, src, None
+
+
+class Refresh:
+    """The prepared writeback of every bucket (built once; tensors bound at construction)."""
+
+    def __init__(self, geoms, masters, metas, world, rank, device):
+        """geoms: the BucketGeometry list; masters: per bucket its [S] fp32 master shard; metas:
+        {item name: the WeightMeta its unit quantizes with}."""
+        self.world, self.rank, self.device = world, rank, device
+        self.units = []            # (item, unit) in model order
+        self.buckets = []          # per bucket: (send buffer, [(item, unit or None, pieces by plane)])
+        for g, master in zip(geoms, masters):
+            at = 0
+            layout = []
+            for pos, it in enumerate(g.items):
+                local = g.view(master, pos, rank)
+                if it.module is not None:
+                    u = WeightUnit(metas[it.name], local, world, rank)
+                    self.units.append((it, u))
+                    planes = {}
+                    for p in u.planes:
+                        ps = []
+                        for t in u.send(p):
+                            ps.append(_Piece(at, t.numel(), t))
+                            at = _aligned(at + t.numel())
+                        planes[p] = ps
+                    layout.append((it, u, planes))
+                else:
+                    es = torch.empty(0, dtype=it.dtype).element_size()
+                    ch = -(-it.rows // world)
+                    piece = _Piece(at, ch * it.cols * es, local)
+                    at = _aligned(at + piece.n)
+                    layout.append((it, None, piece))
+            send = torch.zeros(max(at, 1), dtype=torch.uint8, device=device)
+            for it, u, planes in layout:
+                if u is None:
+                    continue
+                for ps in planes.values():
+                    for pc in ps:   # the gathered bytes of this send: the primary's storage (replicated)
+                        pc.out = torch.empty(world * pc.n, dtype=torch.uint8, device=device)
+            self.buckets.append((send, layout, at))
+        self.counts = [shared_entry_count(u.spec, u.rows, u.cols, world) for _, u in self.units]
+        self.scratch = {id(u): {p: torch.empty(scratch_bytes(u.spec, u.rows, u.cols), dtype=torch.uint8,
+                                               device=device) for p in u.planes} for _, u in self.units}
+
+    # ---- the step's writeback --------------------------------------------------------------
+
+    def run(self, comm, err=None):
+        """Partial -> ONE MAX all-reduce (with every rank's status) -> apply -> per bucket one
+        all_gather -> the model's planes and dense values. `err`: this rank's failure so far (the
+        inner step's): it travels in the status entry. Returns the primaries by item name;
+        raises this rank's error, or RemoteError when another rank failed."""
+        n = sum(self.counts)
+        wire = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
+        if err is None:
+            try:
+                at = 0
+                for (_, u), c in zip(self.units, self.counts):
+                    u.partial()
+                    if c:
+                        wire[at:at + c] = u.entries()
+                    at += c
+            except Exception as e:  # noqa: BLE001 - every rank learns of it through the status entry
+                err = e
+        if err is not None:
+            wire.zero_()
+            wire[n] = _FAILED
+        if comm.active:
+            comm.all_reduce(wire, "all_reduce_max", op="max")
+        if err is not None:
+            raise err
+        if int(wire[n]) != 0:
+            raise L.remote_error("ShardedOptimizer writeback (another rank failed)")
+        at = 0
+        for (_, u), c in zip(self.units, self.counts):
+            if c:
+                u.set_entries(wire[at:at + c])
+            at += c
+            u.apply(u.local._version)
+        out = {}
+        for send, layout, size in self.buckets:
+            for it, u, piece in layout:
+                if u is None:   # this rank's rows in the parameter's dtype, at their place
+                    src = piece.src.reshape(-1)
+                    if src.numel():
+                        send[piece.at:piece.at + piece.n].view(it.dtype)[:src.numel()].copy_(src)
+                    continue
+                for p, ps in piece.items():   # the unit's sends (its fragments and scale windows)
+                    for pc, t in zip(ps, u.send(p)):
+                        send[pc.at:pc.at + pc.n].copy_(t.reshape(-1))
+            if comm.active:
+                got = torch.empty(self.world * send.numel(), dtype=torch.uint8, device=self.device)
+                comm.all_gather_into(got, send, "all_gather")
+            else:
+                got = send
+            g = got.view(self.world, -1)
+            for it, u, planes in layout:
+                if u is None:
+                    _dense_into(it, g, planes, self.world)
+                    continue
+                prims = {}
+                for p, ps in planes.items():
+                    outs = []
+                    for pc in ps:
+                        pc.out.view(self.world, pc.n).copy_(g[:, pc.at:pc.at + pc.n])
+                        outs.append(pc.out)
+                    prims[p] = u.assemble(p, tuple(outs), self.scratch[id(u)][p])
+                out[it.name] = prims
+        return out
+
+
+def _dense_into(it, g, piece, world):
+    """Every rank's rows of dense item `it` from the gathered [world, B] bytes into p.data."""
+    ch = -(-it.rows // world)
+    rows = g[:, piece.at:piece.at + piece.n].contiguous().view(it.dtype).view(world * ch, it.cols)[:it.rows]
+    with torch.no_grad():
+        it.param.data.view(it.rows, it.cols).copy_(rows)
+
+
+def local_master(it, meta, view):
+    """The QuantMaster of this rank's rows (a GatheredWeight's source: names in messages)."""
+    return QuantMaster(view, meta)
