@@ -378,6 +378,10 @@ def _plain_weight_in_state_dict(module, state_dict, prefix, local_metadata):
         with torch.no_grad():
             state_dict[key] = DTensor.from_local(src._data.detach(), w.device_mesh, w.placements,
                                                  run_check=False, shape=w.shape, stride=w.stride())
+    elif isinstance(w, GatheredWeight) and w._box.mesh is None and "row" in w._box.planes:
+        # ShardedOptimizer's replicated weight (its masters are the optimizer's shards): the values the
+        # forward multiplies by, in fp32 (mxt.save_checkpoint saves the masters)
+        state_dict[key] = _gemm.dequant(w._box.planes["row"], "row", torch.float32)
     elif isinstance(w, GatheredWeight):
         raise RuntimeError(f"mxshard: {module.meta.name}: state_dict() while FSDP2 holds the weight unsharded "
                            f"(inside forward/backward); call it between steps")

@@ -537,6 +537,26 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                             for v, b, pos in self._views},
                 "state": state, "param_groups": groups}
 
+    def _init_state(self):
+        """The inner optimizer's state created (a step with zero gradients and lr 0, as torch's
+        DCP helpers do) when empty, so that a DCP load has tensors to load into."""
+        if self.inner.state:
+            return
+        lrs = [g.get("lr") for g in self.inner.param_groups]
+        for v, _, _ in self._views:
+            v.grad = torch.zeros_like(v)
+        try:
+            for g in self.inner.param_groups:
+                if "lr" in g:
+                    g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+            self.inner.step()
+        finally:
+            for g, lr in zip(self.inner.param_groups, lrs):
+                if lr is not None:
+                    g["lr"] = lr
+            for v, _, _ in self._views:
+                v.grad = None
+
     def load_state_dict(self, state_dict):
         """Loads state_dict()'s form (the same world, or DCP's resharded load into it), then
         rebuilds the model's weights. Collective: every rank calls it."""
