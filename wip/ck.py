@@ -3,7 +3,7 @@ import torch, torch.nn as nn
 import torch.distributed as dist
 import torch.multiprocessing as mp
 sys.argv = ["x"]
-exec(open("/tmp/thin/smoke.py").read().split("def ref_run")[0])
+exec(open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "smoke.py")).read().split("def ref_run")[0])
 
 def full(opt, world):
     out = {}
