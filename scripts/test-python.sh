@@ -9,8 +9,12 @@
 #     -Dcuda=disabled) + `import mxshard` with no MXSHARD_* variable, which
 #     must load the library bundled in mxshard/lib/; both installs must
 #     carry the same Python files;
-# then runs python/tests with pytest. Tests that need torch, CUDA or two
-# GPUs skip with their reason (pytest -rs lists them).
+#   - with torch: examples/torch_sharded.py (the README's recipe) on 2 gloo
+#     ranks with that install (python/tests/test_example_torch_sharded.py
+#     checks its output: MXS_RECIPE_LOG);
+# and runs python/tests with pytest beside those checks (their lines follow
+# pytest's). Tests that need torch, CUDA or two GPUs skip with their reason
+# (pytest -rs lists them).
 #   scripts/test-python.sh              all CPU tests
 #   scripts/test-python.sh -k writeback extra arguments go to pytest
 set -euo pipefail
@@ -42,13 +46,21 @@ libdir=$builddir/src/host
 export MXSHARD_LIBDIR=$libdir
 
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+bg_pid=
+trap '[ -z "$bg_pid" ] || kill "$bg_pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 install_rc=0
 noenv=()
 for v in $(compgen -e | grep '^MXSHARD_' || true); do noenv+=(-u "$v"); done
-if [ "${MXS_PY_QUICK:-0}" = 1 ]; then
-  echo "test-python: --quick: no pip-install checks (scripts/test.sh runs them)"
-else
+torch_ok=0   # one `import torch` (seconds on 2 cores), not one per question
+[ "${MXS_PY_NO_TORCH:-0}" = 1 ] || ! "$py" -c 'import torch' 2>/dev/null || torch_ok=1
+# The README recipe as a user runs it after the one install command, with the arguments of
+# python/tests/test_example_torch_sharded.py, which checks this run's output (MXS_RECIPE_LOG)
+# instead of running the program a second time.
+recipe_args=(--device cpu --nproc 2 --steps 16 --layout swizzled)
+
+# The install checks (a subshell: its `exit 1` ends the checks, not the script). They run beside
+# pytest (below): their lines are printed after pytest's.
+install_checks() (
 # pip install ./python into a scratch target, then import it from there
 cp -r python "$tmp/src"
 rm -rf "$tmp/src/build" "$tmp/src"/*.egg-info
@@ -83,16 +95,48 @@ print("test-python: pip install . + import mxshard (no MXSHARD_* variables): OK;
 ' "$tmp/bundle") || { echo "test-python: FAIL: import mxshard after pip install ."; exit 1; }
 # both installs carry the same Python files (python/pyproject.toml lists its packages)
 # (a difference fails the run after pytest)
+rc=0
 pyfiles() { (cd "$1" && find mxshard -name '*.py' ! -name _build_info.py | sort); }
 if ! pydiff=$(diff <(pyfiles "$tmp/site") <(pyfiles "$tmp/bundle")); then
   printf '%s\n' "$pydiff" | sed 's/^/test-python:   /'
   echo "test-python: FAIL: pip install ./python (<) and pip install . (>) install different Python files"
   echo "test-python:   (a new subpackage must be listed in python/pyproject.toml's [tool.setuptools] packages)"
-  install_rc=1
+  rc=1
 else
   echo "test-python: both installs carry the same $(pyfiles "$tmp/bundle" | wc -l) Python files"
 fi
 echo "test-python: pip install . check: $((SECONDS - t0)) s"
+if [ "$torch_ok" = 1 ]; then
+  # the installed package (bundled library, no MXSHARD_* variables), 2 gloo ranks
+  t1=$SECONDS
+  printf '%s\n' "${recipe_args[@]}" >"$tmp/recipe.args"
+  r=0
+  (cd "$tmp" && env "${noenv[@]}" PYTHONPATH="$tmp/bundle" OMP_NUM_THREADS=1 "$py" "$root/examples/torch_sharded.py" \
+    "${recipe_args[@]}" >"$tmp/recipe.log" 2>&1) || r=$?
+  echo "$r" >"$tmp/recipe.rc"
+  if [ "$r" = 0 ] && grep -q "primaries identical on all ranks: True" "$tmp/recipe.log"; then
+    echo "test-python: after pip install .: examples/torch_sharded.py on 2 gloo ranks: OK ($((SECONDS - t1)) s): $(grep '^torch_sharded: loss' "$tmp/recipe.log" | cut -c1-60)"
+  else
+    cat "$tmp/recipe.log"; echo "test-python: FAIL: examples/torch_sharded.py with the pip-installed package"; rc=1
+  fi
+fi
+exit $rc
+)
+
+if [ "${MXS_PY_QUICK:-0}" = 1 ]; then
+  echo "test-python: --quick: no pip-install checks (scripts/test.sh runs them)"
+else
+  echo "test-python: the pip-install checks run beside pytest (their lines follow pytest's)"
+  ( r=0; install_checks || r=$?
+    # the recipe did not run (an install check before it failed): its test must not wait for it
+    [ "$torch_ok" = 0 ] || [ -f "$tmp/recipe.rc" ] ||
+      echo "not run: a pip-install check before it failed (scripts/test-python.sh prints which)" >"$tmp/recipe.rc"
+    exit $r ) >"$tmp/install.log" 2>&1 &
+  bg_pid=$!
+  if [ "$torch_ok" = 1 ]; then
+    # python/tests/test_example_torch_sharded.py checks that run instead of running the program again
+    export MXS_RECIPE_LOG=$tmp/recipe.log
+  fi
 fi
 
 if [ "${MXS_PY_NO_TORCH:-0}" = 1 ]; then
@@ -102,22 +146,10 @@ if [ "${MXS_PY_NO_TORCH:-0}" = 1 ]; then
   echo 'raise ModuleNotFoundError("torch is disabled: scripts/test.sh --quick runs no torch test", name="torch")' >"$tmp/notorch/torch/__init__.py"
   export PYTHONPATH="$tmp/notorch${PYTHONPATH:+:$PYTHONPATH}"
   echo "test-python: --quick: torch disabled, torch and gloo tests skip"
-elif "$py" -c 'import torch' 2>/dev/null && [ ! -d "$tmp/bundle" ]; then
+elif [ "$torch_ok" = 1 ] && [ -z "$bg_pid" ]; then
   echo "test-python: torch found: CPU-tensor and 2-process gloo tests run (no pip-install recipe check: MXS_PY_QUICK)"
-elif "$py" -c 'import torch' 2>/dev/null; then
-  echo "test-python: torch found: CPU-tensor and 2-process gloo tests run"
-  # the README's recipe as a user runs it after the one install command: the
-  # installed package (bundled library, no MXSHARD_* variables), 2 gloo ranks
-  t1=$SECONDS
-  if (cd "$tmp" && env "${noenv[@]}" PYTHONPATH="$tmp/bundle" OMP_NUM_THREADS=1 "$py" "$root/examples/torch_sharded.py" \
-      --device cpu --nproc 2 --steps 6 >"$tmp/recipe.log" 2>&1) &&
-     grep -q "primaries identical on all ranks: True" "$tmp/recipe.log"; then
-    echo "test-python: after pip install .: examples/torch_sharded.py on 2 gloo ranks: OK ($((SECONDS - t1)) s): $(grep '^torch_sharded: loss' "$tmp/recipe.log" | cut -c1-60)"
-    # python/tests/test_example_torch_sharded.py would run the same program again: it skips
-    export MXS_RECIPE_CHECKED="examples/torch_sharded.py ran on 2 gloo ranks after pip install . (scripts/test-python.sh)"
-  else
-    cat "$tmp/recipe.log"; echo "test-python: FAIL: examples/torch_sharded.py with the pip-installed package"; install_rc=1
-  fi
+elif [ "$torch_ok" = 1 ]; then
+  echo "test-python: torch found: CPU-tensor and 2-process gloo tests run; examples/torch_sharded.py runs with the pip-installed package (the README's recipe) beside pytest, and test_example_torch_sharded.py checks that run"
 else
   echo "test-python: torch not installed: torch, gloo and GPU tests skip, each saying why (this script never installs torch: python3 -m pip install 'torch==2.11.*' runs them)"
 fi
@@ -125,6 +157,12 @@ cd python
 set +e
 "$py" -m pytest tests -q -rs -p no:cacheprovider "$@"
 rc=$?
+if [ -n "$bg_pid" ]; then
+  wait "$bg_pid"
+  install_rc=$?
+  bg_pid=
+  cat "$tmp/install.log"
+fi
 set -e
 if [ $rc -ne 0 ]; then echo "test-python: FAIL (pytest exit $rc)"
 elif [ $install_rc -ne 0 ]; then rc=1; echo "test-python: FAIL (the install checks above)"

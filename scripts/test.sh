@@ -200,20 +200,67 @@ fi
 # priority: they fill the cores the suite leaves idle instead of stretching it.
 bg=()
 [ "$py_bg" = 1 ] && command -v nice >/dev/null && bg=(nice -n 19)
+
+# Beside them too: the `slow` suite (the 2^32 E2M1 sweep, the rank simulation: CPU-bound, a minute
+# of the 2 cores) starts as soon as its programs are built, above the build's priority, instead of
+# after the whole build; `meson test` after the build runs the rest (--no-suite slow) and prints
+# the slow suite's results after its own.
+slow_bg=0
+rest_test=()
+if [ "$py_bg" = 1 ] && [ "$quick" = 0 ]; then
+  # the programs of the slow suite, relative to the build dir (none, or one outside it: no split)
+  slow_exes=$(meson introspect --tests "$builddir" | python3 -c '
+import json, os, sys
+b = os.path.realpath(sys.argv[1])
+out = []
+for t in json.load(sys.stdin):
+    if "slow" in [s.split(":")[-1] for s in t["suite"]]:
+        exe = os.path.realpath(t["cmd"][0])
+        if not exe.startswith(b + os.sep):
+            sys.exit(0)
+        out.append(os.path.relpath(exe, b))
+print(" ".join(out))' "$builddir" 2>/dev/null || true)
+  if [ -n "$slow_exes" ]; then
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    "${bg[@]}" meson compile -C "$builddir" $slow_exes
+    slow_log=$builddir/meson-test-slow.log
+    slow_t0=$SECONDS
+    slow_nice=()
+    command -v nice >/dev/null && slow_nice=(nice -n 10)
+    ("${slow_nice[@]}" meson test -C "$builddir" --no-rebuild --print-errorlogs --suite slow --logbase testlog-slow \
+       >"$slow_log" 2>&1
+     echo $? >"$slow_log.rc") &
+    slow_pid=$!
+    slow_bg=1
+    rest_test=(--no-suite slow)
+    say "suite slow: built in $((SECONDS - t0)) s; its tests started beside the build (log: $slow_log)"
+  fi
+fi
+
 t0=$SECONDS
 "${bg[@]}" meson compile -C "$builddir"
 say "build: $((SECONDS - t0)) s"
 
 t0=$SECONDS
 rc=0
-"${bg[@]}" meson test -C "$builddir" --print-errorlogs "${quick_test[@]}" "${test_args[@]}" || rc=$?
-say "meson test: $((SECONDS - t0)) s (exit $rc)"
+"${bg[@]}" meson test -C "$builddir" --print-errorlogs "${quick_test[@]}" "${rest_test[@]}" "${test_args[@]}" || rc=$?
+say "meson test$([ "$slow_bg" = 1 ] && echo ' --no-suite slow'): $((SECONDS - t0)) s (exit $rc)"
+if [ "$slow_bg" = 1 ]; then
+  wait "$slow_pid" || true
+  cat "$slow_log"
+  slow_rc=$(cat "$slow_log.rc" 2>/dev/null || echo 1)
+  [ "$slow_rc" = 0 ] || rc=1
+  say "meson test --suite slow (beside the build): $((SECONDS - slow_t0)) s (exit $slow_rc)"
+fi
 # Why each skipped test skipped: the reason its TAP plan gave ("1..0 # SKIP
 # reason"; meson keeps it in the log, its console line says only SKIP).
-python3 - "$builddir/meson-logs/testlog.json" <<'PY' || true
-import json, re, sys
+testlogs=("$builddir/meson-logs/testlog.json")
+[ "$slow_bg" = 1 ] && testlogs+=("$builddir/meson-logs/testlog-slow.json")
+python3 - "${testlogs[@]}" <<'PY' || true
+import json, os, re, sys
 why = {}
-for line in open(sys.argv[1]):
+for line in (l for f in sys.argv[1:] if os.path.exists(f) for l in open(f)):
     t = json.loads(line)
     if t.get("result") != "SKIP":
         continue

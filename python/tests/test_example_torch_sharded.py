@@ -2,30 +2,48 @@
 """examples/torch_sharded.py, the README's "train your own model" program,
 run as a user runs it: 2 gloo ranks on CPU, a few steps. It must exit 0,
 print that every rank holds the same primaries, and the loss must fall.
-Skips cleanly without torch, gloo or the host library."""
+Under scripts/test-python.sh the run checked is the one that script makes
+with the pip-installed package (`pip install .`, no MXSHARD_* variables),
+beside pytest, with these arguments (MXS_RECIPE_LOG names its output): the
+program runs once, not twice. Skips cleanly without torch, gloo or the host
+library."""
 import os
 import re
-import subprocess
-import sys
+import time
 
 from conftest import gloo_or_skip
+from launch import REPO, Launch
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "torch_sharded.py")
+ARGS = ["--device", "cpu", "--nproc", "2", "--steps", "16", "--layout", "swizzled"]
+WAIT = 300   # seconds for scripts/test-python.sh's run (its pip install . first)
 
 
-def test_torch_sharded_example_two_gloo_ranks():
+def _recipe_run(log):
+    """(exit code, output) of scripts/test-python.sh's run, once it ended."""
+    rc_file = os.path.splitext(log)[0] + ".rc"   # recipe.log: recipe.rc, recipe.args beside it
+    end = time.time() + WAIT
+    while not os.path.exists(rc_file) or not os.path.getsize(rc_file):
+        assert time.time() < end, f"scripts/test-python.sh's run of {EXAMPLE} gave no exit code in {WAIT} s"
+        time.sleep(0.2)
+    time.sleep(0.05)   # the rc file is written after the program exited: its line is complete
+    rc = open(rc_file).read().strip()
+    with open(os.path.join(os.path.dirname(log), "recipe.args")) as f:
+        args = f.read().split()
+    assert args == ARGS, f"scripts/test-python.sh ran {EXAMPLE} with {args}, this test checks {ARGS}"
+    out = open(log).read() if os.path.exists(log) else ""
+    return (int(rc) if rc.lstrip("-").isdigit() else rc), out
+
+
+def test_torch_sharded_example_two_gloo_ranks(tmp_path):
     gloo_or_skip(host_lib=True)
-    if os.environ.get("MXS_RECIPE_CHECKED"):
-        import pytest
-        pytest.skip(f"already checked: {os.environ['MXS_RECIPE_CHECKED']}")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, EXAMPLE, "--device", "cpu", "--nproc", "2", "--steps", "16", "--layout", "swizzled"]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    out = p.stdout + p.stderr
-    assert p.returncode == 0, out[-4000:]
+    log = os.environ.get("MXS_RECIPE_LOG")
+    if log:
+        rc, out = _recipe_run(log)
+    else:
+        rc, stdout, stderr = Launch([EXAMPLE] + ARGS, tmp_path, "sharded").wait()
+        out = stdout + stderr
+    assert rc == 0, f"exit {rc}:\n{out[-4000:]}"
     m = re.search(r"loss ([0-9.]+) -> ([0-9.]+) in 16 steps .*primaries identical on all ranks: (\w+)", out)
     assert m, out[-4000:]
     first, last, same = float(m.group(1)), float(m.group(2)), m.group(3)

@@ -10,12 +10,12 @@ two-panel loss plot is written. Skips cleanly without torch, gloo, the host
 library or the library's checkpoint API."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from conftest import gloo_or_skip
+from launch import Launch, user_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN = os.path.join(REPO, "examples", "train")
@@ -34,24 +34,49 @@ def _need(ckpt=False):
     return torch
 
 
-def _train(tmp_path, name, *args, timeout=120, ok=True, torchrun=0):
+class _Run:
+    """train.py started in a subprocess (torchrun=N: under torchrun with N ranks), not waited for:
+    independent runs overlap; result() waits and returns its JSON (ok=False: its output, the run
+    must have failed)."""
+
+    def __init__(self, tmp_path, name, *args, timeout=120, ok=True, torchrun=0):
+        self.js = tmp_path / f"{name}.json"
+        self.name, self.ok = name, ok
+        env = user_env()
+        launch = []
+        if torchrun:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")   # every rank on this host
+            launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"]
+        cmd = launch + [os.path.join(TRAIN, "train.py"), "--config", "tiny", "--device", "cpu",
+                        "--log-every", "100", "--out-json", self.js] + list(args)
+        self.run = Launch(cmd, tmp_path, name, timeout=timeout, env=env)
+
+    def result(self):
+        rc, stdout, stderr = self.run.wait()
+        if not self.ok:
+            assert rc != 0, f"{self.name} should have failed:\n{stdout[-2000:]}"
+            return stdout + stderr
+        assert rc == 0, f"{self.name} failed ({rc}):\n{stdout[-3000:]}\n{stderr[-5000:]}"
+        return json.loads(self.js.read_text())
+
+    def stop(self):
+        self.run.stop()
+
+
+def _train(tmp_path, name, *args, **kw):
     """train.py in a subprocess (torchrun=N: under torchrun with N ranks); its JSON."""
-    js = tmp_path / f"{name}.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.join(REPO, "python") + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    launch = [sys.executable]
-    if torchrun:
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")   # every rank on this host
-        launch += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={torchrun}"]
-    cmd = launch + [os.path.join(TRAIN, "train.py"), "--config", "tiny", "--device", "cpu",
-                    "--log-every", "100", "--out-json", str(js)] + [str(a) for a in args]
-    r = subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, text=True)
-    if not ok:
-        assert r.returncode != 0, f"{name} should have failed:\n{r.stdout[-2000:]}"
-        return r.stdout + r.stderr
-    assert r.returncode == 0, f"{name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
-    return json.loads(js.read_text())
+    return _Run(tmp_path, name, *args, **kw).result()
+
+
+@pytest.fixture(scope="module")
+def bf16_run(tmp_path_factory):
+    """The BF16 baseline's run, started once the module's first test asks for it
+    (test_train_dp2_gloo_checkpoint_resume does, so that it runs beside that test's first run);
+    test_train_bf16_baseline checks it."""
+    _need()
+    run = _Run(tmp_path_factory.mktemp("bf16"), "bf", "--steps", 3, "--variant", "bf16")
+    yield run
+    run.stop()
 
 
 def _compare():
@@ -61,7 +86,8 @@ def _compare():
     return compare
 
 
-def test_train_dp2_gloo_checkpoint_resume(tmp_path):
+def test_train_dp2_gloo_checkpoint_resume(tmp_path, bf16_run):
+    # bf16_run: the BF16 baseline runs beside this test's first run (its own test checks it)
     _need(ckpt=True)
     ck = tmp_path / "ck"
     steps, k = 8, 4
@@ -81,8 +107,17 @@ def test_train_dp2_gloo_checkpoint_resume(tmp_path):
 
     # same DP, under torchrun: a bit-identical continuation (loss bits, final checkpoint, exported model);
     # the per-rank collective trace
-    b = _train(tmp_path, "b", *base, "--resume", saved, "--save-final", ck / "b-final",
-               "--export", ck / "b.safetensors", "--trace-collectives", tmp_path / "trace", torchrun=2)
+    b_run = _Run(tmp_path, "b", *base, "--resume", saved, "--save-final", ck / "b-final",
+                 "--export", ck / "b.safetensors", "--trace-collectives", tmp_path / "trace", torchrun=2)
+    # a checkpoint of another configuration (other bidirectional set) is rejected: a run of its own,
+    # beside b (both only read the step-k checkpoint; checked below)
+    e_run = _Run(tmp_path, "e", *base, "--resume", saved, "--bidir", "", "--reload-only", ok=False)
+    try:
+        b = b_run.result()
+        out = e_run.result()
+    finally:
+        b_run.stop()
+        e_run.stop()
     assert b["launcher"] == "torchrun" and b["dp"] == 2
     assert b["reload_check"]["identical"] and b["resumed_from"]["step"] == k, b.get("reload_check")
     assert [x[2] for x in b["losses"]] == [x[2] for x in a["losses"][k:]]
@@ -99,14 +134,12 @@ def test_train_dp2_gloo_checkpoint_resume(tmp_path):
     # other DP sizes (a DP=2 checkpoint loaded at DP=1 and 3, primaries rebuilt and byte-compared):
     # test_torch_checkpoint.py::test_reshard_2_to_3_and_1_byte_identical
 
-    # a checkpoint of another configuration (other bidirectional set) is rejected
-    out = _train(tmp_path, "e", *base, "--resume", saved, "--bidir", "", "--reload-only", ok=False)
+    # a checkpoint of another configuration (other bidirectional set) is rejected (run e, above)
     assert "CheckpointMismatchError" in out and "h.0.qkv.weight" in out, out[-2000:]
 
 
-def test_train_bf16_baseline(tmp_path):
-    _need()
-    r = _train(tmp_path, "bf", "--steps", 3, "--variant", "bf16")
+def test_train_bf16_baseline(bf16_run):
+    r = bf16_run.result()
     assert r["variant"] == "bf16" and r["n_mx"] == 0 and len(r["losses"]) == 3
     assert r["whole_tensor_check"]["identical"] and r["whole_tensor_check"]["dense_params"] > 0
 
