@@ -14,7 +14,7 @@
 The package, floor by floor (each imports only from the floors below it):
 
     face        convert.py (convert), options.py (the options' checks), __init__.py
-    zero/       ShardedOptimizer and its MXFP8Linear / NVFP4Linear storage (ZeRO-1)
+    zero/       ShardedOptimizer: ZeRO-1 over the same converted model (FSDP2's pieces)
     checkpoint/ ShardedOptimizer's resharding DCP checkpoints; export_safetensors / load_safetensors
     fsdp/       MXFP8ParamLinear / NVFP4ParamLinear, QuantMaster, FSDP2's all-gather of the bytes
     gemm/       the GEMM paths (dequantize reference, Triton kernels reading the planes)
@@ -25,11 +25,15 @@ docs/architecture.md draws it.
 from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint,
                          load_checkpoint_weights, load_safetensors, save_checkpoint)
 from .convert import convert
-from .fsdp.linear import MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_param_linear, masters_changed
+from .fsdp.linear import (MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_mxfp8, is_nvfp4, is_param_linear,
+                          masters_changed)
 from .fsdp.master import QuantMaster
 from .zero.optim import ShardedOptimizer
 
-__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
+# ShardedOptimizer's former linears: the model keeps convert()'s linears under it now
+MXFP8Linear, NVFP4Linear = MXFP8ParamLinear, NVFP4ParamLinear
+
+__all__ = ["MXFP8Linear", "NVFP4Linear", "is_mxfp8", "is_nvfp4", "MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
            "masters_changed",
            "is_param_linear", "convert", "ShardedOptimizer", "save_checkpoint",
            "load_checkpoint", "load_checkpoint_weights", "export_safetensors", "load_safetensors", "CheckpointError",

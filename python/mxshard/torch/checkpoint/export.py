@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from ... import formats as _formats
-from ..zero.byte_buffers import as_buffer_bytes, stored_dtype
+from ..zero.byte_buffers import stored_dtype
 from ..zero.grads import module_owner
 from . import pieces as P
 from .errors import CheckpointError, CheckpointMismatchError
@@ -52,8 +52,6 @@ from ..fsdp.linear import is_param_linear
 from ..fsdp.units import WeightUnit
 
 
-def is_quantized(m):   # (ShardedOptimizer's own linears are gone: WIP)
-    return False
 
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
 
@@ -178,8 +176,15 @@ def _param_linear_buffers(m, master):
     """{buffer name: tensor} of convert()'s linear `m` quantized from its full master: the library's
     writeback of a world of one, so the bytes equal the whole-tensor quantize of the master as the
     spec rounds it, which are the bytes the forward multiplies by (in one process, and gathered
-    under FSDP2)."""
+    under FSDP2). Under ShardedOptimizer (the weight its replicated GatheredWeight): its planes."""
+    from ..fsdp.gathered import GatheredWeight
     from ..fsdp.master import QuantMaster
+    w = m._parameters.get("weight")
+    if isinstance(w, GatheredWeight) and w._box.mesh is None:
+        planes = w._box.planes
+        return {b: getattr(planes["col" if b.startswith("col_") else "row"], b) for b in m.spec.fmt.buffers
+                if (m.spec.planes == "both" or not b.startswith("col_"))
+                and getattr(planes["col" if b.startswith("col_") else "row"], b, None) is not None}
     data = master._data if isinstance(master, QuantMaster) else master
     u = WeightUnit(m.meta, data.detach(), 1, 0)
     u.partial()
@@ -287,7 +292,7 @@ def _write(path, model, full, st):
     """Rank 0's part of export_safetensors: the file from the model's full state dict."""
     mx, fmt_of = {}, {}
     for name, m in model.named_modules(remove_duplicate=False):
-        if is_quantized(m) or is_param_linear(m):
+        if is_param_linear(m):
             mx[name] = _module_info(m)
             fmt_of[name] = _formats.get(m.format)
         if is_param_linear(m):
@@ -389,23 +394,14 @@ def _dequantized(name, info, get, dtype):
 
 def _quantized_entries(name, info, mod, get, who):
     """{state_dict key: tensor} for the file's quantized module `name` loaded into `mod`."""
-    if is_quantized(mod) or is_param_linear(mod):
-        # (ShardedOptimizer's linears take the bytes; a convert()ed one takes the row plane dequantized as its
+    if is_param_linear(mod):
+        # (a convert()ed one takes the row plane dequantized as its
         # master and quantizes it by its own spec: other options would silently be a second quantization)
         diff = _options_difference(info, mod)
         if diff:
             raise CheckpointMismatchError(
                 f"{who}: {name}: the file's quantized weight has {diff}: convert the model with the file's options "
                 f"(see the file's 'mxshard' metadata), or load into an unconverted model (dequantized)")
-    if is_quantized(mod):
-        out = {}
-        for b in _file_bufs(info):
-            key = f"{name}.{b}"
-            try:
-                out[key] = as_buffer_bytes(get(key), mod._buffers[b], mod.format, b, key)
-            except ValueError as e:
-                raise CheckpointMismatchError(f"{who}: {e}") from None
-        return out
     if isinstance(mod, nn.Linear):
         want = tuple(info["shape"])
         if tuple(mod.weight.shape) != want:
@@ -447,11 +443,6 @@ def _plan(model, tensors, mx, aliases, strict, who):
             raise CheckpointMismatchError(f"{who}: give a file written by export_safetensors (unedited): it has "
                                           f"{name}'s quantized planes ({', '.join(planes)}) but its 'mxshard' "
                                           f"metadata does not describe {name}, so they cannot be read")
-        if is_quantized(mod) and name not in mx and f"{name}.weight" in tensors:
-            raise CheckpointMismatchError(f"{who}: load the file before ShardedOptimizer takes the model over (a "
-                                          f"convert()ed model loads a dense file as it is): the file has a dense "
-                                          f"{name}.weight, the model's {name} is ShardedOptimizer's "
-                                          f"{type(mod).__name__} (byte buffers)")
     out.update({k: t for k, t in tensors.items() if k not in used})
     ties = []
     for alias, name in aliases.items():

@@ -116,6 +116,13 @@ class GatheredWeight(torch.Tensor):
                 f"mxshard: keep {mod} dense (convert(..., skip=[{mod!r}])) while another module shares its weight "
                 f"(a tie such as embedding.weight = {what}, made after convert()): under FSDP2 the shared weight is "
                 f"the gathered {fmt} weight, which holds quantized planes, not values, so {func} cannot read it")
+        if g is not None and g._box.mesh is None:   # ShardedOptimizer's replicated weight
+            raise NotImplementedError(
+                f"mxshard: write {what} through model.load_state_dict(sd) and then opt.masters_from_model() on "
+                f"every rank (or load a checkpoint with mxt.load_checkpoint), and read its values with "
+                f"mxshard.torch.dequantized_weight(module): under ShardedOptimizer it is the replicated {fmt} weight, "
+                f"which holds quantized planes, not values (the fp32 masters are the optimizer's shards), so "
+                f"{func} cannot run on it")
         raise NotImplementedError(
             f"mxshard: call reshard() on the fully_shard module that holds {what} (model.reshard() reshards "
             f"the root's own parameters only; for all: `for mod in model.modules(): if isinstance(mod, "

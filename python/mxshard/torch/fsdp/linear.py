@@ -32,7 +32,7 @@ from .gathered import GatheredWeight
 from .master import QuantMaster, QuantSpec, WeightMeta
 from .ops import _check_weight, _primary
 
-__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "dequantized_weight", "masters_changed",
+__all__ = ["MXFP8ParamLinear", "NVFP4ParamLinear", "is_param_linear", "is_mxfp8", "is_nvfp4", "dequantized_weight", "masters_changed",
            "param_linear_class"]
 
 
@@ -98,6 +98,13 @@ class _ParamLinear(nn.Linear):
     """What MXFP8ParamLinear and NVFP4ParamLinear share; built by convert()."""
 
     _FORMAT = None   # the mxshard.formats value of the subclass
+
+    def __init__(self, *args, **kwargs):
+        # (convert() builds these through from_linear; copies and unpickling do not call __init__)
+        raise TypeError(f"mxshard: build {type(self).__name__} with mxshard.torch.convert(model, policy) from an "
+                        f"nn.Linear (convert(nn.Sequential(nn.Linear(in, out)), 'row')[0] for one layer); "
+                        f"{type(self).__name__}(...) does not construct one (MXFP8Linear / NVFP4Linear, "
+                        f"ShardedOptimizer's former linears, are these classes now)")
 
     def __prepare_scriptable__(self):
         # (torch.jit.script calls it on every submodule first)
@@ -178,6 +185,23 @@ class _ParamLinear(nn.Linear):
         if key not in state_dict:
             _no_quantized_planes(state_dict, prefix)
         w = self._parameters.get("weight")
+        if isinstance(w, GatheredWeight) and w._box.mesh is None and key in state_dict:
+            # ShardedOptimizer's replicated weight: the loaded values wait for opt.masters_from_model()
+            # (its step() raises on every rank until then, or until opt.model_from_masters() drops them)
+            t = state_dict[key]
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(w.shape):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape "
+                                  f"{tuple(getattr(t, 'shape', ()))} from checkpoint, the shape in current model is "
+                                  f"{tuple(w.shape)}.")
+                return
+            self._mxs_loaded = t.detach().to(torch.float32, copy=True)
+            self._mxs_loads = getattr(self, "_mxs_loads", 0) + 1
+            rest = {k: v for k, v in state_dict.items() if k != key}
+            meta = dict(local_metadata, assign_to_params_buffers=False)
+            super()._load_from_state_dict(rest, prefix, meta, strict, missing_keys, unexpected_keys, error_msgs)
+            if key in missing_keys:
+                missing_keys.remove(key)
+            return
         sharded = _is_dtensor(w) and isinstance(w._local_tensor, QuantMaster)   # under FSDP2
         if not (local_metadata.get("assign_to_params_buffers", False) and key in state_dict
                 and (isinstance(w, QuantMaster) or sharded) and isinstance(state_dict[key], torch.Tensor)):
@@ -318,6 +342,16 @@ def masters_changed(model):
     dict): the next all-gather refreshes their bytes. Call it on every rank."""
     for g in {id(m._group): m._group for m in model.modules() if isinstance(m, _ParamLinear)}.values():
         g.announced()
+
+
+def is_mxfp8(module) -> bool:
+    """True for an MXFP8 linear convert() made."""
+    return isinstance(module, MXFP8ParamLinear)
+
+
+def is_nvfp4(module) -> bool:
+    """True for an NVFP4 linear convert() made."""
+    return isinstance(module, NVFP4ParamLinear)
 
 
 def param_linear_class(fmt):

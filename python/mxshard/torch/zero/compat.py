@@ -44,10 +44,10 @@ _DCP_MODULES = ("torch.distributed.checkpoint.state_dict", "torch.distributed.ch
                 "torch.distributed.checkpoint.state_dict_loader")
 
 # added to an exception of optimizer_factory (Muon refuses 1-D parameters, for one)
-FACTORY_NOTE = ("ShardedOptimizer: optimizer_factory raised. It is given param groups of flat 1-D fp32 views of the "
-                "master shards (spanning several parameters, cut at shard boundaries), so the inner optimizer must "
-                "be elementwise: torch.optim.SGD, Adam, AdamW, Adamax, NAdam, RAdam, Adagrad, Adadelta, RMSprop, "
-                "ASGD or Rprop")
+FACTORY_NOTE = ("ShardedOptimizer: optimizer_factory raised. It is given param groups of this rank's rows of each "
+                "parameter (fp32 [rows, ...] views of the master shards, FSDP2's dim-0 chunks; some may be empty), "
+                "so the inner optimizer must be elementwise: torch.optim.SGD, Adam, AdamW, Adamax, NAdam, RAdam, "
+                "Adagrad, Adadelta, RMSprop, ASGD or Rprop")
 
 
 def check_elementwise(inner, assume):
@@ -56,8 +56,7 @@ def check_elementwise(inner, assume):
         return
     names = ", ".join(c.__name__ for c in ELEMENTWISE)
     raise TypeError(f"ShardedOptimizer: the inner optimizer {type(inner).__name__} is not known to be elementwise. "
-                    f"It is given flat fp32 views that span several parameters and cut parameters at shard "
-                    f"boundaries, so an optimizer whose update of an element depends on other elements or on the "
+                    f"It is given this rank's rows of each parameter (FSDP2's dim-0 chunks), so an optimizer whose update of an element depends on other elements or on the "
                     f"parameters' shapes (factored or matrix-shaped: Adafactor, Muon, Shampoo; LBFGS; SparseAdam) "
                     f"would silently compute something else. Use an elementwise one (torch.optim.{names}); if "
                     f"{type(inner).__name__} is elementwise, pass assume_elementwise=True")

@@ -43,7 +43,7 @@ import contextlib
 import gc
 import math
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, namedtuple
 
 import torch
 from torch import nn
@@ -58,7 +58,9 @@ from .held_grad import HeldGrad
 from .items import FSDP_ADVICE as _FSDP_ADVICE, buckets, collect, fingerprint, fsdp_touched, plain, resolve_groups
 from .refresh import Refresh
 
-__all__ = ["ShardedOptimizer", "FORMAT"]
+__all__ = ["ShardedOptimizer", "FORMAT", "ItemRow"]
+
+ItemRow = namedtuple("ItemRow", "name kind bucket offset shape")
 
 FORMAT = "mxshard.sharded_optimizer/2"
 _ROUND_THROUGH = {None: "none", "none": "none", "f32": "none", "bf16": "bf16", "f16": "f16"}
@@ -123,6 +125,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         self._undo = []
         self.comm.counts = self.collectives
         self._zero_grads(True)
+        self._hold_view_grads()
         weakref.finalize(self, gc.collect)
 
     # ---- construction --------------------------------------------------------------------
@@ -301,6 +304,12 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                 self._undo.append(h.remove)
         self._model_ref = weakref.ref(model)
 
+    def _hold_view_grads(self):
+        """Between steps the inner optimizer's parameters show a HeldGrad: clip_grad_norm_ over
+        opt.param_groups, or GradScaler's unscale_, raises instead of reading nothing."""
+        for v, b, pos in self._views:
+            v.grad = HeldGrad(v, None, "ShardedOptimizer's master shards (opt.param_groups)")
+
     def _rollback(self):
         for f in reversed(self._undo):
             try:
@@ -321,8 +330,10 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         self._stamp = self._model_stamp()
 
     def _model_stamp(self):
+        """Per item: (its Parameter still the model's, where its values are, their version or loads)."""
         return [(it.live_param() is (it.module._parameters.get("weight") if it.module is not None else it.param),
-                 it.param.data_ptr() if it.module is None else 0, it.param._version if it.module is None else 0)
+                 it.param.data_ptr() if it.module is None else 0,
+                 it.param._version if it.module is None else getattr(it.module, "_mxs_loads", 0))
                 for it in self._items]
 
     def _check_model(self):
@@ -351,6 +362,17 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                 errs.append(f"freeze or unfreeze parameters before building the ShardedOptimizer: {name} was "
                             f"unfrozen after it")
         return errs
+
+    @property
+    def buckets(self):
+        """The buckets' geometry (items.BucketGeometry: items, offsets in a rank's shard, shard size)."""
+        return list(self._geoms)
+
+    @property
+    def items(self):
+        """ItemRow(name, kind, bucket, offset in a rank's shard, shape) per trainable item, in order."""
+        return [ItemRow(it.name, it.kind, g.index, o, it.shape) for g in self._geoms
+                for it, o in zip(g.items, g.offsets)]
 
     # ---- torch.optim.Optimizer -------------------------------------------------------------
 
@@ -461,8 +483,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         except Exception as e:  # noqa: BLE001 - the writeback's status entry tells the others
             local = e
         finally:
-            for v, _, _ in self._views:
-                v.grad = None
+            self._hold_view_grads()
         try:
             self._writeback(local)
         finally:
@@ -481,14 +502,14 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                 it = self._geoms[b].items[pos]
                 r0, r1 = self._geoms[b].rows_of(pos, self.rank)
                 if it.module is not None:
-                    prim = it.live._box.planes["row"]
-                    full = prim.fmt.dequantize(prim, "row", dtype="f32") if hasattr(prim, "fmt") else \
-                        _dequantized(it.module)
+                    loaded = getattr(it.module, "_mxs_loaded", None)
+                    full = loaded if loaded is not None else _dequantized(it.module)
                 else:
                     full = it.param.detach()
                 v.copy_(full.reshape((it.rows,) + it.shape[1:])[r0:r1])
         except Exception as e:  # noqa: BLE001
             err = e
+        self._drop_loaded()
         try:
             self._writeback(err)
         finally:
@@ -497,7 +518,13 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
     def model_from_masters(self):
         """Collective: every weight written from the masters now (undoing writes into the model)."""
         self._check_open("model_from_masters")
+        self._drop_loaded()
         self._writeback(None)
+
+    def _drop_loaded(self):
+        for it in self._items:
+            if it.module is not None:
+                it.module._mxs_loaded = None
 
     def _check_open(self, where):
         if self._closed:
@@ -554,8 +581,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
             for g, lr in zip(self.inner.param_groups, lrs):
                 if lr is not None:
                     g["lr"] = lr
-            for v, _, _ in self._views:
-                v.grad = None
+            self._hold_view_grads()
 
     def load_state_dict(self, state_dict):
         """Loads state_dict()'s form (the same world, or DCP's resharded load into it), then
