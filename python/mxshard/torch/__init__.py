@@ -24,14 +24,11 @@ docs/architecture.md draws it.
 """
 from .checkpoint import (CheckpointError, CheckpointMismatchError, export_safetensors, load_checkpoint,
                          load_checkpoint_weights, load_safetensors, save_checkpoint)
-from .convert import convert
+from .convert import MXFP8Linear, NVFP4Linear, convert
 from .fsdp.linear import (MXFP8ParamLinear, NVFP4ParamLinear, dequantized_weight, is_mxfp8, is_nvfp4, is_param_linear,
                           masters_changed)
 from .fsdp.master import QuantMaster
 from .zero.optim import ShardedOptimizer
-
-# ShardedOptimizer's former linears: the model keeps convert()'s linears under it now
-MXFP8Linear, NVFP4Linear = MXFP8ParamLinear, NVFP4ParamLinear
 
 __all__ = ["MXFP8Linear", "NVFP4Linear", "is_mxfp8", "is_nvfp4", "MXFP8ParamLinear", "NVFP4ParamLinear", "QuantMaster", "dequantized_weight",
            "masters_changed",

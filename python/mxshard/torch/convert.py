@@ -363,3 +363,47 @@ def convert(model, policy="row", *, format="mxfp8", layout="padded", compute_dty
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name), child, new)
     return model
+
+
+# ---- a converted linear built directly -------------------------------------------------------
+
+class _ConvertedAlias(type):
+    """isinstance / issubclass of the alias ask convert()'s class of the format."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, cls._target())
+
+    def __subclasscheck__(cls, sub):
+        return isinstance(sub, type) and issubclass(sub, cls._target())
+
+
+class MXFP8Linear(metaclass=_ConvertedAlias):
+    """MXFP8Linear(in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
+    compute_dtype=torch.bfloat16, rounding="ceil"): a new nn.Linear converted to MXFP8 (convert()'s
+    MXFP8ParamLinear; isinstance(m, MXFP8Linear) is True for every MXFP8 linear convert() made)."""
+
+    @staticmethod
+    def _target():
+        from .fsdp.linear import MXFP8ParamLinear
+        return MXFP8ParamLinear
+
+    def __new__(cls, in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
+                compute_dtype=torch.bfloat16, rounding="ceil"):
+        return convert(nn.Linear(in_features, out_features, bias=bias, device=device), planes, format="mxfp8",
+                       layout=layout, compute_dtype=compute_dtype, rounding=rounding)
+
+
+class NVFP4Linear(metaclass=_ConvertedAlias):
+    """NVFP4Linear(in_features, out_features, bias=True, *, planes="row", block="1x16", layout="padded",
+    device=None, compute_dtype=torch.bfloat16): a new nn.Linear converted to NVFP4 (convert()'s
+    NVFP4ParamLinear)."""
+
+    @staticmethod
+    def _target():
+        from .fsdp.linear import NVFP4ParamLinear
+        return NVFP4ParamLinear
+
+    def __new__(cls, in_features, out_features, bias=True, *, planes="row", block="1x16", layout="padded",
+                device=None, compute_dtype=torch.bfloat16):
+        return convert(nn.Linear(in_features, out_features, bias=bias, device=device), planes, format="nvfp4",
+                       layout=layout, compute_dtype=compute_dtype, block=block)

@@ -102,9 +102,8 @@ class _ParamLinear(nn.Linear):
     def __init__(self, *args, **kwargs):
         # (convert() builds these through from_linear; copies and unpickling do not call __init__)
         raise TypeError(f"mxshard: build {type(self).__name__} with mxshard.torch.convert(model, policy) from an "
-                        f"nn.Linear (convert(nn.Sequential(nn.Linear(in, out)), 'row')[0] for one layer); "
-                        f"{type(self).__name__}(...) does not construct one (MXFP8Linear / NVFP4Linear, "
-                        f"ShardedOptimizer's former linears, are these classes now)")
+                        f"nn.Linear, or one layer with mxshard.torch.MXFP8Linear(in, out, ...) / NVFP4Linear(...); "
+                        f"{type(self).__name__}(...) does not construct one")
 
     def __prepare_scriptable__(self):
         # (torch.jit.script calls it on every submodule first)
