@@ -1,12 +1,12 @@
 # SPDX-License-Identifier: MIT
-"""ShardedOptimizer: ZeRO-1 / Megatron-style sharded masters, replicated primaries.
+"""ShardedOptimizer: ZeRO-1 / Megatron-style sharded masters, replicated weights, over the same
+converted model and FSDP2's pieces (fsdp.units.WeightUnit, fsdp.gathered.GatheredWeight).
 
-    optim.py          ShardedOptimizer (the torch.optim.Optimizer face, the step)
-    build.py          its construction (items, buckets, views, hooks);  adopt.py: convert()'s linears
-                      become its storage;  compat.py: what torch.optim habits meet
-    grads.py          the gradient path (hooks, reductions, zeroing);  held_grad.py: a dense .grad's placeholder
-    writeback.py      the writeback of the primaries and dense parameters after the inner step
-    layout.py         the pure bucket geometry;  comm.py: its group's collectives (mxshard.collectives)
-    linear.py, nvfp4_linear.py, byte_buffers.py
-                      MXFP8Linear / NVFP4Linear: the linears whose planes are the optimizer's buffers
+    optim.py          ShardedOptimizer (the torch.optim.Optimizer face, construction, the step,
+                      DCP state dicts);  compat.py: what torch.optim habits meet
+    items.py          the items and the pure bucket geometry (FSDP2's dim-0 chunks, rank-major)
+    grads.py          the gradient path (hooks, reductions, zeroing);  held_grad.py: a .grad's placeholder
+    refresh.py        the writeback: WeightUnits, ONE MAX reduction, one all_gather per bucket
+    comm.py           its group's collectives (through mxshard.collectives)
+    byte_buffers.py   the stored dtypes of quantized planes (export)
 """
