@@ -17,6 +17,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import mxshard  # noqa: E402
 import mxshard.torch as mxt  # noqa: E402
+from mxshard.torch.fsdp.gathered import GatheredWeight  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +55,15 @@ def whole_quantize(m):
         return mxshard.quantize(w, src, rounding=s.rounding)
     w = mxshard.NVFP4Weight.empty(*master.shape, planes=s.planes, block=s.block, layout=s.layout, device="cpu")
     return mxshard.quantize_nvfp4(w, src)
+
+
+def held_plane(m, b):
+    """Buffer `b` (row_data, row_scale, col_data, col_scale, amax) of the replicated primary a
+    converted linear holds under ShardedOptimizer (its GatheredWeight's planes: "row", "col")."""
+    planes = m.weight._box.planes
+    if b.startswith("col"):
+        return getattr(planes["col"], b) if "col" in planes else None
+    return getattr(planes["row"], b)
 
 
 def assert_primary_is_whole_quantize(m):
@@ -117,10 +127,13 @@ def test_sharded_optimizer_takes_a_converted_model_and_quantizes_it_the_same_way
     try:
         for n, w in want.items():
             held = model.get_submodule(n)
-            assert not mxt.is_param_linear(held) and (mxt.is_mxfp8(held) or mxt.is_nvfp4(held))
-            for b in ("row_data", "row_scale", "col_data", "col_scale"):
+            # the model keeps its converted linear; its weight is the replicated GatheredWeight
+            assert mxt.is_param_linear(held) and (mxt.is_mxfp8(held) or mxt.is_nvfp4(held))
+            assert isinstance(held.weight, GatheredWeight)
+            assert tuple(held.weight.shape) == (held.out_features, held.in_features)
+            for b in ("row_data", "row_scale", "col_data", "col_scale", "amax"):
                 if getattr(w, b, None) is not None:
-                    assert torch.equal(u8(getattr(held, b)), u8(getattr(w, b))), (n, b)
+                    assert torch.equal(u8(held_plane(held, b)), u8(getattr(w, b))), (n, b)
             # the one line that gives the computed weight works on the optimizer's linears too
             assert torch.equal(mxt.dequantized_weight(held), deq[n]), n
         with pytest.raises(TypeError, match="^mxshard: pass dequantized_weight a linear that convert"):
@@ -130,7 +143,7 @@ def test_sharded_optimizer_takes_a_converted_model_and_quantizes_it_the_same_way
         model(x).pow(2).mean().backward()
         opt.step()
         opt.zero_grad()
-        assert not torch.equal(u8(model.up.row_data), u8(want["up"].row_data))
+        assert not torch.equal(u8(held_plane(model.up, "row_data")), u8(want["up"].row_data))
     finally:
         opt.close()
 
@@ -375,7 +388,7 @@ def test_sharded_optimizer_any_zero_grad_habit_trains_alike(zero):
                     opt.zero_grad()
                 elif mode == "model":
                     model.zero_grad()
-            return u8(model.up.row_data).clone(), u8(model.down.row_data).clone()
+            return u8(held_plane(model.up, "row_data")).clone(), u8(held_plane(model.down, "row_data")).clone()
         finally:
             opt.close()
     want, got = run("opt"), run(zero)
@@ -404,7 +417,7 @@ def test_clip_grad_norm_under_sharded_optimizer_says_what_to_use():
                 opt.step()
                 opt.zero_grad()
                 assert model.head.bias.grad is None
-            return u8(model.up.row_data).clone(), u8(model.head.bias.detach()).clone(), opt.last_grad_norm
+            return u8(held_plane(model.up, "row_data")).clone(), u8(model.head.bias.detach()).clone(), opt.last_grad_norm
         finally:
             opt.close()
     a, b = run(False), run(True)
@@ -488,20 +501,36 @@ def test_assigning_weight_data_of_another_shape_says_what_to_do_first():
 
 @pytest.mark.parametrize("fmt,policy", [("mxfp8", "both"), ("nvfp4", "row")])
 def test_a_sharded_optimizer_state_dict_into_a_converted_model_names_the_checkpoint_tools(fmt, policy):
-    """torch.save(model.state_dict()) of a model under ShardedOptimizer holds row_data, row_scale,
-    ... and no weight: loading it into a convert()ed model (strict or not) raises, naming
+    """model.state_dict() of a model under ShardedOptimizer holds each converted weight as a plain
+    fp32 tensor (its dequantized row plane: the values the forward multiplies by), no planes, so a
+    convert()ed model loads it as an ordinary weight (strict). A state dict in the old form (the
+    removed ShardedOptimizer linears' row_data, row_scale, ... and no weight) still raises, naming
     save_checkpoint / load_checkpoint and export_safetensors / load_safetensors, instead of torch's
     missing / unexpected keys (or, with strict=False, silently keeping the old weights)."""
     torch.manual_seed(0)
     model = mxt.convert(Net(), {"up": policy, "down": "row"}, format=fmt)
-    mxt.ShardedOptimizer(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3))
+    opt = mxt.ShardedOptimizer(model, lambda groups: torch.optim.AdamW(groups, lr=1e-3))
     sd = model.state_dict()
-    assert "up.row_data" in sd and "up.weight" not in sd
+    assert not any(k.endswith(("row_data", "row_scale", "col_data", "col_scale", "amax")) for k in sd)
+    for n in ("up", "down"):
+        t = sd[n + ".weight"]
+        assert type(t) is torch.Tensor and t.dtype == torch.float32
+        assert torch.equal(t, mxt.dequantized_weight(model.get_submodule(n)))
+    fresh = build(seed=3, format=fmt, policy={"up": policy, "down": "row"})
+    fresh.load_state_dict(sd)
+    for n in ("up", "down"):
+        assert torch.equal(fresh.get_submodule(n).weight.detach()._data, sd[n + ".weight"])
+    opt.close()
+    # the old form: the planes of the removed linears, no weight
+    old = {k: v for k, v in sd.items() if k != "up.weight"}
+    old["up.row_data"] = torch.zeros(72, 40, dtype=torch.uint8)
+    old["up.row_scale"] = torch.zeros(72, 2, dtype=torch.uint8)
     words = r"^mxshard: save and load a ShardedOptimizer model with mxshard.torch.save_checkpoint / load_checkpoint"
     for strict in (True, False):
         fresh = build(seed=3, format=fmt, policy={"up": policy, "down": "row"})
         with pytest.raises(RuntimeError, match=words + r".*export_safetensors / load_safetensors"):
-            fresh.load_state_dict(sd, strict=strict)
+            fresh.load_state_dict(old, strict=strict)
+
 
 
 def test_convert_of_a_tied_weight_says_what_to_do_first():
