@@ -2,7 +2,7 @@
 """Checkpoints and export, whichever way the model trained.
 
     save_checkpoint / load_checkpoint   ShardedOptimizer's resharding DCP checkpoints (zero.py;
-                                        group.py: the per-phase agreement, pieces.py: the pieces)
+                                        group.py: the every-rank rendezvous and the verdicts)
     export_safetensors / load_safetensors
                                         one safetensors file holding the bytes every converted
                                         linear computes with (export.py)

@@ -46,7 +46,6 @@ from torch import nn
 from ... import formats as _formats
 from ..zero.byte_buffers import stored_dtype
 from ..zero.grads import module_owner
-from . import pieces as P
 from .errors import CheckpointError, CheckpointMismatchError
 from ..fsdp.linear import is_param_linear
 from ..fsdp.units import WeightUnit
@@ -56,6 +55,26 @@ from ..fsdp.units import WeightUnit
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]
 
 EXPORT_FORMAT = "mxshard.safetensors/1"
+MODULUS = (1 << 31) - 1     # checksum's modulus (a Mersenne prime)
+
+
+def checksum(t, offset=0):
+    """Position-weighted sum mod MODULUS of the 16-bit words (bytes for 1-byte dtypes) of a piece
+    that starts at element `offset` of its flat tensor: sum of (w+1)*(i mod MODULUS + 1) over words
+    w at word index i. Sums of disjoint pieces add up (mod MODULUS) to the whole tensor's."""
+    t = t.detach().reshape(-1).contiguous()
+    if t.numel() == 0:
+        return 0
+    es = t.element_size()
+    if es != 1 and es % 2:
+        raise CheckpointError(f"keep tensors of dtype {t.dtype} out of checkpoints: they can not be checksummed")
+    words, per, mask = (t.view(torch.uint8), 1, 0xFF) if es == 1 else (t.view(torch.int16), es // 2, 0xFFFF)
+    total, base, step = 0, int(offset) * per, 1 << 22
+    for i in range(0, words.numel(), step):
+        w = words[i:i + step].to(torch.int64).bitwise_and_(mask).add_(1)
+        idx = torch.arange(base + i, base + i + w.numel(), dtype=torch.int64, device=w.device)
+        total += int(w.mul_(idx.remainder_(MODULUS).add_(1)).remainder_(MODULUS).sum())
+    return total % MODULUS
 _PLANE_KEYS = ("row_data", "row_scale", "col_data", "col_scale", "amax")   # a quantized module's buffers
 _DEQUANT_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
@@ -316,8 +335,8 @@ def _write(path, model, full, st):
         tensors[key] = t.detach().to("cpu").contiguous().clone()
     meta = {"format": EXPORT_FORMAT, "mxshard": json.dumps(mx, sort_keys=True),
             "aliases": json.dumps(aliases, sort_keys=True),
-            # per tensor (pieces.checksum: safetensors records none): load_safetensors checks them
-            "checksums": json.dumps({k: P.checksum(t, 0) for k, t in tensors.items()}, sort_keys=True)}
+            # per tensor (checksum: safetensors records none): load_safetensors checks them
+            "checksums": json.dumps({k: checksum(t, 0) for k, t in tensors.items()}, sort_keys=True)}
     p = os.fspath(path)
     tmp = p + ".tmp"
     try:
@@ -371,7 +390,7 @@ def _read(p, st):
             raise CheckpointError(f"load_safetensors: give a file written by export_safetensors (unedited): the "
                                   f"'mxshard' metadata of {name!r} names the format {info.get('format')!r}, which "
                                   f"this version does not read") from None
-    bad = [k for k, t in tensors.items() if k in sums and P.checksum(t, 0) != sums[k]]
+    bad = [k for k, t in tensors.items() if k in sums and checksum(t, 0) != sums[k]]
     if bad or (sums and set(sums) != set(tensors)):
         what = f"{bad[0]!r} does not match its checksum" if bad else "its tensors differ from those it recorded"
         raise CheckpointError(f"load_safetensors: give an undamaged file: in {p!r}, {what} (a modified or damaged "
