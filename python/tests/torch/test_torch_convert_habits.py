@@ -374,8 +374,9 @@ def test_traced_programs_multiply_by_the_weight_they_are_given(fmt):
 
 
 def test_after_close_a_torch_optimizer_cannot_silently_skip_the_converted_weights(tmp_path):
-    """ShardedOptimizer.close(), then AdamW(model.parameters()): the linears are the optimizer's
-    byte storage (no weight Parameter), so AdamW trained only biases and norms, silently. The
+    """ShardedOptimizer.close(), then AdamW(model.parameters()): the linears' weights are the closed
+    optimizer's replicated quantized weights (their masters went with it), so AdamW would train
+    only biases and norms, silently. The
     backward that would accumulate a converted weight's gradient for nobody raises, saying what to
     do; a gradient for the input alone still works; a new ShardedOptimizer on the model trains it.
     load_checkpoint without a ShardedOptimizer says what to pass."""
@@ -385,17 +386,21 @@ def test_after_close_a_torch_optimizer_cannot_silently_skip_the_converted_weight
     m(x).pow(2).sum().backward()
     opt.step()
     opt.close()
+    deq0 = mxt.dequantized_weight(m[0]).clone()
     torch.optim.AdamW(m.parameters(), lr=1e-2)
     with pytest.raises(RuntimeError, match=r"^mxshard: build a new ShardedOptimizer on the model to train it on"):
         m(x).pow(2).sum().backward()
+    assert torch.equal(mxt.dequantized_weight(m[0]), deq0)   # nothing moved
     xi = x.clone().requires_grad_(True)
     gx, = torch.autograd.grad(m(xi).pow(2).sum(), xi)
     assert gx.shape == x.shape
     opt2 = mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2))
-    before = m[0].row_data.clone()
+    # the new optimizer's masters: the closed one's last weights (the row plane dequantized)
+    assert torch.equal(opt2.state_dict()["masters"]["0.weight"], deq0)
+    before = m[0].weight._box.planes["row"].row_data.clone()
     m(x).pow(2).sum().backward()
     opt2.step()
-    assert not torch.equal(m[0].row_data, before)
+    assert not torch.equal(m[0].weight._box.planes["row"].row_data, before)
     with pytest.raises(TypeError, match=r"^load_checkpoint: pass the ShardedOptimizer that trains the model"):
         mxt.load_checkpoint(tmp_path, m, None)
     opt2.close()

@@ -173,6 +173,24 @@ def _backward_parts(m, gy, x, weight, weight_dtype, need_gx, need_gw, need_gb):
     return gx, gw, gb
 
 
+def refuse_orphan_weight(m):
+    """A weight gradient for a converted linear whose ShardedOptimizer was closed (or freed): its
+    weight is that optimizer's replicated quantized weight, whose masters went with it, so the
+    gradient would train nothing (torch.optim over model.parameters() cannot step it). Called by
+    the post-accumulate-grad hook close() leaves on that weight (a gradient wrt the input alone
+    does not reach it)."""
+    w = m._parameters.get("weight")
+    if isinstance(w, GatheredWeight) and w._box.mesh is None:
+        ref = getattr(m, "_mxs_owner", None)
+        if (ref() if ref is not None else None) is None:
+            raise RuntimeError(
+                f"mxshard: build a new ShardedOptimizer on the model to train it on (mxt.ShardedOptimizer(model, "
+                f"...)), or load a checkpoint into a freshly converted model to train it with torch.optim: the "
+                f"ShardedOptimizer that trained {m.meta.name or 'this linear'} was closed, its weight is that "
+                f"optimizer's replicated quantized weight and its masters went with it, so this gradient would "
+                f"train nothing")
+
+
 class ParamLinearFn(torch.autograd.Function):
     """The eager path: the same rules as the custom ops, without their dispatch (a converted linear
     calls it outside torch.compile; bench/RESULTS.md "Issue 35 (2026-12-06)" has the host time)."""

@@ -40,6 +40,7 @@ does that. Failures never hang the group: every rank raises.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import weakref
@@ -203,7 +204,8 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
             self._shard.append(shard)
             for pos, it in enumerate(g.items):
                 r0, r1 = g.rows_of(pos, self.rank)
-                src = it.param._data if isinstance(it.param, QuantMaster) else it.param.detach()
+                src = it.param._data if isinstance(it.param, QuantMaster) else \
+                    _dequantized(it.module) if it.module is not None else it.param.detach()
                 v = g.view(master, pos, self.rank)
                 v.copy_(src.reshape((it.rows,) + it.shape[1:])[r0:r1])
             self._into.append([_Into(g.chunks(grad, pos), it, self.world) for pos, it in enumerate(g.items)])
@@ -242,14 +244,15 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         if module_owner(m) is not None:
             raise ValueError(f"ShardedOptimizer: close the ShardedOptimizer that trains {name} first (opt.close()): "
                              f"it is still alive")
-        if not isinstance(w, QuantMaster):
+        if not isinstance(w, QuantMaster) and not _closed_optimizers_weight(w):
             raise ValueError(f"ShardedOptimizer: {name}'s weight was replaced ({type(w).__name__}); convert the model "
                              f"again")
         if not w.requires_grad:
             raise ValueError(f"ShardedOptimizer: {name}.weight is frozen (requires_grad=False). Keep frozen linears "
                              f"dense (convert(..., skip=...)) or unfreeze them: ShardedOptimizer trains every "
                              f"converted weight")
-        if getattr(w, "_backward_hooks", None) or getattr(w, "_post_accumulate_grad_hooks", None):
+        if not _closed_optimizers_weight(w) and (getattr(w, "_backward_hooks", None)
+                                                 or getattr(w, "_post_accumulate_grad_hooks", None)):
             raise ValueError(f"ShardedOptimizer: remove the gradient hooks registered on {name}.weight, or train "
                              f"with torch.optim / FSDP2: its gradient goes into the optimizer's bucket")
         if len(holders) > 1:
@@ -631,6 +634,11 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         for h in self._handles:
             h.remove()
         self._handles = []
+        for it in self._items:   # the weights left in the model: a gradient for them raises (refuse_orphan_weight)
+            if not self._closed and it.module is not None and it.live is not None \
+                    and it.module._parameters.get("weight") is it.live:
+                it.live.grad = None
+                it.live.register_post_accumulate_grad_hook(functools.partial(_orphan_grad, it.module))
         for it in self._items:
             if it.module is not None and module_owner(it.module) is self:
                 it.module._mxs_owner = None
@@ -664,6 +672,17 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
             return "ShardedOptimizer(<not constructed>)"
         return (f"ShardedOptimizer(world={self.world}, rank={self.rank}, {len(self._geoms)} buckets, "
                 f"{len(self._items)} items, inner={type(self.inner).__name__}, steps={self.steps})")
+
+
+def _orphan_grad(module, p):
+    from ..fsdp.ops import refuse_orphan_weight
+    refuse_orphan_weight(module)
+
+
+def _closed_optimizers_weight(w):
+    """The replicated weight a closed ShardedOptimizer left in the model (a new one takes its
+    values, the row plane dequantized, as masters)."""
+    return isinstance(w, GatheredWeight) and w._box.mesh is None
 
 
 def _dequantized(module):
