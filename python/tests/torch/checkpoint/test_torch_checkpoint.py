@@ -23,7 +23,7 @@ DEADLINE = 120  # seconds for all groups
 def spawn(worlds, plan):
     """Every case of `plan` in one gloo group per world size, all groups at once; never blocks past DEADLINE."""
     import torch_ckpt_cases as C
-    return H.spawn_groups(worlds, C.worker, plan, ["torch_dist_cases", "torch_ckpt_cases"], DEADLINE)
+    return H.spawn_groups(worlds, C.worker, plan, ["torch_ckpt_cases"], DEADLINE)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_resume_other_dp_stays_on_curve(ckpt_results):
 def test_corrupted_and_mismatched_rejected_everywhere(ckpt_results):
     out = _case(ckpt_results, "reject", worlds=(3,))
     kinds = set(out[(3, 0)]) - {"seconds", "save_bad_extra"}
-    assert kinds == {"truncated", "flipped", "flipped_primary", "missing_key", "no_metadata", "record", "badprim",
+    assert kinds == {"truncated", "flipped", "flipped_state", "flipped_model", "missing_key", "no_metadata", "record", "badprim",
                      "shape", "layout", "inner", "rng_other_dp"}, kinds
     assert [out[(3, r)]["save_bad_extra"] for r in range(3)] == ["remote", "local", "remote"]
     for (w, r), o in out.items():
@@ -104,14 +104,14 @@ def test_world_of_one_and_bad_arguments(tmp_path):
     for call, exc, words in [
             (lambda: save_checkpoint(d, m, o, extra={"x": {1, 2}}), TypeError, "extra['x']"),
             (lambda: save_checkpoint(d, m, o, extra={"a/b": 1}), ValueError, "without '/'"),
-            (lambda: save_checkpoint(d, m, o, extra=[1]), TypeError, "extra must be a dict"),
-            (lambda: save_checkpoint(d, m, o, rng=1), TypeError, "rng must be a bool"),
+            (lambda: save_checkpoint(d, m, o, extra=[1]), TypeError, "pass extra as a dict"),
+            (lambda: save_checkpoint(d, m, o, rng=1), TypeError, "pass rng as a bool"),
             (lambda: save_checkpoint(3, m, o), TypeError, "path must be"),
             (lambda: save_checkpoint(d, torch.nn.Linear(2, 2), o), ValueError, "not part of this model"),
             (lambda: save_checkpoint(d, m, object()), TypeError, "ShardedOptimizer"),
             (lambda: load_checkpoint(d, m, o), CheckpointError, "is not a directory"),
             (lambda: load_checkpoint(str(tmp_path), m, o), CheckpointError, "no .metadata"),
-            (lambda: load_checkpoint(d, m, o, strict=None), TypeError, "strict must be a bool"),
+            (lambda: load_checkpoint(d, m, o, strict=None), TypeError, "pass strict as a bool"),
             (lambda: save_checkpoint(d, m, o, timeout=0), ValueError, "timeout must be"),
             (lambda: load_checkpoint(d, m, o, timeout="1"), ValueError, "timeout must be")]:
         with pytest.raises(exc) as ei:

@@ -16,12 +16,13 @@ import time
 import torch
 import torch.distributed as dist
 
+import zlib
+
 import mxshard
 import torch_harness as H
-import torch_dist_cases as C
-from mxshard.torch import (CheckpointError, CheckpointMismatchError, ShardedOptimizer, export_safetensors,
-                           load_checkpoint, save_checkpoint)
-from mxshard.torch.zero import layout as LY
+from torch import nn
+from mxshard.torch import (CheckpointError, CheckpointMismatchError, MXFP8Linear, ShardedOptimizer,
+                           export_safetensors, load_checkpoint, save_checkpoint)
 
 WAIT = 60.0      # seconds a loading group waits for the DP=2 group's marker
 SAVE_WORLD = 2
@@ -71,35 +72,63 @@ def _wait(root, tag):
 
 # ---- full views (every rank's shards assembled) -------------------------------------------
 
+def _gather_obj(x):
+    if not _live():
+        return [x]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, x)
+    return out
+
+
+def _pieces(opt):
+    """This rank's (item, first row, {"master": rows, inner state key: rows}) of every item."""
+    out = []
+    for v, b, pos in opt._views:
+        it = opt.buckets[b].items[pos]
+        d = {"master": v.detach().cpu().clone()}
+        for k, x in opt.inner.state.get(v, {}).items():
+            d[k] = x.detach().cpu().clone() if isinstance(x, torch.Tensor) and x.shape == v.shape and x.dim() else \
+                float(x)
+        out.append((it.name, it.shape, opt.buckets[b].rows_of(pos, opt.rank)[0], d))
+    return out
+
+
+def _assemble(opt):
+    """{name: {"master" | state key: full tensor}} and {"name|k": scalar} from every rank's rows:
+    every row owned by exactly one rank."""
+    full, scal, seen = {}, {}, {}
+    for pieces in _gather_obj(_pieces(opt)):
+        for name, shape, r0, d in pieces:
+            rows = shape[0] if shape else 1
+            for k, x in d.items():
+                if isinstance(x, float):
+                    assert scal.setdefault(f"{name}|{k}", x) == x, f"scalar state {name}|{k} differs between ranks"
+                    continue
+                t = full.setdefault(name, {}).setdefault(k, torch.zeros((rows,) + tuple(shape[1:]), dtype=x.dtype))
+                owned = seen.setdefault((name, k), torch.zeros(rows, dtype=torch.int32))
+                t[r0:r0 + x.shape[0]] = x
+                owned[r0:r0 + x.shape[0]] += 1
+    for (name, k), owned in seen.items():
+        assert bool((owned == 1).all()), f"{name} {k}: rows not owned by exactly one rank: {owned.tolist()}"
+    return full, scal
+
+
+def full_masters(opt):
+    """The full fp32 master of every item, assembled from every rank's rows (collective)."""
+    full, _ = _assemble(opt)
+    return {n: d["master"].reshape(-1) for n, d in full.items()}
+
+
 def full_state(opt):
-    """{"name|k": full fp32 tensor} of the inner state tensors and {"group|k": value} of the scalars."""
-    mine, scal = [], {}
-    for idx, g, b, lo, hi, v in opt._inner_params():
-        st = opt.inner.state.get(v, {})
-        for p, start, length, pos in LY.item_shards(opt.plan.buckets[b], opt.rank):
-            if length and lo <= pos < hi:
-                for k, x in st.items():
-                    if isinstance(x, torch.Tensor) and tuple(x.shape) == (hi - lo,):
-                        mine.append((opt.plan.items[p.item].name, k, start,
-                                     x[pos - lo:pos - lo + length].cpu().clone()))
-        for k, x in st.items():
-            if not (isinstance(x, torch.Tensor) and tuple(x.shape) == (hi - lo,)):
-                scal[f"{g}|{k}"] = float(x)
-    out = {}
-    numel = {it.name: it.numel for it in opt.plan.items}
-    for pieces in C._gather_obj(mine):
-        for name, k, start, t in pieces:
-            out.setdefault(f"{name}|{k}", torch.zeros(numel[name], dtype=t.dtype))[start:start + t.numel()] = t
-    for s in C._gather_obj(scal):
-        for k, v in s.items():
-            assert scal.setdefault(k, v) == v, f"scalar state {k} differs between ranks"
-    return out, scal
+    """{"name|k": full tensor} of the inner state tensors and {"name|k": value} of the scalars."""
+    full, scal = _assemble(opt)
+    return {f"{n}|{k}": t.reshape(-1) for n, d in full.items() for k, t in d.items() if k != "master"}, scal
 
 
 def snapshot(m, opt):
     """Everything a checkpoint restores, as full tensors (collective)."""
     st, scal = full_state(opt)
-    return {"masters": {k: v.clone() for k, v in C.full_masters(opt).items()}, "state": st, "scalars": scal,
+    return {"masters": {k: v.clone() for k, v in full_masters(opt).items()}, "state": st, "scalars": scal,
             "model": {k: v.detach().cpu().clone() for k, v in m.state_dict().items()}, "steps": opt.steps,
             "lr": [g["lr"] for g in opt.param_groups]}
 
@@ -121,8 +150,8 @@ def local_digest(m, opt):
     h = hashlib.sha256()
     for k, v in m.state_dict().items():
         h.update(k.encode() + _u8(v).numpy().tobytes())
-    for bk in opt._buckets:
-        h.update(_u8(bk.master).numpy().tobytes())
+    for buf in opt._master:
+        h.update(_u8(buf).numpy().tobytes())
     for i, st in sorted(opt.inner.state_dict()["state"].items()):
         for k, v in sorted(st.items()):
             b = _u8(v).numpy().tobytes() if isinstance(v, torch.Tensor) else repr(v).encode()
@@ -134,19 +163,74 @@ def local_digest(m, opt):
 
 # ---- models -------------------------------------------------------------------------
 
-FACTORY = C.FACTORIES["adamw"](True)
+def build_model(layout="padded", planes_c="both", seed=0, b_rows=33):
+    """MXFP8 linears of odd shapes (1x40, 33x65, 128x96), fp32 and bf16 dense parameters (an
+    Embedding, a LayerNorm, an fp32 bias, a bf16 bias, a bare bf16 parameter), a frozen parameter."""
+    torch.manual_seed(seed)
+    m = nn.Module()
+    m.emb = nn.Embedding(11, 40)
+    m.a = MXFP8Linear(40, 1, planes="row", layout=layout)
+    m.b = MXFP8Linear(65, b_rows, planes="both", layout=layout)
+    m.c = MXFP8Linear(96, 128, bias=False, planes=planes_c, layout=layout)
+    m.ln = nn.LayerNorm(33)
+    m.b.bias = nn.Parameter(m.b.bias.detach().to(torch.bfloat16))
+    m.h = nn.Parameter(torch.randn(5, 7).to(torch.bfloat16))
+    m.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+    return m
+
+
+def groups_of(m):
+    """Two param groups (decay / no decay) naming items in every supported way."""
+    return [{"params": [m.a, "b", m.c, m.emb.weight, "h"], "weight_decay": 0.1},
+            {"params": [m.a.bias, m.b.bias, m.ln.weight, "ln.bias"], "weight_decay": 0.0}]
+
+
+def grad_for(name, shape, step, rank):
+    """Dyadic gradients (small integers * 2^-10): sums are exact in any order."""
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) * 1000 + step * 17 + rank)
+    return torch.randint(-8, 9, tuple(shape), generator=g).float() * 2.0 ** -10
+
+
+def inject(opt, step, rank):
+    """Every item's gradient through autograd into its live Parameter (the optimizer's hooks)."""
+    ps = [it.live_param() for it in opt._items]
+    torch.autograd.backward(ps, [grad_for(it.name, it.shape, step, rank).to(p.dtype)
+                                 for it, p in zip(opt._items, ps)])
+
+
+FACTORIES = {
+    "adamw": lambda fe: (lambda g: torch.optim.AdamW(g, lr=1e-2, betas=(0.9, 0.95), weight_decay=0.05,
+                                                     foreach=fe)),
+    "sgd": lambda fe: (lambda g: torch.optim.SGD(g, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01,
+                                                 foreach=fe)),
+}
+FACTORY = FACTORIES["adamw"](True)
+
+
+class MLP(nn.Module):
+    def __init__(self, layout):
+        super().__init__()
+        self.up = MXFP8Linear(40, 33, planes="both", layout=layout)
+        self.ln = nn.LayerNorm(33)
+        self.mid = nn.Linear(33, 20)
+        self.down = MXFP8Linear(20, 8, planes="row", layout=layout)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.up(x).float())
+        h = self.mid(self.ln(h))
+        return self.down(h).float()
 
 
 def make(layout, planes_c, seed, bucket_size, factory=FACTORY, b_rows=33):
-    m = C.build_model(layout, planes_c, seed=seed, b_rows=b_rows)
-    return m, ShardedOptimizer(m, factory, bucket_size=bucket_size, param_groups=C.groups_of(m))
+    m = build_model(layout, planes_c, seed=seed, b_rows=b_rows)
+    return m, ShardedOptimizer(m, factory, bucket_size=bucket_size, param_groups=groups_of(m))
 
 
 def train(m, o, steps):
     """World-independent dyadic gradients (rank 0's on every rank): the mean is the same at any DP,
     so a run resumed at another DP continues bit-identically."""
     for s in steps:
-        C.inject(m, s, 0)
+        inject(o, s, 0)
         o.step()
         o.zero_grad()
 
@@ -179,7 +263,7 @@ def case_reshard(rank, world, root, tag, layout, planes_c):
     assert torch.equal(extra["pos"], torch.arange(5) * 3)
     train(m, o, range(K, K + MORE))
     compare(snapshot(m, o), ref["after"], f"DP={world} continued")
-    return {"load_s": dt, "buckets": len(o.plan.buckets)}
+    return {"load_s": dt, "buckets": len(o.buckets)}
 
 
 def _save_reshard(root, rank, d, tag, layout, planes_c):
@@ -207,7 +291,7 @@ def _save_reshard(root, rank, d, tag, layout, planes_c):
         compare(snapshot(m2, o2), after, "same-DP continued")
         # a checkpoint whose primaries are not the writeback of its masters (one byte changed)
         with torch.no_grad():
-            m2.b.row_data.view(-1)[7] ^= 1
+            m2.b.weight._box.planes["row"].row_data.view(torch.uint8).view(-1)[7] ^= 1
         save_checkpoint(os.path.join(d, "badprim"), m2, o2)
         _barrier()
         _ready(root, tag)
@@ -237,7 +321,7 @@ def _curve_step(net, o, step, world, rank):
 
 def _curve_model(seed):
     torch.manual_seed(seed)
-    net = C.MLP("padded")
+    net = MLP("padded")
     o = ShardedOptimizer(net, lambda g: torch.optim.AdamW(g, lr=LR_CURVE), bucket_size=700, grad_reduce="sum")
     return net, o
 
@@ -253,11 +337,11 @@ def case_curve(rank, world, root, tag="curve", steps=3, more=3):
             for s in range(steps):
                 _curve_step(net, o, s, world, rank)
             save_checkpoint(os.path.join(d, "ckpt"), net, o)
-            start = C.full_masters(o)
+            start = full_masters(o)
             ref, losses = [], []
             for s in range(steps, steps + more):
                 losses.append(_curve_step(net, o, s, world, rank))
-                ref.append(C.full_masters(o))
+                ref.append(full_masters(o))
             if rank == 0:
                 torch.save({"start": start, "ref": ref, "losses": losses}, os.path.join(d, "ref.pt"))
             net2, o2 = _curve_model(9)
@@ -265,7 +349,7 @@ def case_curve(rank, world, root, tag="curve", steps=3, more=3):
             for i, s in enumerate(range(steps, steps + more)):
                 loss = _curve_step(net2, o2, s, world, rank)
                 assert loss == losses[i], f"same-DP resume: loss {loss} vs {losses[i]} at step {s}"
-                got = C.full_masters(o2)
+                got = full_masters(o2)
                 for k in got:
                     assert torch.equal(got[k].view(torch.int32), ref[i][k].view(torch.int32)), \
                         f"same-DP resume: master {k} differs at step {s}"
@@ -279,13 +363,13 @@ def case_curve(rank, world, root, tag="curve", steps=3, more=3):
     r = torch.load(os.path.join(d, "ref.pt"), weights_only=False)
     net, o = _curve_model(9)
     load_checkpoint(os.path.join(d, "ckpt"), net, o)
-    got0 = C.full_masters(o)
+    got0 = full_masters(o)
     for k in got0:
         assert torch.equal(got0[k].view(torch.int32), r["start"][k].view(torch.int32)), f"load: master {k}"
     diffs, ldiffs, moved = [], [], 0.0
     for i, s in enumerate(range(steps, steps + more)):
         loss = _curve_step(net, o, s, world, rank)
-        got = C.full_masters(o)
+        got = full_masters(o)
         diffs.append(max(float((got[k] - r["ref"][i][k]).abs().max()) for k in got))
         moved = max(moved, max(float((r["ref"][i][k] - r["start"][k]).abs().max()) for k in got))
         ldiffs.append(abs(loss - r["losses"][i]))
@@ -389,8 +473,12 @@ def case_reject(rank, world, root, tag, layout, planes_c):
             f.truncate(os.path.getsize(fn) // 2)
     check("truncated", CheckpointError, ["truncated or damaged"], truncate)
     check("flipped", CheckpointError, ["checksum mismatch"], lambda p: _flip_in_data(p, "master/c.weight"))
-    check("flipped_primary", CheckpointError, ["checksum mismatch"],
-          lambda p: _flip_in_data(p, "primary/b.weight/row_data"))
+    # (the primaries are not saved any more: the writeback rebuilds them; a flipped bit in the inner
+    # state's shards and in a replicated key instead)
+    check("flipped_state", CheckpointError, ["checksum mismatch", "state/b.weight/exp_avg"],
+          lambda p: _flip_in_data(p, "state/b.weight/exp_avg"))
+    check("flipped_model", CheckpointError, ["checksum mismatch", "model/frozen"],
+          lambda p: _flip_in_data(p, "model/frozen"))
     check("missing_key", CheckpointError, ["lacks", "state/c.weight/exp_avg"],
           lambda p: _drop_key(p, "state/c.weight/exp_avg"))
     check("no_metadata", CheckpointError, ["no .metadata"], lambda p: os.remove(os.path.join(p, ".metadata")))
@@ -405,7 +493,7 @@ def case_reject(rank, world, root, tag, layout, planes_c):
     check("layout", CheckpointMismatchError, [f"mxfp8:{layout}", f"mxfp8:{other}"],
           model=make(other, planes_c, seed=1, bucket_size=1800))
     check("inner", CheckpointMismatchError, ["inner optimizer", "AdamW", "SGD"],
-          model=make(layout, planes_c, seed=1, bucket_size=1800, factory=C.FACTORIES["sgd"](False)))
+          model=make(layout, planes_c, seed=1, bucket_size=1800, factory=FACTORIES["sgd"](False)))
     check("rng_other_dp", CheckpointError, ["RNG states are of 2 ranks"], rng=True)
     assert local_digest(m, o) == before
     # a save that fails on one rank (an extra value that is not JSON): that rank TypeError, the others
@@ -439,7 +527,15 @@ def case_export(rank, world, root, tag, layout, planes_c):
     load_checkpoint(os.path.join(root, tag, "ckpt"), m, o)
     fn = os.path.join(root, f"{tag}.safetensors")
     export_safetensors(fn, m)
-    sd = m.state_dict()
+    # the file holds the bytes the forward multiplies by: every converted weight's replicated planes
+    # (its GatheredWeight's), the rest of the state dict as it is
+    sd = {k: v for k, v in m.state_dict().items() if k not in ("a.weight", "b.weight", "c.weight")}
+    for mod in ("a", "b", "c"):
+        planes = getattr(m, mod).weight._box.planes
+        for leaf in ("row_data", "row_scale", "col_data", "col_scale"):
+            t = getattr(planes.get("col" if leaf.startswith("col") else "row"), leaf, None)
+            if t is not None and (getattr(m, mod).spec.planes == "both" or leaf.startswith("row")):
+                sd[f"{mod}.{leaf}"] = t
     with safe_open(fn, framework="pt") as f:
         names = set(f.keys())
         meta = f.metadata()
@@ -453,7 +549,7 @@ def case_export(rank, world, root, tag, layout, planes_c):
         mod, _, leaf = k.rpartition(".")
         want = torch.float8_e4m3fn if leaf in ("row_data", "col_data") else \
             torch.uint8 if leaf in ("row_scale", "col_scale") else sd[k].dtype
-        assert t.dtype == want and t.shape == sd[k].shape, (k, t.dtype, want, t.shape)
+        assert t.dtype == want and t.numel() == sd[k].numel(), (k, t.dtype, want, t.shape)
         assert torch.equal(_u8(t), _u8(sd[k])), k
     assert got["h"].dtype == torch.bfloat16 and got["ln.weight"].dtype == torch.float32
     assert ("c.col_data" in got) == (planes_c == "both")
