@@ -44,14 +44,16 @@ def test_exact_vs_one_process_reference(dist_results):
             assert out[(w, 0)]["split_items"] >= 1, f"{cid}: no item split between ranks"
             assert out[(w, 0)]["buckets"] >= 1
             if "rank_without_mx" in cid:
-                assert out[(w, 0)]["rank_without_mx"] >= 1 and out[(w, 0)]["buckets"] == 1
+                # (FSDP2's dim-0 rows: a 1-row weight alone among a bucket's converted weights)
+                assert out[(w, 0)]["rank_without_mx"] >= 1 and out[(w, 0)]["buckets"] >= 2
 
 
 def test_forward_backward_hooks_and_counts(dist_results):
     out = _case(dist_results, "fwdbwd")
     for w in WORLDS:
         per = out[(w, 0)]["per_step"]
-        assert per["all_reduce_norm"] == 1 and per["all_reduce_grad"] == out[(w, 0)]["buckets"]
+        assert per == {"all_reduce_norm": 1, "all_reduce_grad": out[(w, 0)]["buckets"], "all_reduce_max": 1,
+                       "all_gather": out[(w, 0)]["buckets"]}, per
         assert all(o["worst_over_bound"] <= 1.0 for (ww, _), o in out.items() if ww == w)
 
 
@@ -71,7 +73,7 @@ def test_mismatched_ranks_raise_everywhere(dist_results):
 def test_rank_local_step_failure_raises_everywhere(dist_results):
     out = _case(dist_results, "step_failure")
     for (w, r), o in out.items():
-        for k in ("replaced", "inner", "main_grad"):
+        for k in ("replaced", "inner", "weight_replaced"):
             assert o[k] == ("local" if r == 1 else "remote"), (w, r, k, o)
 
 
@@ -155,14 +157,15 @@ def test_bad_input_raises_before_anything():
 
     m = C.build_model()
     m.extra = nn.Parameter(torch.zeros(3, device="meta"))
-    raises_untouched(m, lambda: ShardedOptimizer(m, adam), ValueError, "several devices")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam), ValueError, "one device")
     m = C.build_model(extra_dense=torch.zeros(4, dtype=torch.float64))
     raises_untouched(m, lambda: ShardedOptimizer(m, adam), TypeError, "float64")
     m = C.build_model()
     raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.a, m.ln.weight]},
                                                                   {"params": [m.ln.weight]}]),
-              ValueError, "ln.weight is listed in group 0 and in group 1")
-    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["a", m.a]}]), ValueError, "twice")
+              ValueError, "list ln.weight once: it is in group 0 and in group 1")
+    raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": ["a", m.a]}]), ValueError,
+                     "list a.weight once")
     raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [m.frozen]}]), ValueError,
               "not a trainable item")
     raises_untouched(m, lambda: ShardedOptimizer(m, adam, param_groups=[{"params": [nn.Parameter(torch.zeros(2))]}]),
@@ -176,11 +179,12 @@ def test_bad_input_raises_before_anything():
     raises_untouched(m, lambda: ShardedOptimizer(m, adam, rounding="up"), ValueError, "rounding")
     raises_untouched(m, lambda: ShardedOptimizer(m, lambda g: torch.optim.AdamW([torch.zeros(2, requires_grad=True)])),
               ValueError, "exactly the param groups")
-    raises_untouched(m, lambda: ShardedOptimizer(m, lambda g: object()), TypeError, "not a torch.optim.Optimizer")
-    with pytest.raises(ValueError, match="empty model"):
+    raises_untouched(m, lambda: ShardedOptimizer(m, lambda g: object()), TypeError,
+                     "return a torch.optim.Optimizer, not object")
+    with pytest.raises(ValueError, match="trainable parameters"):
         ShardedOptimizer(nn.Module(), adam)
     frozen = nn.Linear(3, 3).requires_grad_(False)
-    with pytest.raises(ValueError, match="empty model"):
+    with pytest.raises(ValueError, match="trainable parameters"):
         ShardedOptimizer(frozen, adam)
     with pytest.raises(TypeError, match="nn.Module"):
         ShardedOptimizer([nn.Parameter(torch.zeros(2))], adam)
@@ -188,9 +192,9 @@ def test_bad_input_raises_before_anything():
     o = ShardedOptimizer(m, adam, bucket_size=2500)
     assert "ShardedOptimizer(world=1" in repr(o) and len(o.items) == len(C.item_table(m))
     assert o.param_groups is o.inner.param_groups
-    with pytest.raises(ValueError, match="not a mxshard.sharded_optimizer"):
+    with pytest.raises(ValueError, match="load a mxshard.sharded_optimizer/2 state dict"):
         o.load_state_dict({"format": "x"})
-    with pytest.raises(ValueError, match="already managed by another ShardedOptimizer"):
+    with pytest.raises(ValueError, match="close the ShardedOptimizer that trains a first"):
         ShardedOptimizer(m, adam)
     del o
     import gc

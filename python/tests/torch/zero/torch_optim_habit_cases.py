@@ -4,7 +4,6 @@ by every rank of the gloo groups test_torch_optim.py spawns (after every case
 of torch_dist_cases.PLAN, in the same groups: PLAN here is both), and a few
 helpers the world-of-one tests of test_torch_optim_habits.py share. Each case
 returns a small summary or raises."""
-import contextlib
 import gc
 
 import torch
@@ -13,29 +12,13 @@ from torch import nn
 import mxshard
 import torch_dist_cases as C
 import torch_harness as H
-from mxshard.torch import MXFP8Linear, ShardedOptimizer
-
-
-@contextlib.contextmanager
-def bf16_main_grads(cls=MXFP8Linear):
-    """`cls` declares that its backward accumulates into a bf16 main_grad (what
-    ShardedOptimizer(grad_dtype=torch.bfloat16) asks of a quantized linear);
-    the cases inject gradients into main_grad, no backward runs through it."""
-    had = "MAIN_GRAD_DTYPES" in cls.__dict__
-    old = cls.__dict__.get("MAIN_GRAD_DTYPES")
-    cls.MAIN_GRAD_DTYPES = (torch.float32, torch.bfloat16)
-    try:
-        yield
-    finally:
-        if had:
-            cls.MAIN_GRAD_DTYPES = old
-        else:
-            del cls.MAIN_GRAD_DTYPES
+from mxshard.torch import ShardedOptimizer, dequantized_weight
 
 
 def snapshot(m, opt):
-    """Everything a step may change: masters, inner state, the model's tensors, steps."""
-    return {"masters": [b.master.clone() for b in opt._buckets],
+    """Everything a step may change: masters, inner state, the model's tensors (a converted
+    weight's: its row plane dequantized), steps."""
+    return {"masters": [t.clone() for t in opt._master],
             "inner": {id(v): {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in st.items()}
                       for v, st in opt.inner.state.items()},
             "model": {k: v.clone() for k, v in m.state_dict().items()}, "steps": opt.steps}
@@ -63,9 +46,9 @@ def same(a, b):
 
 
 def values(m):
-    """Every item's value as the forward sees it, fp32 flat: a quantized weight's
-    row plane dequantized (master_init() once released), a dense parameter."""
-    return {n: (o.master_init() if C.is_mxfp8(o) else o.detach()).float().reshape(-1).clone()
+    """Every item's value as the forward sees it, fp32 flat: a converted weight's row plane
+    dequantized, a dense parameter."""
+    return {n: (dequantized_weight(o) if C.is_param_linear(o) else o.detach()).float().reshape(-1).clone()
             for n, o in C.item_table(m)}
 
 
@@ -144,6 +127,7 @@ def case_model_written(rank, world):
     if rank == bad:
         m.load_state_dict(C.build_model(seed=5).state_dict())
     before = snapshot(m, o)
+    assert not same(before, snapshot(m, o))
     C.inject(m, 1, rank)
     got = C._expect_raise(o.step, rank, bad, RuntimeError, "masters_from_model")
     diff = same(before, snapshot(m, o))
@@ -152,12 +136,14 @@ def case_model_written(rank, world):
     o.model_from_masters()
     assert all(torch.equal(m.state_dict()[k], v) for k, v in trained.items()), "model_from_masters did not undo"
     # train on from loaded values: every rank loads, then masters_from_model
-    m.load_state_dict(C.build_model(seed=5).state_dict())
-    loaded = values(m)
-    o.masters_from_model()
+    sd5 = C.build_model(seed=5).state_dict()
+    m.load_state_dict(sd5)
+    loaded = {n: sd5[n].float().reshape(-1) for n, _ in C.item_table(m)}   # (a converted weight: its
+    o.masters_from_model()                                                  # row plane dequantized)
     full = C.full_masters(o)
     for n, v in loaded.items():
-        assert torch.equal(full[n], v), f"{n}: the master is not the loaded value (dequantized row plane)"
+        assert torch.equal(full[n], v), f"{n}: the master is not the loaded value"
+    assert all(getattr(x, "_mxs_loaded", None) is None for x in m.modules()), "masters_from_model kept a copy"
     after = values(m)
     for n, v in loaded.items():  # the writeback re-quantizes the row planes' values to themselves
         assert torch.equal(after[n], v), f"{n}: the writeback after masters_from_model changed its values"
@@ -170,10 +156,11 @@ def case_model_written(rank, world):
 
 
 def case_set_master(rank, world):
-    """set_master_ on a converted linear the optimizer owns: on one rank only, the next step
-    raises on every rank (that rank naming masters_from_model) and changes nothing; on every
-    rank followed by masters_from_model(), the masters take the new values and training goes
-    on from them. A write through module.weight says so in its first sentence."""
+    """A new weight written into a converted linear the optimizer owns (module.load_state_dict, the
+    way the removed set_master_ went): on one rank only, the next step raises on every rank (that
+    rank naming masters_from_model) and changes nothing; on every rank followed by
+    masters_from_model(), the masters take the new values and training goes on from them. A write
+    through module.weight is refused, its first sentence saying to load and masters_from_model."""
     bad = 1
     out = {}
     for fmt, policy in (("mxfp8", "row"), ("nvfp4", "both")):
@@ -189,32 +176,37 @@ def case_set_master(rank, world):
             raise AssertionError("a write into module.weight was accepted")
         except RuntimeError as e:
             first = first_sentence(e)
-            assert "set_master_(w) on every rank, then opt.masters_from_model()" in first, e
+            assert first.startswith("mxshard: write 0.weight through model.load_state_dict(sd) and then "
+                                    "opt.masters_from_model() on every rank"), e
             assert "ParamLinear" not in str(e), e
         diff = same(before, snapshot(m, o))
         assert not diff, f"a refused write into module.weight changed {diff}"
         if rank == bad:
-            m[0].set_master_(torch.zeros(96, 64))
+            m[0].load_state_dict({"weight": torch.zeros(96, 64)}, strict=False)
         backward(m, rank, 1)
         out[f"{fmt}_one_rank"] = C._expect_raise(o.step, rank, bad, RuntimeError,
-                                                 "step: Right after writing into the model's weights, call "
-                                                 "opt.masters_from_model() on every rank")
-        diff = same(before, snapshot(m, o))   # (rank 1: only the planes set_master_ wrote)
-        assert (diff and all(d.startswith("0.") for d in diff)) if rank == bad else not diff, diff
-        o.model_from_masters()   # undo rank 1's write
-        assert not same(before, snapshot(m, o)), "model_from_masters did not undo set_master_"
+                                                 "ShardedOptimizer.step: call opt.masters_from_model() (train on "
+                                                 "from what was written) or opt.model_from_masters() (undo it) on "
+                                                 "every rank: 0.weight was written")
+        diff = same(before, snapshot(m, o))   # (the loaded value waits on the module: nothing changed yet)
+        assert not diff, diff
+        o.model_from_masters()   # (undo rank 1's write)
+        assert getattr(m[0], "_mxs_loaded", None) is None and not same(before, snapshot(m, o))
+        o.zero_grad()
+        backward(m, rank, 1)
+        o.step()                 # (the undone write no longer refuses a step)
         o.zero_grad()
         w = torch.linspace(-0.5, 0.5, 96 * 64).reshape(96, 64)
-        m[0].set_master_(w)
-        written = m[0].weight.clone()
+        m[0].load_state_dict({"weight": w}, strict=False)
         o.masters_from_model()
         full = C.full_masters(o)
-        assert torch.equal(full["0.weight"], written.reshape(-1)), "the master is not the value set_master_ wrote"
-        assert (written - w).abs().max() <= 0.2 * w.abs().max()
+        assert torch.equal(full["0.weight"], w.reshape(-1)), "the master is not the value written"
+        written = dequantized_weight(m[0])
+        assert 0 < (written - w).abs().max() <= 0.2 * w.abs().max()   # the planes: w quantized
         backward(m, rank, 2)
         o.step()
-        moved = (C.full_masters(o)["0.weight"] - written.reshape(-1)).abs().max().item()
-        assert 0 < moved < 0.05, f"the step after set_master_ + masters_from_model moved the master by {moved}"
+        moved = (C.full_masters(o)["0.weight"] - w.reshape(-1)).abs().max().item()
+        assert 0 < moved < 0.05, f"the step after a load + masters_from_model moved the master by {moved}"
         o.close()
     return out
 
@@ -248,8 +240,8 @@ def case_requires_grad_changed(rank, world):
         before = snapshot(m, o)
         backward(m, rank, 1)
         out[what] = C._expect_raise(o.step, rank, bad, RuntimeError,
-                                    "ShardedOptimizer.step: Freeze or unfreeze parameters (requires_grad_) before "
-                                    "building ShardedOptimizer")
+                                    "ShardedOptimizer.step: freeze or unfreeze parameters before building the "
+                                    "ShardedOptimizer")
         diff = same(before, snapshot(m, o))
         assert not diff, f"{what}: a refused step changed {diff}"
         if rank == bad:
@@ -342,10 +334,9 @@ def case_bf16_exact(rank, world):
     """grad_dtype=bfloat16: masters bit-identical to the fp32 one-process
     reference (dyadic gradients), with all_reduce (gloo) and with
     reduce_scatter into a separate bf16 shard."""
-    with bf16_main_grads():
-        a = C.case_exact(rank, world, grad_dtype=torch.bfloat16, max_grad_norm=0.05, steps=2)
-        b = C.case_exact(rank, world, grad_dtype=torch.bfloat16, direct=True, foreach=True, bucket_size=1800,
-                         steps=1)
+    a = C.case_exact(rank, world, grad_dtype=torch.bfloat16, max_grad_norm=0.05, steps=2)
+    b = C.case_exact(rank, world, grad_dtype=torch.bfloat16, direct=True, foreach=True, bucket_size=1800,
+                     steps=1)
     return {"per_step": a["per_step"], "direct": b["per_step"]}
 
 
@@ -398,7 +389,7 @@ def case_fsdp_after(rank, world):
         if what == "dense_sub":
             m.append(nn.Linear(64, 64))
         o = ShardedOptimizer(m, _adamw)
-        masters = [b.master.clone() for b in o._buckets]
+        masters = [t.clone() for t in o._master]
         if what == "linears_and_root":
             fully_shard(m[0], mesh=mesh)
             fully_shard(m[2], mesh=mesh)
@@ -418,7 +409,7 @@ def case_fsdp_after(rank, world):
             assert advice in first, e
             assert first.startswith(advice if what == "linears_and_root" else "ShardedOptimizer.step: " + advice), e
             out[what] = "forward" if "ShardedOptimizer.step" not in str(e) else "step"
-        assert all(torch.equal(a.view(torch.int32), b.master.view(torch.int32)) for a, b in zip(masters, o._buckets)), \
+        assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(masters, o._master)), \
             f"{what}: a refused step changed the masters"
         o.close()
     return out
@@ -453,7 +444,7 @@ def case_export_subgroup(rank, world):
     written = os.path.exists(path)
     plain = nn.Sequential(nn.Linear(40, 48), nn.GELU(), nn.Linear(48, 8))
     mxt.load_safetensors(path, plain)
-    same = all(torch.equal(plain[i].weight.detach(), m[i].weight.detach().float()) for i in (0, 2))
+    same = all(torch.equal(plain[i].weight.detach(), dequantized_weight(m[i])) for i in (0, 2))
     o.close()
     dist.barrier(sub)
     if rank == 1:
