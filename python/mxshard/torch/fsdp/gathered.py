@@ -104,9 +104,11 @@ class GatheredWeight(torch.Tensor):
         if func.name().split("::")[-1].split(".")[0] in _MATMULS | {"t", "transpose", "permute", "numpy_T"}:
             # F.linear(x, self.qkv.weight) in a forward (t + addmm), x @ w.T
             mod = meta.name if meta is not None and meta.name else "the module"
+            where = "ShardedOptimizer it is the replicated" if g is not None and g._box.mesh is None else \
+                "FSDP2 it is the gathered"
             raise NotImplementedError(
                 f"mxshard: call the module to multiply by {what} ({mod}(x)), or keep {mod} dense "
-                f"(convert(..., skip=[{mod!r}])): under FSDP2 it is the gathered {fmt} weight, which holds "
+                f"(convert(..., skip=[{mod!r}])): under {where} {fmt} weight, which holds "
                 f"quantized planes, not values, so {func} cannot run on it; the module's own forward multiplies "
                 f"by them")
         if func.name().split("::")[-1].split(".")[0] in _LOOKUPS:

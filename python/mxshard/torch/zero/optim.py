@@ -191,7 +191,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                 s = it.module.spec
                 s = s._replace(round_through=_ROUND_THROUGH[self.round_through],
                                rounding=self.rounding if self.rounding and s.format == "mxfp8" else s.rounding)
-                metas[it.name] = WeightMeta(s, it.name, it.rows, it.cols)
+                metas[it.name] = WeightMeta(s, it.name.rpartition(".")[0], it.rows, it.cols)   # (the module's name, as FSDP2's)
         self._metas = metas
         gdt = dict(dtype=self.grad_dtype, device=device)
         for g in self._geoms:

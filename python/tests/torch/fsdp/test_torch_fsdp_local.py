@@ -164,12 +164,19 @@ def test_what_cannot_work_fails_clearly():
     with pytest.raises(ValueError, match="in_features=40"):
         m[0](torch.randn(2, 39))
     from mxshard.torch.fsdp.gathered import GatheredWeight, _Box
-    gathered = GatheredWeight((33, 40), torch.float32, torch.device("cpu"), _Box(m[0].weight, None))
+    # FSDP2's gathered weight (its box has the gathers' mesh; any object stands for one here)
+    gathered = GatheredWeight((33, 40), torch.float32, torch.device("cpu"), _Box(m[0].weight, object()))
     first = r"^mxshard: call reshard\(\) on the fully_shard module that holds 0\.weight .*before reading 0\.weight:"
     with pytest.raises(NotImplementedError, match=first + ".*gathered MXFP8 weight.*dequantized_weight"):
         gathered.sum()
     with pytest.raises(NotImplementedError, match=first):   # (a copy out of it names the weight too)
         torch.empty(33, 40).copy_(gathered)
+    # ShardedOptimizer's replicated weight (a box without a mesh) says how to write and read it instead
+    held = GatheredWeight((33, 40), torch.float32, torch.device("cpu"), _Box(m[0].weight, None))
+    second = (r"^mxshard: write 0\.weight through model\.load_state_dict\(sd\) and then opt\.masters_from_model\(\) "
+              r"on every rank .*dequantized_weight\(module\): under ShardedOptimizer it is the replicated MXFP8 weight")
+    with pytest.raises(NotImplementedError, match=second):
+        held.sum()
 
 
 def test_convert_strict_rejects_patterns_that_match_nothing():
@@ -188,20 +195,40 @@ def test_convert_strict_rejects_patterns_that_match_nothing():
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
-def test_buffer_linears_weight_is_a_read_only_dequantized_view(fmt):
-    """MXFP8Linear / NVFP4Linear (convert without fsdp): .weight reads the dequantized row plane;
-    writes through it (HF-style .data.normal_(), nn.init, a new Parameter) raise and say what to use."""
+def test_built_linears_weight_is_the_master_and_read_only_under_sharded_optimizer(fmt):
+    """MXFP8Linear / NVFP4Linear(in, out) build convert()'s linear (the removed buffer linears'
+    names): .weight is the master Parameter, writes through it (HF-style .data.normal_(), nn.init)
+    reach the bytes the forward uses. Under ShardedOptimizer the weight is its replicated quantized
+    weight: the same writes raise, saying to write through load_state_dict + masters_from_model and
+    to read with dequantized_weight, and a refused write changes nothing."""
     torch, mxshard, mxt = _mods()
-    m = mxt.MXFP8Linear(40, 16) if fmt == "mxfp8" else mxt.NVFP4Linear(40, 16)
+    cls, param_cls = (mxt.MXFP8Linear, mxt.MXFP8ParamLinear) if fmt == "mxfp8" else \
+        (mxt.NVFP4Linear, mxt.NVFP4ParamLinear)
+    m = cls(40, 16)
+    assert type(m) is param_cls and isinstance(m, cls) and not isinstance(m, (mxt.NVFP4Linear if fmt == "mxfp8"
+                                                                               else mxt.MXFP8Linear))
     w = m.weight
+    assert isinstance(w, torch.nn.Parameter) and isinstance(w, mxt.QuantMaster)
     assert tuple(w.shape) == (16, 40) and w.dtype == torch.float32
-    assert torch.equal(w * 1, m._dequant("row", "f32"))
     x = torch.randn(3, 40)
-    assert torch.allclose(torch.nn.functional.linear(x, w), x @ m._dequant("row", "f32").t())
-    for write in (lambda: m.weight.data.normal_(), lambda: torch.nn.init.zeros_(m.weight),
-                  lambda: m.weight.t().mul_(2)):
-        with pytest.raises(RuntimeError, match=r"(?s)(?=.*read-only dequantized view)(?=.*set_master_)"):
+    deq = mxt.dequantized_weight(m)
+    assert torch.equal(m(x), torch.nn.functional.linear(x.to(m.compute_dtype), deq.to(m.compute_dtype),
+                                                        m.bias.to(m.compute_dtype)).float())
+    with torch.no_grad():
+        m.weight.data.normal_()
+    assert not torch.equal(mxt.dequantized_weight(m), deq)
+    torch.nn.init.zeros_(m.weight)
+    assert torch.count_nonzero(mxt.dequantized_weight(m)) == 0
+    torch.nn.init.normal_(m.weight)
+    model = torch.nn.Sequential(m)
+    opt = mxt.ShardedOptimizer(model, lambda g: torch.optim.SGD(g, lr=0.1))
+    before = mxt.dequantized_weight(m).clone()
+    words = r"^mxshard: write 0\.weight through model\.load_state_dict\(sd\) and then opt\.masters_from_model\(\)"
+    for write in (lambda: m.weight.data.normal_(), lambda: torch.nn.init.zeros_(m.weight)):
+        with pytest.raises(NotImplementedError, match=words):
             write()
-    with pytest.raises(AttributeError, match=r"(?s)(?=.*read-only)(?=.*set_master_)"):
-        m.weight = torch.nn.Parameter(torch.zeros(16, 40))
-    assert torch.equal(m.weight * 1, w * 1), "a refused write changed the weight"
+    with pytest.raises(NotImplementedError, match=r"^mxshard: call the module to multiply by 0\.weight \(0\(x\)\).*"
+                                                  r"under ShardedOptimizer it is the replicated " + fmt.upper()):
+        m.weight.t().mul_(2)
+    assert torch.equal(mxt.dequantized_weight(m), before), "a refused write changed the weight"
+    opt.close()
