@@ -112,22 +112,27 @@ def _gather(t, world):
 
 def verify_weights(model, opt, round_through="none"):
     """Collective. The library's invariant, checked from outside: every MXFP8
-    primary (data and scales of each plane) equals mxshard.quantize of the whole
-    gathered FP32 master (rounded through bf16 first when round-through is on),
-    and every dense parameter equals its master cast to its dtype. Uses only
-    public attributes: opt.state_dict() (the master shards), opt.items, the modules."""
+    primary (data and scales of each plane the forward uses: the converted
+    linear's replicated GatheredWeight planes) equals mxshard.quantize of the
+    whole gathered FP32 master (rounded through bf16 first when round-through is
+    on), and every dense parameter equals its master cast to its dtype. Uses
+    opt.state_dict() (each master a DTensor Shard(0), or the whole tensor at a
+    world of one), opt.items and the modules."""
     import torch
     import mxshard
-    shards = opt.state_dict()["buckets"]
-    full = [_gather(m, opt.world) for m in shards]
+    masters = opt.state_dict()["masters"]
     params = dict(model.named_parameters())
     planes = bad = dense = dense_bad = 0
     err2 = ref2 = 0.0
     for it in opt.items:
-        n = 1
-        for s in it.shape:
-            n *= int(s)
-        src = full[it.bucket][it.offset:it.offset + n].view(it.shape)
+        t = masters[it.name]
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if opt.world > 1:   # Shard(0): every rank's rows, padded to the first rank's count
+            rows = -(-(int(it.shape[0]) if it.shape else 1) // opt.world)
+            pad = local.new_zeros((rows,) + tuple(local.shape[1:]))
+            pad[:local.shape[0]] = local
+            local = _gather(pad.contiguous(), opt.world)
+        src = local[:int(it.shape[0]) if it.shape else 1].reshape(it.shape)
         if it.kind == "dense":
             p = params[it.name].detach()
             dense += 1
@@ -135,17 +140,20 @@ def verify_weights(model, opt, round_through="none"):
                               src.to(p.dtype).contiguous().view(torch.uint8).reshape(-1)).sum())
             continue
         m = model.get_submodule(it.name[:-len(".weight")])
-        w = m.primary
+        spec = m.spec
+        box = m.weight._box.planes
         q_src = src.to(torch.bfloat16) if round_through == "bf16" else src
-        ref = mxshard.MXFP8Weight.empty(*it.shape, planes=m.planes, layout=m.layout, device=src.device)
-        mxshard.quantize(ref, q_src.contiguous(), rounding=m.rounding)
+        ref = mxshard.MXFP8Weight.empty(*it.shape, planes=spec.planes, layout=spec.layout, device=src.device)
+        mxshard.quantize(ref, q_src.contiguous(), rounding=spec.rounding)
         for pn in ("row_data", "row_scale", "col_data", "col_scale"):
-            x, y = getattr(w, pn), getattr(ref, pn)
+            x = getattr(box["col" if pn.startswith("col") else "row"], pn, None) if spec.planes == "both" or \
+                pn.startswith("row") else None
+            y = getattr(ref, pn)
             if x is None:
                 continue
             planes += 1
-            bad += int((x.reshape(-1) != y.reshape(-1)).sum())
-        q = w.dequantize(plane="row", dtype="f32")
+            bad += int((x.reshape(-1).view(torch.uint8) != y.reshape(-1).view(torch.uint8)).sum())
+        q = box["row"].dequantize(plane="row", dtype="f32")
         err2 += float(((q - src) ** 2).sum())
         ref2 += float((src ** 2).sum())
     return {"planes": planes, "mismatched_bytes": bad, "dense_params": dense, "dense_mismatched_bytes": dense_bad,

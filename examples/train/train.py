@@ -376,19 +376,19 @@ def run(rank, world, backend, device, a, counter, trace):
     for it in opt.items:
         kinds[it.kind] = kinds.get(it.kind, 0) + math.prod(it.shape)
     n_total = sum(kinds.values())
-    n_mx = kinds.get("mx_row", 0) + kinds.get("mx_both", 0)
+    n_mx = kinds.get("mxfp8_row", 0) + kinds.get("mxfp8_both", 0)
     log(f"config {a.config} {cfg}; params {n_total:,} (mxfp8 linears {n_mx:,}, bidirectional "
-        f"{kinds.get('mx_both', 0):,}); {len(opt.plan.buckets)} bucket(s); backend {backend}; device {device}; "
+        f"{kinds.get('mxfp8_both', 0):,}); {len(opt.buckets)} bucket(s); backend {backend}; device {device}; "
         f"launcher {a.launcher}")
     log(f"Markov source: vocab {gcfg.vocab}, entropy rate {src.entropy_rate:.4f} nats/token (the loss floor)")
     res = {"config": a.config, "cfg": cfg, "variant": a.variant, "dp": world, "backend": backend,
            "launcher": a.launcher, "device": str(device),
            "device_name": torch.cuda.get_device_name(device) if is_cuda else "cpu", "torch": torch.__version__,
-           "params": n_total, "n_mx": n_mx, "n_both": kinds.get("mx_both", 0), "n_dense": kinds.get("dense", 0),
+           "params": n_total, "n_mx": n_mx, "n_both": kinds.get("mxfp8_both", 0), "n_dense": kinds.get("dense", 0),
            "entropy_floor": src.entropy_rate, "bidir": sorted(bidir) if a.variant == "mxfp8" else [],
            "steps": a.steps, "lr": a.lr, "seed": a.seed, "deterministic": bool(a.deterministic),
            "scale_layout": a.scale_layout, "rounding": a.rounding, "round_through": a.round_through,
-           "buckets": len(opt.plan.buckets), "overlap": not a.no_overlap,
+           "buckets": len(opt.buckets), "overlap": not a.no_overlap,
            "gemm": "dequantize to bf16 + torch.matmul (no FP8 GEMM)",
            "grad_sync": "none (dp=1)" if world == 1 else
            ("all_reduce + slice (gloo has no reduce-scatter)" if backend == "gloo" else "reduce_scatter_tensor")}
