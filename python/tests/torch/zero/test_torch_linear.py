@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: MIT
-"""mxshard.torch.zero.linear: MXFP8Linear (forward from the row plane, backward from
-the row or column-wise plane, wgrad into an fp32 main_grad: fp32 sums of the
-exact products), convert(), the master / storage calls. On CPU the GEMMs are
+"""MXFP8Linear(in, out, ...) (convert()'s MXFP8ParamLinear built directly; the removed
+ShardedOptimizer linear's tests moved onto it): forward from the row plane, backward from
+the row or column-wise plane, wgrad into weight.grad (fp32 sums of the exact products),
+convert(), the master and its writes; under ShardedOptimizer (a world of one) the same
+rules read the replicated planes and the gradient lands in the optimizer's bucket. On CPU the GEMMs are
 the reference path (dequantize + torch); on CUDA they are compared within the
 fp32 bound (python/tests/torch/gemm/test_torch_gemm.py tests the paths themselves). Skips without torch or the host library; the CUDA
 cases skip without a GPU and libmxshard_cuda."""
@@ -26,7 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from conftest import cuda_or_skip  # noqa: E402
 from mxshard.torch.gemm import paths as _gemm  # noqa: E402
 import mxshard.torch as mxt  # noqa: E402
-from mxshard.torch.zero.linear import MXFP8Linear, is_mxfp8  # noqa: E402
+from mxshard.torch import MXFP8Linear, is_mxfp8  # noqa: E402
 from mxshard.torch.convert import convert  # noqa: E402
 
 LAYOUTS = ("compact", "padded", "swizzled")
@@ -37,6 +39,9 @@ SEEDS = (0, 1, 2)
 _gen = np.random.default_rng(20240615)
 SHAPES = [(1, 1), (1, 65), (33, 1), (33, 65), (64, 32)] + \
          [(int(a), int(b)) for a, b in _gen.integers(1, 160, size=(3, 2))]
+
+
+CODE = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
 def deq(m, plane, dtype):
@@ -61,9 +66,39 @@ def close(y, exact, abs_prod, k, dtype):
     return bool(torch.all((y.double().cpu() - e).abs() <= k * 2.0 ** -24 * abs_prod.cpu() + 2 * u * e.abs()))
 
 
-def make(inf, outf, planes, layout, dtype, seed, bias=True, device="cpu"):
+def make(inf, outf, planes, layout, dtype, seed, bias=True, device="cpu", rounding="ceil"):
     torch.manual_seed(seed)
-    return MXFP8Linear(inf, outf, bias=bias, planes=planes, layout=layout, compute_dtype=dtype, device=device)
+    return MXFP8Linear(inf, outf, bias=bias, planes=planes, layout=layout, compute_dtype=dtype, device=device,
+                       rounding=rounding)
+
+
+def set_master(m, w):
+    """The removed set_master_: write the master (the bytes follow at the next use)."""
+    with torch.no_grad():
+        m.weight.copy_(w)
+    return m
+
+
+def whole_quantize(m):
+    """The whole-tensor quantize of m's master rounded through bf16 (its spec)."""
+    ref = mxshard.MXFP8Weight.empty(m.out_features, m.in_features, planes=m.planes, layout=m.layout,
+                                    device=m.weight.device)
+    return mxshard.quantize(ref, m.weight.detach()._data.to(torch.bfloat16), rounding=m.rounding)
+
+
+def under_optimizer(m):
+    """m inside a model under ShardedOptimizer (a world of one): (model, opt)."""
+    model = nn.Sequential(m)
+    return model, mxt.ShardedOptimizer(model, lambda g: torch.optim.SGD(g, lr=0.0))
+
+
+def bucket_grad(opt, name):
+    """The gradient ShardedOptimizer's bucket holds for item `name` (world of one: all rows)."""
+    for g, grad in zip(opt.buckets, opt._grad):
+        for pos, it in enumerate(g.items):
+            if it.name == name:
+                return g.view(grad, pos, 0).reshape(it.shape)
+    raise KeyError(name)
 
 
 # ---- forward -------------------------------------------------------------------
@@ -86,11 +121,18 @@ def test_forward_is_linear_of_row_plane(layout, planes, dtype):
         ref = torch.matmul(x.to(torch.float64), w.double().t()) + (b.double() if b is not None else 0)
         tol = 1e-5 if dtype == torch.float32 else 3e-2
         assert torch.allclose(y.double(), ref, rtol=tol, atol=tol * max(1.0, ref.abs().max().item()))
-        # the row plane holds the fp32 initial master (up to MXFP8 rounding: 3 mantissa bits)
-        wi = m.master_init()
+        # the row plane holds the fp32 master (up to MXFP8 rounding: 3 mantissa bits), exactly its
+        # whole-tensor quantize (through bf16)
+        wi = m.weight.detach()._data
         assert torch.all((deq(m, "row", torch.float32) - wi).abs() <= wi.abs() * 0.0625 + 2.0 ** -120)
+        assert same(deq(m, "row", torch.float32), mxshard.dequantize(whole_quantize(m), plane="row", dtype="f32"))
         with torch.no_grad():
             assert same(m(x), y)
+        if k < 3:   # the same forward under ShardedOptimizer: its replicated row plane, the same bytes
+            model, opt = under_optimizer(m)
+            assert same(model(x), y) and same(mxt.dequantized_weight(m, dtype), w)
+            assert same(mxshard.dequantize(m.weight._box.planes["row"], plane="row", dtype=CODE[dtype]), w)
+            opt.close()
 
 
 def test_forward_casts_and_validates():
@@ -113,18 +155,14 @@ def test_forward_casts_and_validates():
 
 
 def test_constructor_validates():
-    for kw in (dict(in_features=0, out_features=4), dict(in_features=4, out_features=0),
-               dict(in_features=4, out_features=4, planes="col"), dict(in_features=4, out_features=4, planes="Row"),
+    for kw in (dict(in_features=4, out_features=4, planes="col"), dict(in_features=4, out_features=4, planes="Row"),
                dict(in_features=4, out_features=4, layout="te"), dict(in_features=4, out_features=4, rounding="up"),
                dict(in_features=4, out_features=4, compute_dtype=torch.float64),
-               dict(in_features=4, out_features=4, compute_dtype="bf16"),
-               dict(in_features=4, out_features=4, device="meta")):
+               dict(in_features=4, out_features=4, compute_dtype="bf16")):
         with pytest.raises(ValueError):
             MXFP8Linear(**kw)
     with pytest.raises(TypeError):
         MXFP8Linear(4.0, 4)
-    with pytest.raises(TypeError):
-        MXFP8Linear(4, 4, bias="yes")
 
 
 def test_missing_library_is_a_clear_error(monkeypatch):
@@ -132,10 +170,8 @@ def test_missing_library_is_a_clear_error(monkeypatch):
         raise _lib.LibraryNotFoundError("mxshard: cannot load the host library libmxshard_host (test)")
     m = make(8, 8, "row", "padded", torch.float32, 0)
     monkeypatch.setattr(_lib, "host_lib", absent)
-    with pytest.raises(mxshard.LibraryNotFoundError, match="MXFP8Linear on cpu needs the host library"):
+    with pytest.raises(mxshard.LibraryNotFoundError, match="on cpu needs the host library"):
         MXFP8Linear(8, 8)
-    with pytest.raises(mxshard.LibraryNotFoundError, match="libmxshard_host"):
-        m(torch.randn(2, 8))
     with pytest.raises(mxshard.LibraryNotFoundError):
         convert(nn.Sequential(nn.Linear(4, 4)))
 
@@ -145,16 +181,16 @@ def test_missing_library_is_a_clear_error(monkeypatch):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("planes", PLANES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_backward_planes_main_grad_hook(layout, planes, dtype):
+def test_backward_planes_weight_grad_hook(layout, planes, dtype):
     bw_plane = "col" if planes == "both" else "row"
     for k, ((inf, outf), seed) in enumerate(zip(SHAPES[:6], itertools.cycle(SEEDS))):
         m = make(inf, outf, planes, layout, dtype, seed)
         g = torch.Generator().manual_seed(7 + k)
-        m.set_master_(torch.randn(outf, inf, generator=g) * torch.exp2(torch.randint(-6, 7, (outf, inf), generator=g)))
+        set_master(m, torch.randn(outf, inf, generator=g) * torch.exp2(torch.randint(-6, 7, (outf, inf), generator=g)))
         calls = []
-        m._mxs_grad_hook = lambda: calls.append(m.main_grad.clone())
+        m.weight.register_post_accumulate_grad_hook(lambda p: calls.append(p.grad.clone()))
         lead = [(5,), (2, 3)][k % 2]
-        expect_main = torch.zeros(outf, inf)
+        expect_w = torch.zeros(outf, inf)
         expect_bias = torch.zeros(outf)
         for step in range(2):
             x = torch.randn(*lead, inf, generator=g).requires_grad_(True)
@@ -164,15 +200,36 @@ def test_backward_planes_main_grad_hook(layout, planes, dtype):
             w = deq(m, bw_plane, dtype)
             assert same(x.grad, torch.matmul(gy, w).to(torch.float32)), (inf, outf, step)
             gy2, x2 = gy.reshape(-1, outf), x.detach().to(dtype).reshape(-1, inf)
-            expect_main.addmm_(gy2.t().float(), x2.float())   # fp32 sums of the exact products
+            expect_w += torch.mm(gy2.t().float(), x2.float())   # fp32 sums of the exact products
             expect_bias += gy2.sum(0).to(torch.float32)
-            assert m.main_grad.dtype == torch.float32 and same(m.main_grad, expect_main)
+            assert m.weight.grad.dtype == torch.float32 and same(m.weight.grad, expect_w)
             assert same(m.bias.grad, expect_bias)
-            assert len(calls) == step + 1 and same(calls[-1], expect_main)  # the hook sees the updated main_grad
+            assert len(calls) == step + 1 and same(calls[-1], expect_w)  # the hook sees the accumulated grad
+        p = m.primary
         for n in ("row_data", "row_scale", "col_data", "col_scale"):
-            t = getattr(m, n)
+            t = getattr(p, n, None)
             assert t is None or (t.grad is None and not t.requires_grad and t.dtype == torch.uint8)
-        assert [n for n, _ in m.named_parameters()] == ["bias"]
+        assert [n for n, _ in m.named_parameters()] == ["weight", "bias"] and not list(m.named_buffers())
+
+
+@pytest.mark.parametrize("planes", PLANES)
+def test_backward_under_sharded_optimizer_reads_its_planes_and_fills_its_bucket(planes):
+    """The optimizer's linear: x.grad from its replicated dgrad plane, the weight gradient (fp32
+    sums of the exact products) in its bucket, the Parameter's .grad a HeldGrad."""
+    from mxshard.torch.zero.held_grad import HeldGrad
+    m = make(70, 40, planes, "padded", torch.bfloat16, 3)
+    set_master(m, torch.randn(40, 70) * torch.exp2(torch.randint(-6, 7, (40, 70)).float()))
+    model, opt = under_optimizer(m)
+    x = torch.randn(6, 70, requires_grad=True)
+    gy = torch.randn(6, 40).to(torch.bfloat16)
+    model(x).backward(gy)
+    plane = "col" if planes == "both" else "row"
+    w = mxshard.dequantize(m.weight._box.planes[plane], plane=plane, dtype="bf16")
+    assert same(x.grad, torch.matmul(gy, w).float())
+    assert same(bucket_grad(opt, "0.weight"), torch.mm(gy.t().float(), x.detach().to(torch.bfloat16).float()))
+    assert same(bucket_grad(opt, "0.bias"), gy.sum(0).float())
+    assert isinstance(m.weight.grad, HeldGrad)
+    opt.close()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -181,7 +238,7 @@ def test_both_uses_the_column_plane(dtype):
     # kaiming-uniform blocks all share one amax exponent (both planes then decode alike): use
     # per-element magnitudes spread over several binades so the row and column blocks differ
     w = torch.randn(40, 70) * torch.exp2(torch.randint(-6, 7, (40, 70)).float())
-    m.set_master_(w)
+    set_master(m, w)
     x = torch.randn(6, 70, requires_grad=True)
     gy = torch.randn(6, 40).to(dtype)
     m(x).backward(gy)
@@ -190,8 +247,8 @@ def test_both_uses_the_column_plane(dtype):
     assert same(x.grad, by_col)
     assert not torch.equal(by_col, by_row)  # random data: the planes' blocks differ
     # a row-only module with the same master reads the row plane
-    r = make(70, 40, "row", "padded", dtype, 3).set_master_(w)
-    assert same(r.row_data, m.row_data)
+    r = set_master(make(70, 40, "row", "padded", dtype, 3), w)
+    assert same(r.primary.row_data, m.primary.row_data)
     assert not torch.equal(deq(m, "col", dtype), deq(m, "row", dtype))
     x2 = x.detach().clone().requires_grad_(True)
     r(x2).backward(gy)
@@ -202,29 +259,23 @@ def test_wgrad_without_any_input_requiring_grad():
     m = make(16, 8, "row", "compact", torch.float32, 0, bias=False)
     x = torch.randn(3, 16)
     calls = []
-    m._mxs_grad_hook = lambda: calls.append(1)
+    m.weight.register_post_accumulate_grad_hook(lambda p: calls.append(1))
     m(x).sum().backward()
-    assert same(m.main_grad, torch.ones(3, 8).t() @ x) and calls == [1]
-    m.main_grad.zero_()
-    own = m.main_grad
-    m(x).sum().backward()  # an existing main_grad is accumulated into, not replaced
-    assert m.main_grad is own and same(own, torch.ones(3, 8).t() @ x)
-    m.main_grad = torch.zeros(8, 16, dtype=torch.float16)   # float32 or bfloat16 only
-    with pytest.raises(ValueError, match="main_grad"):
-        m(x).sum().backward()
+    assert same(m.weight.grad, torch.ones(3, 8).t() @ x) and calls == [1]
+    m.weight.grad.zero_()
+    own = m.weight.grad
+    m(x).sum().backward()  # an existing .grad is accumulated into, not replaced
+    assert m.weight.grad is own and same(own, torch.ones(3, 8).t() @ x)
 
 
 @pytest.mark.parametrize("planes", PLANES)
-def test_autograd_grad_wrt_input_leaves_main_grad(planes):
-    """torch.autograd.grad(loss, x) (saliency, an input-gradient penalty) and
-    backward(inputs=[x]) return x's gradient and leave main_grad, the gradient
-    hook and the bias' .grad alone, as they leave .grad alone in torch; a
-    retained graph's loss.backward() after them accumulates exactly what a plain
-    backward does. The token standing for the weight is neither a parameter nor
-    in the state dict."""
+def test_autograd_grad_wrt_input_leaves_weight_grad(planes):
+    """torch.autograd.grad(loss, x) and backward(inputs=[x]) return x's gradient and leave the
+    weight's and the bias' .grad and the gradient hook alone, as with nn.Linear; a retained graph's
+    loss.backward() after them accumulates exactly what a plain backward does."""
     m = make(24, 12, planes, "padded", torch.float32, 1)
     calls = []
-    m._mxs_grad_hook = lambda: calls.append(1)
+    m.weight.register_post_accumulate_grad_hook(lambda p: calls.append(1))
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4, 24, generator=g, requires_grad=True)
     gy = torch.randn(4, 12, generator=g)
@@ -234,38 +285,33 @@ def test_autograd_grad_wrt_input_leaves_main_grad(planes):
     y = m(x)
     gx, = torch.autograd.grad(y, x, gy, retain_graph=True)
     assert same(gx, xr.grad)
-    assert m.main_grad is None and calls == [] and m.bias.grad is None
+    assert m.weight.grad is None and calls == [] and m.bias.grad is None
     y.backward(gy, inputs=[x], retain_graph=True)
-    assert m.main_grad is None and calls == [] and m.bias.grad is None and same(x.grad, xr.grad)
+    assert m.weight.grad is None and calls == [] and m.bias.grad is None and same(x.grad, xr.grad)
     x.grad = None
     y.backward(gy)   # a plain backward of the same graph: the weight gradient, bit-identical
-    assert same(m.main_grad, ref.main_grad) and calls == [1] and same(m.bias.grad, ref.bias.grad)
+    assert same(m.weight.grad, ref.weight.grad) and calls == [1] and same(m.bias.grad, ref.bias.grad)
     assert same(x.grad, xr.grad)
-    # x requires no grad (the token alone carries the graph): autograd.grad wrt the bias only
     y = m(x.detach())
     gb, = torch.autograd.grad(y, m.bias, gy)
-    assert same(gb, gy.sum(0)) and same(m.main_grad, ref.main_grad) and calls == [1]
-    assert [n for n, _ in m.named_parameters()] == ["bias"]
-    assert not any("token" in k for k in m.state_dict()) and "_mxs_token" not in m._buffers
+    assert same(gb, gy.sum(0)) and same(m.weight.grad, ref.weight.grad) and calls == [1]
+    assert [n for n, _ in m.named_parameters()] == ["weight", "bias"] and set(m.state_dict()) == {"weight", "bias"}
 
 
 @pytest.mark.parametrize("planes", PLANES)
 def test_double_backward_raises(planes):
-    """create_graph=True through a quantized linear (a gradient penalty) raises, saying to keep
-    the layer dense, and leaves main_grad alone; create_graph=False works as before."""
+    """create_graph=True raises, saying to keep the layer dense, and leaves .grad alone (the message
+    on both paths: test_torch_one_weight.py test_double_backward_says_to_keep_the_layer_dense)."""
     m = make(24, 12, planes, "padded", torch.float32, 1)
     x = torch.randn(4, 24, requires_grad=True)
-    with pytest.raises(RuntimeError) as e:
+    with pytest.raises(RuntimeError, match="^mxshard: keep layers that need double backward"):
         torch.autograd.grad(m(x).pow(2).sum(), x, create_graph=True)
-    assert str(e.value).startswith(f"mxshard: keep layers that need double backward (create_graph=True: gradient "
-                                   f"penalties, Hessian-vector products, MAML) dense: leave {m._who} out of "
-                                   f"convert()'s policy"), e.value
-    assert m.main_grad is None
+    assert m.weight.grad is None
     with pytest.raises(RuntimeError, match="^mxshard: keep layers that need double backward"):
         m(x).pow(2).sum().backward(create_graph=True)
-    assert m.main_grad is None
+    assert m.weight.grad is None
     gx, = torch.autograd.grad(m(x).pow(2).sum(), x)
-    assert gx.shape == x.shape and m.main_grad is None
+    assert gx.shape == x.shape and m.weight.grad is None
 
 
 def test_only_the_input_is_kept_for_backward(monkeypatch):
@@ -278,8 +324,9 @@ def test_only_the_input_is_kept_for_backward(monkeypatch):
         made.append((plane, weakref.ref(t)))
         return t
 
-    monkeypatch.setattr(_gemm, "dequant", spy)   # the GEMMs' dequantize (the CPU path)
     m = make(48, 96, "both", "padded", torch.bfloat16, 0)
+    m.primary   # (quantized now, outside the spy)
+    monkeypatch.setattr(_gemm, "dequant", spy)   # the GEMMs' dequantize (the CPU path)
     x = torch.randn(4, 48, dtype=torch.bfloat16, requires_grad=True)
     saved = []
 
@@ -300,80 +347,61 @@ def test_only_the_input_is_kept_for_backward(monkeypatch):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("planes", PLANES)
-def test_set_master_equals_quantize(layout, planes):
+def test_written_master_equals_quantize(layout, planes):
     for rounding, (inf, outf) in zip(("ceil", "floor", "ceil"), [(33, 65), (1, 1), (97, 40)]):
-        m = MXFP8Linear(inf, outf, planes=planes, layout=layout, rounding=rounding, compute_dtype=torch.float32)
+        m = make(inf, outf, planes, layout, torch.float32, 0, rounding=rounding)
         w = torch.randn(outf, inf, generator=torch.Generator().manual_seed(inf)) * 3
-        m.set_master_(w)
+        set_master(m, w)
         ref = mxshard.MXFP8Weight.empty(outf, inf, planes=planes, layout=layout, device="cpu")
-        mxshard.quantize(ref, w, rounding=rounding)
+        mxshard.quantize(ref, w.to(torch.bfloat16), rounding=rounding)   # round_through="bf16"
         for n in ("row_data", "row_scale", "col_data", "col_scale"):
-            a, b = getattr(m, n), getattr(ref, n)
+            a, b = getattr(m.primary, n, None), getattr(ref, n, None)
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), n
-        assert same(m.master_init(), w)  # the kept copy follows set_master_
-        m.release_master_init()
-        assert same(m.master_init(), deq(m, "row", torch.float32))
-    row_before = m.row_data.clone()
-    for bad in (torch.randn(inf, outf), torch.randn(outf, inf, dtype=torch.float64), torch.randn(outf * inf)):
-        with pytest.raises(ValueError):
-            m.set_master_(bad)
-    assert torch.equal(m.row_data, row_before)
+        assert same(m.weight.detach()._data, w)   # the master is what was written
+    row_before = m.primary.row_data.clone()
+    for bad in (torch.randn(inf + 1, outf), torch.randn(outf * inf + 1)):
+        with pytest.raises(RuntimeError):
+            set_master(m, bad)
+    assert torch.equal(m.primary.row_data, row_before)
 
 
-def test_rebind_primary():
+def test_optimizer_rebinds_the_same_planes_each_step():
+    """(The removed rebind_primary_: the optimizer's storage.) Under ShardedOptimizer the
+    replicated planes are the same objects after a step, with the new bytes: the whole-tensor
+    quantize of the new master; the forward uses them."""
     m = make(70, 40, "both", "padded", torch.bfloat16, 5)
+    model = nn.Sequential(m)
+    opt = mxt.ShardedOptimizer(model, lambda g: torch.optim.SGD(g, lr=0.5))
+    planes = dict(m.weight._box.planes)
+    old = planes["row"].row_data.clone()
     x = torch.randn(3, 70)
-    y0 = m(x)
-    names = ("row_data", "row_scale", "col_data", "col_scale")
-    shapes = {n: tuple(getattr(m, n).shape) for n in names}
-    sizes = [int(np.prod(shapes[n])) for n in names]
-    bucket = torch.full((sum(sizes) + 7,), 0xAB, dtype=torch.uint8)
-    views, off = {}, 3
-    for n, s in zip(names, sizes):
-        views[n] = bucket[off:off + s].view(shapes[n])
-        off += s
-    old = {n: getattr(m, n).clone() for n in names}
-    # rejected before any write: one good tensor and one bad
-    rs = shapes["row_scale"]
-    for bad in ({"row_scale": views["row_scale"][:-1]},                          # shape
-                {"row_scale": views["row_scale"].view(torch.int8)},               # dtype
-                {"row_scale": torch.zeros(rs[::-1], dtype=torch.uint8).t()},      # not contiguous
-                {"row_scale": views["row_data"].reshape(-1)[:rs[0] * rs[1]].view(rs)},  # overlaps row_data
-                {"row_scale": np.zeros(rs, np.uint8)},                            # not a tensor
-                {"col_data": views["row_data"]}):                                 # the same storage twice
-        with pytest.raises((ValueError, TypeError)):
-            m.rebind_primary_(row_data=views["row_data"], **bad)
-        assert torch.all(bucket == 0xAB) and m.row_data.data_ptr() != views["row_data"].data_ptr()
-    r = make(8, 8, "row", "padded", torch.float32, 0)
-    with pytest.raises(ValueError, match="no such plane"):
-        r.rebind_primary_(col_data=torch.zeros(8, 8, dtype=torch.uint8))
-    # the real thing
-    p = m.rebind_primary_(**views)
-    for n in names:
-        assert getattr(m, n).data_ptr() == views[n].data_ptr() == getattr(m.primary, n).data_ptr()
-        assert m._buffers[n] is views[n] and torch.equal(views[n], old[n])
-    assert p is m.primary
-    assert bucket[:3].tolist() == [0xAB] * 3 and bucket[-4:].tolist() == [0xAB] * 4
-    assert same(m(x), y0)
-    m.set_master_(torch.randn(40, 70))  # quantize writes into the bucket now
-    assert torch.equal(views["row_data"], m.row_data) and not torch.equal(views["row_data"], old["row_data"])
-    sd = m.state_dict()
-    assert sd["row_data"].data_ptr() == views["row_data"].data_ptr()
+    model(x).square().sum().backward()
+    opt.step()
+    assert all(m.weight._box.planes[k] is v for k, v in planes.items())
+    assert not torch.equal(planes["row"].row_data, old)
+    master = opt.state_dict()["masters"]["0.weight"]
+    ref = mxshard.MXFP8Weight.empty(40, 70, planes="both", layout="padded", device="cpu")
+    mxshard.quantize(ref, master.to(torch.bfloat16), rounding="ceil")
+    assert torch.equal(planes["row"].row_data, ref.row_data) and torch.equal(planes["col"].col_data, ref.col_data)
+    assert same(model(x), F.linear(x.to(torch.bfloat16), mxshard.dequantize(ref, plane="row", dtype="bf16"),
+                                   m.bias.to(torch.bfloat16)).float())
+    opt.close()
 
 
 @pytest.mark.parametrize("planes", PLANES)
 def test_state_dict_round_trip(planes):
     a = make(33, 65, planes, "swizzled", torch.float32, 1)
     b = make(33, 65, planes, "swizzled", torch.float32, 2)
-    keys = {"bias", "row_data", "row_scale"} | ({"col_data", "col_scale"} if planes == "both" else set())
     sd = a.state_dict()
-    assert set(sd) == keys
-    assert not torch.equal(a.row_data, b.row_data)
-    ptrs = {n: b._buffers[n].data_ptr() for n in keys - {"bias"}}
+    assert set(sd) == {"weight", "bias"} and type(sd["weight"]) is torch.Tensor
+    assert not torch.equal(a.primary.row_data, b.primary.row_data)
+    ptr = b.weight.detach()._data.data_ptr()
     b.load_state_dict(sd)
-    for n in keys:
-        assert same(getattr(a, n), getattr(b, n)), n
-    assert {n: b._buffers[n].data_ptr() for n in ptrs} == ptrs  # loaded in place: storage never moves
+    for n in ("weight", "bias"):
+        assert same(getattr(a, n).detach(), getattr(b, n).detach()), n
+    assert b.weight.detach()._data.data_ptr() == ptr   # loaded in place: storage never moves
+    for n in ("row_data", "row_scale", "col_data", "col_scale"):
+        assert same(getattr(a.primary, n), getattr(b.primary, n)) if getattr(a.primary, n, None) is not None else True
     x = torch.randn(2, 4, 33, requires_grad=True)
     x2 = x.detach().clone().requires_grad_(True)
     ya, yb = a(x), b(x2)
@@ -381,11 +409,21 @@ def test_state_dict_round_trip(planes):
     g = torch.randn_like(ya)
     ya.backward(g)
     yb.backward(g)
-    assert same(x.grad, x2.grad) and same(a.main_grad, b.main_grad)
+    assert same(x.grad, x2.grad) and same(a.weight.grad, b.weight.grad)
+    # under ShardedOptimizer: the state dict's weight is the replicated row plane, dequantized
+    model, opt = under_optimizer(a)
+    sd = model.state_dict()
+    assert set(sd) == {"0.weight", "0.bias"} and same(sd["0.weight"], deq(a, "row", torch.float32))
+    opt.close()
 
 
-def test_no_high_precision_weight_after_release():
+def test_no_high_precision_weight_under_the_optimizer():
+    """(The removed release_master_init.) Under ShardedOptimizer the model holds no high-precision
+    weight: the linear's floating tensors are its bias and the weight's zero-size stand-in; the
+    planes are uint8."""
     m = make(64, 96, "both", "padded", torch.bfloat16, 0)
+    model, opt = under_optimizer(m)
+    model(torch.randn(5, 64)).sum().backward()
 
     def floats(mod):
         seen = dict(mod.named_parameters())
@@ -393,15 +431,12 @@ def test_no_high_precision_weight_after_release():
         seen.update((n, t) for n, t in vars(mod).items() if isinstance(t, torch.Tensor))
         return sorted(n for n, t in seen.items() if t.is_floating_point())
 
-    assert floats(m) == ["_master_init", "bias"]
-    m.release_master_init()
-    assert floats(m) == ["bias"]
-    m(torch.randn(5, 64)).sum().backward()
-    # (the weight's 0-element stand-in in the autograd graph holds no weight)
-    assert floats(m) == ["_mxs_token", "bias", "main_grad"] and m._mxs_token.numel() == 0
-    assert sorted(n for n, t in m.named_buffers()) == ["col_data", "col_scale", "row_data", "row_scale"]
-    assert all(t.dtype == torch.uint8 for t in m.buffers())
+    assert floats(m) == ["bias", "weight"] and m.weight._stub.numel() == 0 and not list(m.named_buffers())
+    for pl in m.weight._box.planes.values():
+        assert all(getattr(pl, n).dtype == torch.uint8 for n in ("row_data", "row_scale", "col_data", "col_scale")
+                   if getattr(pl, n, None) is not None)
     assert "planes=both" in repr(m) and "layout=padded" in repr(m) and "in_features=64" in repr(m)
+    opt.close()
 
 
 # ---- convert ---------------------------------------------------------------------
@@ -541,16 +576,18 @@ def test_convert_same_bias_parameter_and_edge_cases():
     assert convert(ev, "row")[0].training is False
 
 
-def test_module_to_keeps_planes_and_fp32_master():
+def test_module_to_keeps_planes_and_casts_the_master():
+    """.to(float16): floating-point tensors convert, the master too (a Parameter, as nn.Linear's
+    weight: by design, the removed linear kept an fp32 master); the planes stay uint8 and are the
+    whole-tensor quantize of the cast master."""
     m = make(40, 24, "row", "padded", torch.bfloat16, 0)
-    rd = m.row_data.clone()
-    m.to(torch.float16)  # floating-point tensors only: the bias; planes stay uint8, the master fp32
-    assert m.row_data.dtype == torch.uint8 and torch.equal(m.row_data, rd)
-    assert m.bias.dtype == torch.float16 and m.master_init().dtype == torch.float32
+    m.to(torch.float16)
+    assert m.primary.row_data.dtype == torch.uint8 and isinstance(m.weight, mxt.QuantMaster)
+    assert m.bias.dtype == torch.float16 and m.weight.dtype == torch.float16
+    assert torch.equal(m.primary.row_data, whole_quantize(m).row_data)
     x = torch.randn(2, 40)
     y = m(x)
     assert same(y, F.linear(x.to(torch.bfloat16), deq(m, "row", torch.bfloat16), m.bias.to(torch.bfloat16)).float())
-    assert m.primary.row_data is m.row_data
 
 
 # ---- CUDA ------------------------------------------------------------------------
@@ -560,10 +597,9 @@ def test_cuda_matches_cpu_planes_and_linear(planes):
     cuda_or_skip()
     for layout, dtype in (("padded", torch.bfloat16), ("swizzled", torch.float32), ("compact", torch.bfloat16)):
         c = make(97, 65, planes, layout, dtype, 4)
-        g = copy.deepcopy(c).cuda()
-        g.set_master_(c.master_init().cuda())  # quantized on the GPU from the same master
+        g = copy.deepcopy(c).cuda()   # quantized on the GPU from the same master
         for n in ("row_data", "row_scale", "col_data", "col_scale"):
-            a, b = getattr(c, n), getattr(g, n)
+            a, b = getattr(c.primary, n, None), getattr(g.primary, n, None)
             assert (a is None) == (b is None) and (a is None or torch.equal(a, b.cpu())), n
         assert g.primary.device.startswith("cuda") and same(deq(g, "row", dtype).cpu(), deq(c, "row", dtype))
         x = torch.randn(3, 5, 97, device="cuda", requires_grad=True)
@@ -580,8 +616,8 @@ def test_cuda_matches_cpu_planes_and_linear(planes):
         want = {_gemm.choose_path(op, g.primary, pl, 15, dtype, x.device)[0]     # the measured rule's choices
                 for op, pl in (("fwd", "row"), ("dgrad", "col" if planes == "both" else "row"))}
         assert {p for (op, p, _) in _gemm.path_counts if op != "wgrad"} == want
-        assert g.main_grad.is_cuda and g.main_grad.dtype == torch.float32
+        assert g.weight.grad.is_cuda and g.weight.grad.dtype == torch.float32
         gy2, x2 = gy.reshape(-1, 65).double(), x.detach().to(dtype).reshape(-1, 97).double()
-        assert close(g.main_grad, gy2.t() @ x2, gy2.abs().t() @ x2.abs(), 15, torch.float32)
+        assert close(g.weight.grad, gy2.t() @ x2, gy2.abs().t() @ x2.abs(), 15, torch.float32)
         with pytest.raises(ValueError, match="input on cpu"):
             g(torch.randn(2, 97))
