@@ -90,6 +90,7 @@ class GatheredWeight(torch.Tensor):
             if func is torch.ops.aten.as_strided.default or func in (torch.ops.aten.view.default,
                                                                      torch.ops.aten._unsafe_view.default):
                 if shape != tuple(t.shape):
+                    _refuse_wrapper(t)
                     raise RuntimeError(f"mxshard: a gathered quantized weight {tuple(t.shape)} cannot be viewed "
                                        f"as {shape}")
             return GatheredWeight(t.shape, t.dtype, t.device, t._box)
@@ -119,6 +120,7 @@ class GatheredWeight(torch.Tensor):
                 f"(a tie such as embedding.weight = {what}, made after convert()): under FSDP2 the shared weight is "
                 f"the gathered {fmt} weight, which holds quantized planes, not values, so {func} cannot read it")
         if g is not None and g._box.mesh is None:   # ShardedOptimizer's replicated weight
+            _refuse_wrapper(g)
             raise NotImplementedError(
                 f"mxshard: write {what} through model.load_state_dict(sd) and then opt.masters_from_model() on "
                 f"every rank (or load a checkpoint with mxt.load_checkpoint), and read its values with "
@@ -143,6 +145,32 @@ class GatheredWeight(torch.Tensor):
     def source(self):
         """The sharded master (QuantMaster) this rank owns."""
         return self._box.source
+
+
+_WRAPPERS = (("torch.nn.parallel.distributed",
+              "mxshard: if the model is wrapped in DistributedDataParallel, unwrap it: ShardedOptimizer reduces the "
+              "gradients itself (build it on the bare model; opt.no_sync() for accumulation). DDP cannot flatten "
+              "{what}: it is ShardedOptimizer's replicated quantized weight, planes, not values"),
+             ("torch.distributed.fsdp",
+              "mxshard: Use ShardedOptimizer or FSDP2's fully_shard for a model, not both: fully_shard cannot shard "
+              "{what}, ShardedOptimizer's replicated quantized weight (it shards the same masters another way). To "
+              "use FSDP2, build the model again (convert(), then fully_shard) with a torch.optim optimizer; to use "
+              "ShardedOptimizer, do not call fully_shard on its model"))
+
+
+def _refuse_wrapper(g):
+    """Raises what to do when DistributedDataParallel or fully_shard (found among the callers) takes
+    ShardedOptimizer's replicated weight `g`; returns otherwise."""
+    import sys
+    meta = g._box.source._meta
+    what = f"{meta.name}.weight" if meta.name else "this converted weight"
+    f = sys._getframe(1)
+    while f is not None:
+        mod = f.f_globals.get("__name__", "")
+        for prefix, msg in _WRAPPERS:
+            if mod.startswith(prefix) and g._box.mesh is None:
+                raise RuntimeError(msg.format(what=what))
+        f = f.f_back
 
 
 def _stand_ins(tree):

@@ -103,7 +103,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         self._closed, self._sync, self._zero_pending = False, True, False
         self._geoms, self._items, self._handles, self._undo = [], [], [], []
         self._grad, self._shard, self._master, self._into = [], [], [], []
-        self._refresh, self._model_ref = None, None
+        self._refresh, self._model_ref, self._described = None, None, []
         self._reset()
         err = None
         try:
@@ -235,6 +235,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         extra += [(gi, k, v) for gi, grp in enumerate(inner.param_groups) for k, v in sorted(grp.items())
                   if k != "params" and plain(v)]
         self.fingerprint = fingerprint(items, extra)
+        self._described = [repr(it.describe()) for it in items] + [repr(x) for x in extra]
         self._refresh = Refresh(self._geoms, self._master, metas, self.world, self.rank, device)
 
     @staticmethod
@@ -261,14 +262,22 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                              f"{', '.join(sorted(h for h in holders if h != it.name))}")
 
     def _agree(self, err):
+        """The one collective of the checks: every rank's [ok, fingerprint]. Ranks that differ all
+        raise PlanMismatchError naming the first difference (one more gather, of the descriptions);
+        a rank that failed raises its error, the others RemoteError; either way nothing of the
+        optimizer holds the process group afterwards."""
         differs = None
         try:
             self.comm.agree(err is None, [self.fingerprint], "ShardedOptimizer construction", "all_gather_setup")
         except L.PlanMismatchError as e:
             differs = e.ranks[0]
-        if differs is not None:
+        except Exception:
             self._release()
-            raise compat.plan_mismatch(differs, "the models or the arguments")
+            raise
+        if differs is not None:
+            lines = self.comm.all_gather_object(self._described, "all_gather_setup")
+            self._release()
+            raise compat.plan_mismatch(differs, _first_difference(lines[0], lines[differs]))
         if err is not None:
             self._release()
             try:
@@ -588,45 +597,70 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Loads state_dict()'s form (the same world, or DCP's resharded load into it), then
-        rebuilds the model's weights. Collective: every rank calls it."""
+        rebuilds the model's weights. Collective: every rank calls it; a rank whose checks fail
+        makes every rank raise before anything is loaded anywhere."""
         self._check_open("load_state_dict")
-        err = None
+        err, plan = None, None
         try:
-            sd = state_dict
-            if not isinstance(sd, dict) or sd.get("format") != FORMAT:
-                raise ValueError(f"ShardedOptimizer.load_state_dict: load a {FORMAT} state dict (opt.state_dict() or "
-                                 f"mxt.save_checkpoint's)")
-            by_name = {self._geoms[b].items[pos].name: v for v, b, pos in self._views}
-            if set(sd["masters"]) != set(by_name):
-                raise ValueError("ShardedOptimizer.load_state_dict: build the optimizer over the model that saved "
-                                 "it: the items differ")
-            local = {k: (t.to_local() if hasattr(t, "to_local") else t) for k, t in sd["masters"].items()}
-            for k, v in by_name.items():
-                if tuple(local[k].shape) != tuple(v.shape):
-                    raise ValueError(f"ShardedOptimizer.load_state_dict: {k} holds {tuple(local[k].shape)} on this "
-                                     f"rank, expected {tuple(v.shape)}; load at another world size with "
-                                     f"mxt.load_checkpoint")
-            idx = {}
-            for g in self.inner.param_groups:
-                for p in g["params"]:
-                    idx[id(p)] = len(idx)
-            inner = {"state": {idx[id(by_name[k])]: {kk: (t.to_local() if hasattr(t, "to_local") else t)
-                                                      for kk, t in st.items()}
-                               for k, st in sd["state"].items()},
-                     "param_groups": [dict({k: x for k, x in g.items() if k != "params"},
-                                           params=[idx[id(by_name[n])] for n in g["params"]])
-                                      for g in sd["param_groups"]]}
+            plan = self._load_plan(state_dict)
+        except Exception as e:  # noqa: BLE001 - the group learns of it first
+            err = e
+        try:
+            self._status(err, "load_state_dict")
+        finally:
+            err = None
+        inner, copies, step = plan
+        try:
             self.inner.load_state_dict(inner)
-            for k, v in by_name.items():
-                if local[k].data_ptr() != v.data_ptr():
-                    v.copy_(local[k])
-            self.steps = int(sd["step"])
+            for dst, src in copies:
+                dst.copy_(src)
+            self.steps = step
         except Exception as e:  # noqa: BLE001 - the writeback's status entry tells the others
             err = e
         try:
             self._writeback(err)
         finally:
             err = None
+
+    def _load_plan(self, sd):
+        """Everything load_state_dict applies, checked, nothing written: (the inner optimizer's
+        state dict, [(master view, loaded local rows)], step)."""
+        if not isinstance(sd, dict) or sd.get("format") != FORMAT:
+            raise ValueError(f"ShardedOptimizer.load_state_dict: load a {FORMAT} state dict (opt.state_dict() or "
+                             f"mxt.save_checkpoint's)")
+        by_name = {self._geoms[b].items[pos].name: v for v, b, pos in self._views}
+        if set(sd["masters"]) != set(by_name):
+            raise ValueError("ShardedOptimizer.load_state_dict: build the optimizer over the model that saved "
+                             "it: the items differ")
+        local = {k: (t.to_local() if hasattr(t, "to_local") else t) for k, t in sd["masters"].items()}
+        for k, v in by_name.items():
+            if tuple(local[k].shape) != tuple(v.shape):
+                raise ValueError(f"ShardedOptimizer.load_state_dict: {k} holds {tuple(local[k].shape)} on this "
+                                 f"rank, expected {tuple(v.shape)}; load at another world size with "
+                                 f"mxt.load_checkpoint")
+        idx = {}
+        for g in self.inner.param_groups:
+            for p in g["params"]:
+                idx[id(p)] = len(idx)
+        inner = {"state": {idx[id(by_name[k])]: {kk: (t.to_local() if hasattr(t, "to_local") else t)
+                                                  for kk, t in st.items()}
+                           for k, st in sd["state"].items()},
+                 "param_groups": [dict({k: x for k, x in g.items() if k != "params"},
+                                       params=[idx[id(by_name[n])] for n in g["params"]])
+                                  for g in sd["param_groups"]]}
+        copies = [(v, local[k]) for k, v in by_name.items() if local[k].data_ptr() != v.data_ptr()]
+        return inner, copies, int(sd["step"])
+
+    def _status(self, err, where):
+        """One all_reduce(MAX) of every rank's failure flag: this rank raises its own error, the
+        others RemoteError (a world of one: its own error)."""
+        flag = torch.tensor([1 if err is not None else 0], dtype=torch.int32,
+                            device=self.comm.small_device(self.device))
+        self.comm.all_reduce(flag, "all_reduce_status", op="max")
+        if err is not None:
+            raise err
+        if int(flag[0]):
+            raise L.remote_error(f"ShardedOptimizer.{where} (another rank failed)")
 
     # ---- humans --------------------------------------------------------------------------------
 
@@ -683,6 +717,15 @@ def _closed_optimizers_weight(w):
     """The replicated weight a closed ShardedOptimizer left in the model (a new one takes its
     values, the row plane dequantized, as masters)."""
     return isinstance(w, GatheredWeight) and w._box.mesh is None
+
+
+def _first_difference(a, b):
+    """The first differing line of two ranks' descriptions (item: name, shape, kind, dtype, spec,
+    group; then world, options, inner optimizer and its group options)."""
+    for x, y in zip(a, b):
+        if x != y:
+            return f"rank 0 has {x}, the other {y}"
+    return f"rank 0 has {len(a)} entries, the other {len(b)}"
 
 
 def _dequantized(module):
