@@ -377,6 +377,16 @@ class _ConvertedAlias(type):
         return isinstance(sub, type) and issubclass(sub, cls._target())
 
 
+def _check_built(who, in_features, out_features, bias):
+    """What nn.Linear accepts and a quantized weight cannot hold: no rows or columns; a bias that is
+    not a bool."""
+    from .options import _check_features
+    _check_features("in_features", in_features, who)
+    _check_features("out_features", out_features, who)
+    if not isinstance(bias, bool):
+        raise TypeError(f"{who}: pass bias=True or False, got {bias!r}")
+
+
 class MXFP8Linear(metaclass=_ConvertedAlias):
     """MXFP8Linear(in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
     compute_dtype=torch.bfloat16, rounding="ceil"): a new nn.Linear converted to MXFP8 (convert()'s
@@ -389,6 +399,7 @@ class MXFP8Linear(metaclass=_ConvertedAlias):
 
     def __new__(cls, in_features, out_features, bias=True, *, planes="row", layout="padded", device=None,
                 compute_dtype=torch.bfloat16, rounding="ceil"):
+        _check_built("MXFP8Linear", in_features, out_features, bias)
         return convert(nn.Linear(in_features, out_features, bias=bias, device=device), planes, format="mxfp8",
                        layout=layout, compute_dtype=compute_dtype, rounding=rounding)
 
@@ -405,5 +416,6 @@ class NVFP4Linear(metaclass=_ConvertedAlias):
 
     def __new__(cls, in_features, out_features, bias=True, *, planes="row", block="1x16", layout="padded",
                 device=None, compute_dtype=torch.bfloat16):
+        _check_built("NVFP4Linear", in_features, out_features, bias)
         return convert(nn.Linear(in_features, out_features, bias=bias, device=device), planes, format="nvfp4",
                        layout=layout, compute_dtype=compute_dtype, block=block)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
-"""The options of a converted linear, checked in one place (convert(), the FSDP2 linears and
-ShardedOptimizer's MXFP8Linear / NVFP4Linear use these; `who` names the caller in messages)."""
+"""The options of a converted linear, checked in one place (convert() and MXFP8Linear /
+NVFP4Linear(in, out, ...) use these; `who` names the caller in messages)."""
 from __future__ import annotations
 
 import torch
@@ -19,9 +19,9 @@ _COMPUTE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def _check_features(name, v, who="MXFP8Linear"):
     if not isinstance(v, int) or isinstance(v, bool):
-        raise TypeError(f"{who}: {name} must be an int, got {type(v).__name__}")
+        raise TypeError(f"{who}: pass {name} as an int, got {type(v).__name__}")
     if v < 1:
-        raise ValueError(f"{who}: {name} must be >= 1, got {v}")
+        raise ValueError(f"{who}: pass {name} >= 1 (a quantized weight needs rows and columns), got {v}")
     return v
 
 

@@ -163,6 +163,12 @@ def test_constructor_validates():
             MXFP8Linear(**kw)
     with pytest.raises(TypeError):
         MXFP8Linear(4.0, 4)
+    with pytest.raises(ValueError, match="pass in_features >= 1"):
+        MXFP8Linear(0, 4)
+    with pytest.raises(ValueError, match="pass out_features >= 1"):
+        MXFP8Linear(4, 0)
+    with pytest.raises(TypeError, match="pass bias=True or False"):
+        MXFP8Linear(4, 4, bias="yes")
 
 
 def test_missing_library_is_a_clear_error(monkeypatch):
