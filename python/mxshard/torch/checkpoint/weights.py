@@ -22,7 +22,7 @@ from torch import nn
 
 from .errors import CheckpointError, CheckpointMismatchError
 from .export import checksum
-from .zero import _META, _dcp_error, _unseal
+from .zero import _META, _dcp_error, _quiet_dcp, _unseal
 
 __all__ = ["load_checkpoint_weights"]
 
@@ -84,7 +84,8 @@ def load_checkpoint_weights(path, model, *, strict=True):
             bufs[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     bufs[_META] = torch.zeros(md.state_dict_metadata[_META].size, dtype=torch.uint8)
     try:
-        dcp.load(bufs, storage_reader=reader, no_dist=True)
+        with _quiet_dcp():
+            dcp.load(bufs, storage_reader=reader, no_dist=True)
     except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise

@@ -37,6 +37,7 @@ param groups' options (lr, ...) are restored from the checkpoint.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -178,8 +179,16 @@ def _check_extra(extra):
 
 def _dcp(opt):
     import torch.distributed.checkpoint as dcp
-    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     return dcp, ({"process_group": opt.comm.group} if opt.comm.active else {"no_dist": True})
+
+
+@contextlib.contextmanager
+def _quiet_dcp():
+    """The scope of a DCP call: its "torch.distributed is disabled" warning (a world of one reads
+    and writes with no_dist, as meant) silenced there only, not process-wide."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        yield
 
 
 def _dcp_error(e):
@@ -261,7 +270,8 @@ def save_checkpoint(path, model, opt, *, extra=None, rng=False, timeout=G.DEFAUL
     err = None
     try:
         dcp, kw = _dcp(opt)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(os.fspath(path)), **kw)
+        with _quiet_dcp():
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(os.fspath(path)), **kw)
     except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
@@ -275,7 +285,8 @@ def save_checkpoint(path, model, opt, *, extra=None, rng=False, timeout=G.DEFAUL
 def _read(opt, path, state):
     dcp, kw = _dcp(opt)
     try:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(os.fspath(path)), **kw)
+        with _quiet_dcp():
+            dcp.load(state, storage_reader=dcp.FileSystemReader(os.fspath(path)), **kw)
     except BaseException as e:  # noqa: BLE001
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise

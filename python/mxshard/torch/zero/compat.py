@@ -69,3 +69,33 @@ def plan_mismatch(rank, diff):
         f"param_groups and their options, the inner optimizer and its hyper-parameters)", "ShardedOptimizer")
 
 
+def check_inner(opt, sd, by_name):
+    """ValueError unless state dict `sd`'s inner part fits: as many param groups, each a dict; per item
+    (by_name: {item name: its master view}) state tensors of the view's shape on this rank (scalars
+    aside) and, where the inner optimizer has state already, the same keys; numeric options stay
+    numbers. (A wrong one was loaded over everything and the next step() raised.)"""
+    first = "ShardedOptimizer.load_state_dict: give a state dict this optimizer's state_dict() made (the same " \
+            "model and configuration; another world size: mxt.load_checkpoint): "
+    groups, state = sd.get("param_groups"), sd.get("state")
+    cur = opt.inner.param_groups
+    if not isinstance(state, dict) or not isinstance(groups, list) or len(groups) != len(cur):
+        raise ValueError(first + f"'state' must be a dict and 'param_groups' a list of {len(cur)} group(s)")
+    for name, st in state.items():
+        if name not in by_name or not isinstance(st, dict):
+            raise ValueError(first + f"inner state has an entry {name!r} for no item of it")
+        v = by_name[name]
+        for k, t in st.items():
+            t = t.to_local() if hasattr(t, "to_local") else t
+            if isinstance(t, torch.Tensor) and t.dim() > 0 and tuple(t.shape) != tuple(v.shape):
+                raise ValueError(first + f"inner state {k!r} of {name} has shape {tuple(t.shape)} on this rank, "
+                                         f"the master's rows {tuple(v.shape)}")
+        have = opt.inner.state.get(v)
+        if have and set(have) != set(st):
+            raise ValueError(first + f"inner state of {name} has keys {sorted(st)}, this optimizer's {sorted(have)}")
+    for g, (new, old) in enumerate(zip(groups, cur)):
+        if not isinstance(new, dict):
+            raise ValueError(first + f"param group {g} is a {type(new).__name__}")
+        for k, v in old.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k in new \
+                    and (isinstance(new[k], bool) or not isinstance(new[k], (int, float, torch.Tensor))):
+                raise ValueError(first + f"param group {g}'s {k!r} is {new[k]!r}, not a number")

@@ -638,6 +638,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                 raise ValueError(f"ShardedOptimizer.load_state_dict: {k} holds {tuple(local[k].shape)} on this "
                                  f"rank, expected {tuple(v.shape)}; load at another world size with "
                                  f"mxt.load_checkpoint")
+        compat.check_inner(self, sd, by_name)
         idx = {}
         for g in self.inner.param_groups:
             for p in g["params"]:

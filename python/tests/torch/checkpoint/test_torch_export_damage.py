@@ -141,23 +141,39 @@ def test_load_checkpoint_weights_checks_the_checkpoint(tmp_path):
 
 def test_sharded_optimizer_load_state_dict_checks_the_inner_state():
     """An exp_avg of another shape, missing state keys, or a string lr were loaded over the masters
-    and the state, and the next step() failed. They raise first; nothing changes."""
+    and the state, and the next step() failed. They raise first; nothing changes (the masters, the
+    inner state, the options, the model's weights)."""
     m = net()
     with mxt.ShardedOptimizer(m, lambda g: torch.optim.AdamW(g, lr=1e-2)) as o:
         m(torch.randn(4, 64)).sum().backward()
         o.step()
         good = o.state_dict()
-        before = [b.master.clone() for b in o._buckets]
-        edits = [lambda sd: sd["inner"]["state"][0].update(exp_avg=torch.zeros(3)),
-                 lambda sd: sd["inner"]["state"][0].pop("exp_avg_sq"),
-                 lambda sd: sd["inner"]["param_groups"][0].update(lr="fast")]
+        before = [v.clone() for v, _, _ in o._views]
+        inner = {id(v): {k: t.clone() if isinstance(t, torch.Tensor) else t for k, t in o.inner.state[v].items()}
+                 for v, _, _ in o._views}
+        lrs = [g["lr"] for g in o.inner.param_groups]
+        weights = snapshot(m)
+        name = o.items[0].name
+        assert set(good["state"][name]) == {"step", "exp_avg", "exp_avg_sq"}
+        edits = [lambda sd: sd["state"][name].update(exp_avg=torch.zeros(3)),
+                 lambda sd: sd["state"][name].pop("exp_avg_sq"),
+                 lambda sd: sd["param_groups"][0].update(lr="fast")]
         for edit in edits:
             sd = o.state_dict()
+            sd["state"] = {n: dict(st) for n, st in sd["state"].items()}
+            sd["param_groups"] = [dict(g) for g in sd["param_groups"]]
             edit(sd)
-            with pytest.raises(ValueError, match=r"^load_state_dict: give a state dict this optimizer's "
-                                                 r"state_dict\(\) made"):
+            with pytest.raises(ValueError, match=r"^ShardedOptimizer.load_state_dict: give a state dict this "
+                                                 r"optimizer's state_dict\(\) made"):
                 o.load_state_dict(sd)
-            assert all(torch.equal(a, b.master) for a, b in zip(before, o._buckets))
+            assert all(torch.equal(a, v) for a, (v, _, _) in zip(before, o._views))
+            for v, _, _ in o._views:
+                st = o.inner.state[v]
+                assert set(st) == set(inner[id(v)])
+                assert all(torch.equal(t, inner[id(v)][k]) for k, t in st.items())
+            assert [g["lr"] for g in o.inner.param_groups] == lrs
+            assert unchanged(m, weights)
         o.load_state_dict(good)
         m(torch.randn(4, 64)).sum().backward()
         o.step()
+        assert not all(torch.equal(a, v) for a, (v, _, _) in zip(before, o._views))
