@@ -152,7 +152,7 @@ _WRAPPERS = (("torch.nn.parallel.distributed",
               "gradients itself (build it on the bare model; opt.no_sync() for accumulation). DDP cannot flatten "
               "{what}: it is ShardedOptimizer's replicated quantized weight, planes, not values"),
              ("torch.distributed.fsdp",
-              "mxshard: Use ShardedOptimizer or FSDP2's fully_shard for a model, not both: fully_shard cannot shard "
+              "Use ShardedOptimizer or FSDP2's fully_shard for a model, not both: fully_shard cannot shard "
               "{what}, ShardedOptimizer's replicated quantized weight (it shards the same masters another way). To "
               "use FSDP2, build the model again (convert(), then fully_shard) with a torch.optim optimizer; to use "
               "ShardedOptimizer, do not call fully_shard on its model"))

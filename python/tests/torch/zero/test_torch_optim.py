@@ -101,7 +101,7 @@ def test_set_master_under_the_optimizer_raises_on_every_rank_until_told(dist_res
 
 def test_fully_shard_after_the_optimizer_raises_on_every_rank(dist_results):
     for (w, r), o in _case(dist_results, "fsdp_after").items():
-        assert o == {"linears_and_root": "forward", "root": "step", "dense_sub": "step"}, (w, r, o)
+        assert o == {"linears_and_root": "fully_shard", "root": "fully_shard", "dense_sub": "step"}, (w, r, o)
 
 
 def test_requires_grad_changed_after_construction_raises_on_every_rank(dist_results):
