@@ -523,8 +523,8 @@ def case_dcp_load(rank, world, root, k=2, steps=4):
 
 
 def case_vs_sharded(rank, world, steps=3):
-    """The same model, initial values and gradients under ShardedOptimizer (MXFP8Linear, the
-    optimizer's writeback) and under FSDP2 (MXFP8ParamLinear, torch.optim.AdamW): every plane
+    """The same model, initial values and gradients under ShardedOptimizer (its replicated
+    weights, its writeback) and under FSDP2 (torch.optim.AdamW): every plane
     FSDP2 gathers equals the primary ShardedOptimizer holds, byte for byte, every step."""
     mods = [x for x in MODULES if x[4] == "ceil"]  # MXFP8; ShardedOptimizer takes one rounding per bucket
 
@@ -546,14 +546,14 @@ def case_vs_sharded(rank, world, steps=3):
         with record_planes() as seen:
             loss_of(m, mods, s, lambda n, sh: grad_for(n, sh, s, rank)).backward()
         for name, plane, got in seen:
-            held = getattr(sm, name)
+            held = getattr(sm, name).weight._box.planes[plane]   # the optimizer's replicated weight
             for k in ("data", "scale"):
                 assert torch.equal(got[k], getattr(held, f"{plane}_{k}").reshape(-1)), (s, name, plane, k)
             compared += 1
         o.step()
         o.zero_grad()
-        for name, *_, (cin, cout) in mods:
-            getattr(sm, name).main_grad.copy_(grad_for(name, (cin, cout), s, rank).t().to(dev()))
+        for name, *_, (cin, cout) in mods:   # (a .grad set outside the hooks: step() adds it into the bucket)
+            getattr(sm, name).weight.grad = grad_for(name, (cin, cout), s, rank).t().contiguous().to(dev())
         so.step()
         so.zero_grad()
     return {"compared": compared}
