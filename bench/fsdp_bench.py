@@ -21,14 +21,17 @@ MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32). Variants:
     fsdp-mx-row    convert(): every block linear row-only MXFP8
     fsdp-mx-both   the linears reading the normalised input (fc1; qkv, gate, up) "both", the others row-only
     fsdp-nv-row    every block linear row-only NVFP4 1x16
-    sharded-row    ShardedOptimizer, row-only MXFP8Linear (memory only)
+    sharded-row    ShardedOptimizer over the row-only MXFP8 converted model (memory only)
 
 memory: per rank, after one step (optimizer state allocated), the bytes of
 each kind of tensor the rank holds, divided by the model's parameter count:
 master, optimizer state, gradients (the sharded ones FSDP2 keeps after the
-reduce-scatter; ShardedOptimizer's gradient buffer), mxshard's own
-(fragments, scales, packed buffers; ShardedOptimizer's replicated
-primaries), and the transient unsharded weights of the largest block. Also
+reduce-scatter; ShardedOptimizer's gradient buffers, opt.buffer_bytes()["grad"]),
+mxshard's own (fragments, scales, packed buffers; under ShardedOptimizer the
+replicated planes of each converted weight, its Parameter(GatheredWeight)'s
+weight._box.planes: row / col data and scales and amax, plus the replicated
+dense parameters and buffers), and the transient unsharded weights of the
+largest block. ShardedOptimizer's master is opt.buffer_bytes()["master"]. Also
 the bytes this rank put on all-gathers and all-reduces in one step, counted
 at torch.distributed.
 
@@ -180,6 +183,20 @@ def _largest_block_gather(m, args, tok):
     return total
 
 
+def _sharded_model_bytes(m):
+    """What the model holds under ShardedOptimizer: every converted weight's replicated planes
+    (its Parameter(GatheredWeight)'s weight._box.planes; "both" holds one primary under both
+    keys, counted once), the dense parameters and the buffers."""
+    from mxshard.torch.fsdp.gathered import GatheredWeight
+    ts = list(m.buffers()) + [p for p in m.parameters() if not isinstance(p, GatheredWeight)]
+    for mod in m.modules():
+        w = mod._parameters.get("weight") if mxt.is_param_linear(mod) else None
+        if isinstance(w, GatheredWeight):
+            for p in w._box.planes.values():
+                ts += [p.row_data, p.row_scale, p.col_data, p.col_scale, getattr(p, "amax", None)]
+    return _bytes(ts)
+
+
 def memory_rank(variant, args):
     rank, world = dist.get_rank(), dist.get_world_size()
     m, opt = build(variant, args, torch.device("cpu"))
@@ -192,12 +209,11 @@ def memory_rank(variant, args):
             grads = _bytes(p.grad for p in m.parameters())
         opt.step()
     if variant == "sharded-row":
-        bk = opt._buckets  # the optimizer's own buffers (mxshard.torch.zero.build)
-        masters = _bytes(b.master for b in bk)
-        grads = _bytes([b.grad for b in bk] + [b.grad_shard for b in bk if not b.shard_is_view])
+        buf = opt.buffer_bytes()  # the optimizer's own buffers: fp32 master shards, gradient buffers
+        masters, grads = buf["master"], buf["grad"]
         state = _bytes(t for st in opt.inner.state.values() for t in st.values()
                        if isinstance(t, torch.Tensor) and t.dim())
-        extra = _bytes(list(m.buffers()) + list(m.parameters()))  # replicated primaries + dense params
+        extra = _sharded_model_bytes(m)  # replicated planes + dense params and buffers
         transient = 0
     else:
         masters = _bytes(p for p in m.parameters())

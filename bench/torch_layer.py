@@ -6,7 +6,8 @@
 
 Code variants measured side by side (same process):
   pre-25   the GEMMs as before issue 25, verbatim (mxshard/torch/_gemm.py at 7ff5b5b): the
-           library's whole-plane dequantize + torch matmul, wgrad a bf16 product added to main_grad.
+           library's whole-plane dequantize + torch matmul, wgrad a torch product (added into
+           `acc` when one is passed; today's converted linear passes none).
   run-14   issue 25 as run 14 measured it, emulated on today's code: fused up to 64 tokens, else
            chunked in at least two chunks of <= 32 MiB, Triton's dispatch for every launch and
            the plane description rebuilt every call.
@@ -18,11 +19,16 @@ Parts:
            median of --iters runs after warm-up, each timed with CUDA events around
            `y = layer(x); y.backward(gy)` and waited for; x.grad is dropped between runs (every
            run allocates it). Variants: bf16 nn.Linear; bf16 nn.Linear whose bf16 wgrad is
-           added into an fp32 main_grad by a post-accumulate-grad hook (what a dense weight
-           pays under ShardedOptimizer: `gview.add_(p.grad)`, then p.grad = None); MXFP8Linear
-           and NVFP4Linear (1x16), planes row and both, padded scales, in the three code
-           variants. Transient peak: torch.cuda.max_memory_allocated during one fwd+bwd minus
-           what was allocated before it (module, x, gy, main_grad / .grad: resident).
+           added into an fp32 buffer ("main_grad" in the table) by a post-accumulate-grad hook
+           (what a dense weight pays under ShardedOptimizer: its hook adds p.grad into the
+           bucket, then p.grad is let go); converted linears (mxt.MXFP8Linear(in, out, ...) and
+           NVFP4Linear (1x16), convert()'s MXFP8ParamLinear / NVFP4ParamLinear), planes row and
+           both, padded scales, in the three code variants, each one's fp32 weight.grad added
+           into an fp32 buffer by the same hook (what ShardedOptimizer pays for a converted
+           weight: the gradient arrives in weight.grad and its hook adds it into the bucket).
+           Transient peak: torch.cuda.max_memory_allocated during one fwd+bwd minus what was
+           allocated before it (module with its master and cached primary, x, gy, the fp32
+           buffer / .grad: resident).
   profile  host and GPU time per fwd+bwd and per GEMM (see host_gpu), and torch.profiler's
            CPU time per op (self, µs per fwd+bwd) of each code variant.
   sweep    the dequantize tile candidates, then the GEMMs alone on a grid of weight sizes x
@@ -119,25 +125,34 @@ def patched(obj, name, value):
 
 # ---- the layers -------------------------------------------------------------------------------
 
+def grad_into_buffer(lin):
+    """An fp32 buffer of the weight's shape (lin.grad_buffer) that a post-accumulate-grad hook
+    adds weight.grad into, then lets the gradient go: what ShardedOptimizer's hook does with a
+    weight's gradient (its bucket), dense or converted alike."""
+    lin.grad_buffer = torch.zeros(lin.out_features, lin.in_features, dtype=torch.float32,
+                                  device=lin.weight.device)
+
+    def hook(p):
+        lin.grad_buffer.add_(p.grad)
+        p.grad = None
+    lin.weight.register_post_accumulate_grad_hook(hook)
+    return lin
+
+
 def make_layer(kind, out_f, in_f, dev):
-    """kind: 'bf16', 'bf16+mg', or (format, planes). Returns the module (bf16 compute)."""
+    """kind: 'bf16', 'bf16+mg', or (format, planes). Returns the module (bf16 compute); every
+    kind but 'bf16' adds its weight.grad into an fp32 buffer (grad_into_buffer)."""
     if kind in ("bf16", "bf16+mg"):
         lin = nn.Linear(in_f, out_f, bias=False, device=dev, dtype=torch.bfloat16)
-        if kind == "bf16+mg":
-            lin.main_grad = torch.zeros(out_f, in_f, dtype=torch.float32, device=dev)
-
-            def hook(p):
-                lin.main_grad.add_(p.grad)
-                p.grad = None
-            lin.weight.register_post_accumulate_grad_hook(hook)
-        return lin
+        return grad_into_buffer(lin) if kind == "bf16+mg" else lin
     fmt, planes = kind
-    lin = nn.Linear(in_f, out_f, bias=False, device=dev, dtype=torch.float32)
-    kw = dict(format=fmt, layout="padded", compute_dtype=torch.bfloat16)
-    m = mxt.convert(lin, planes, **kw)
-    m.release_master_init()
-    m.main_grad = torch.zeros(out_f, in_f, dtype=torch.float32, device=dev)
-    return m
+    kw = dict(bias=False, planes=planes, layout="padded", compute_dtype=torch.bfloat16, device=dev)
+    if fmt == "mxfp8":
+        m = mxt.MXFP8Linear(in_f, out_f, **kw)
+    else:
+        m = mxt.NVFP4Linear(in_f, out_f, block="1x16", **kw)
+    _ = m.primary   # the quantized planes made now, before any measurement (resident, as the optimizer's)
+    return grad_into_buffer(m)
 
 
 def step_fn(m, x, gy):
@@ -490,7 +505,8 @@ def part_models(a, dev, out):
 
 
 def model_time(cfg, variant, batch, with_step, iters, dev, ctx, build):
-    """Median µs of one fwd+bwd (+ ShardedOptimizer step) of the example's model. (host_gpu does
+    """Median µs of one fwd+bwd (+ ShardedOptimizer step: its converted weights replicated
+    GatheredWeights, every gradient added into its bucket by the hooks) of the example's model. (host_gpu does
     not apply: the parity model's fwd+bwd waits for the GPU inside, run 14b's first call.)"""
     model = build(cfg, variant, {"h.0.qkv", "h.0.fc2"}, dev, 1234, init_device=dev)
     toks = torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), device=dev)

@@ -8,7 +8,8 @@
 Parts (issue 15, item 5):
 
   step     host overhead of ShardedOptimizer.step() for a 200-parameter model
-           (100 MXFP8Linear with bias, 256x256: the GPU work is small, so the
+           (100 converted MXFP8 linears with bias, 256x256, each weight a replicated
+           GatheredWeight under the optimizer: the GPU work is small, so the
            wall time is mostly host time). Reported: step() wall time, the GPU
            time of the same step (CUDA events), and the host time per parameter.
   overlap  backward with the gradient hooks launching each bucket's reduction
@@ -17,8 +18,10 @@ Parts (issue 15, item 5):
            the reduction is a local copy, so this measures what the hooks cost,
            not what overlap saves; on DP>1 run it under torchrun.
   memory   peak memory of forward+backward of one layer: nn.Linear in BF16
-           against MXFP8Linear row-only and bidirectional, same shape and
-           batch; weight bytes, gradient bytes, and the transient peak.
+           against a converted MXFP8 linear row-only and bidirectional, same
+           shape and batch, its weight.grad added into an fp32 buffer by a
+           post-accumulate-grad hook (what ShardedOptimizer's hook does with it:
+           into its bucket); weight bytes, gradient bytes, and the transient peak.
 
 A world of one uses torch.distributed with NCCL on CUDA (gloo on CPU), so the
 same collectives run as under DP.
@@ -79,7 +82,7 @@ def part_step(dev, args):
     n, d = 100, 256
     m, opt = _model(n, d, dev, args.bucket_size, True)
     x = torch.randn(64, d, device=dev, dtype=torch.bfloat16)
-    n_params = sum(1 for _ in m.parameters()) + sum(1 for mod in m.modules() if mxt.is_mxfp8(mod))
+    n_params = sum(1 for p in m.parameters() if p.requires_grad)   # a converted weight is a Parameter too
     walls, gpus = [], []
     for i in range(args.warmup + args.iters):
         m(x).float().square().mean().backward()
@@ -100,7 +103,7 @@ def part_step(dev, args):
         opt.zero_grad()
     w = statistics.median(walls)
     g = statistics.median(gpus) if gpus else float("nan")
-    return {"params": n_params, "buckets": len(opt.plan.buckets),
+    return {"params": n_params, "buckets": len(opt.buckets),
             "step_wall_us": w * 1e6, "step_gpu_span_us": g * 1e6, "host_us_per_param": w * 1e6 / n_params,
             "collectives_per_step": {k: v // (args.warmup + args.iters) for k, v in opt.collectives.items()
                                      if not k.startswith("setup")}}
@@ -131,17 +134,40 @@ def part_overlap(dev, args):
         out[key] = {"backward_ms": statistics.median(bw) * 1e3, "step_ms": statistics.median(st) * 1e3,
                     "sum_ms": (statistics.median(bw) + statistics.median(st)) * 1e3}
         del m, opt
-    out["shape"] = f"{n} x MXFP8Linear {d}x{d}, {args.tokens} tokens"
+    out["shape"] = f"{n} x MXFP8 linear {d}x{d}, {args.tokens} tokens"
     return out
+
+
+def grad_into_buffer(lin):
+    """An fp32 buffer of the weight's shape (lin.grad_buffer) that a post-accumulate-grad hook
+    adds weight.grad into, then lets the gradient go: what ShardedOptimizer's hook does with a
+    converted weight's gradient (its bucket)."""
+    lin.grad_buffer = torch.zeros(lin.out_features, lin.in_features, dtype=torch.float32,
+                                  device=lin.weight.device)
+
+    def hook(p):
+        lin.grad_buffer.add_(p.grad)
+        p.grad = None
+    lin.weight.register_post_accumulate_grad_hook(hook)
+    return lin
+
+
+def plane_bytes(primary):
+    """Bytes of a quantized primary's planes (row / col data and scales, amax)."""
+    ts = [getattr(primary, k, None) for k in ("row_data", "row_scale", "col_data", "col_scale", "amax")]
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor))
 
 
 def part_memory(dev, args):
     """One layer's forward + backward with a given output gradient (no loss
-    temporaries): the persistent bytes (weight storage; the gradient buffer a
-    training step keeps: .grad in bf16 for nn.Linear, the FP32 main_grad that
-    ShardedOptimizer owns for MXFP8Linear) and the transient peak above the
-    inputs, outputs and persistent state (dequantized weight, wgrad before
-    it is added into main_grad)."""
+    temporaries): the persistent bytes (weight storage: the quantized planes of
+    a converted linear, as ShardedOptimizer replicates them, its fp32 master
+    left out (the optimizer's shard); the gradient buffer a training step keeps:
+    .grad in bf16 for nn.Linear, the FP32 buffer a post-accumulate-grad hook
+    adds a converted linear's weight.grad into, as ShardedOptimizer's bucket)
+    and the transient peak above the inputs, outputs and persistent state
+    (dequantized weight, the fp32 weight.grad before the hook adds it into the
+    buffer)."""
     d, tokens = args.mem_dim, args.tokens
     rows = {}
     if dev.type != "cuda":
@@ -156,11 +182,13 @@ def part_memory(dev, args):
             weight = d * d * 2
         else:
             lin = mxt.convert(nn.Sequential(lin), kind)[0]
-            lin.release_master_init()
-            lin.main_grad = torch.zeros(d, d, device=dev)  # what the optimizer's bucket buffer holds for it
-            weight = sum(b.numel() for b in lin.buffers())
+            grad_into_buffer(lin)   # what the optimizer's bucket buffer holds for it
+            weight = plane_bytes(lin.primary)   # made now: resident from here on
+            master = lin.weight.numel() * lin.weight.element_size()
         torch.cuda.empty_cache()
         static = torch.cuda.memory_allocated(dev) - base
+        if kind != "bf16":
+            static -= master   # the fp32 master: the optimizer's shard under ShardedOptimizer, not the model's
         x = torch.randn(tokens, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
         gy = torch.randn(tokens, d, device=dev, dtype=torch.bfloat16)
         for it in range(2):  # the second pass: nn.Linear's .grad exists, as in training
