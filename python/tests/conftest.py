@@ -111,13 +111,40 @@ def cuda_or_skip():
     return torch
 
 
+def _untouched_state(m):
+    """What a ShardedOptimizer construction attaches to module m: its parameter objects (by every
+    name, tied ones included), their and its buffers' storage, the gradient hooks on its
+    parameters, its modules' forward (pre-)hooks and the optimizer that owns each module."""
+    params = list(m.named_parameters(remove_duplicate=False))
+    return {"parameter objects": {n: id(p) for n, p in params},
+            "parameter storage": {n: p.data_ptr() if type(p).__name__ != "GatheredWeight" else None for n, p in params},
+            "buffer storage": {n: t.data_ptr() for n, t in m.named_buffers()},
+            "gradient hooks": {n: (list(getattr(p, "_post_accumulate_grad_hooks", None) or {}),
+                                   list(getattr(p, "_backward_hooks", None) or {})) for n, p in params},
+            "forward pre-hooks": {n: list(mod._forward_pre_hooks) for n, mod in m.named_modules()},
+            "forward hooks": {n: list(mod._forward_hooks) for n, mod in m.named_modules()},
+            "owners": {n: (lambda r: r() if r is not None else None)(getattr(mod, "_mxs_owner", None))
+                       for n, mod in m.named_modules()},
+            "weights": {n: mod._parameters.get("weight") for n, mod in m.named_modules()
+                        if type(mod._parameters.get("weight")).__name__ == "QuantMaster"}}
+
+
 def raises_untouched(m, f, exc, match):
-    """f() raises exc (message matching `match`) and leaves module m's parameter and buffer storage
-    and its ShardedOptimizer gradient hooks as they were (a refused construction writes nothing)."""
-    ptrs = {n: p.data_ptr() for n, p in m.named_parameters()}
-    bptrs = {n: t.data_ptr() for n, t in m.named_buffers()}
+    """f() raises exc (message matching `match`) and leaves module m as it was: the same parameter
+    objects (each converted weight still its QuantMaster Parameter) and storage, the same buffer
+    storage, no gradient hook, forward (pre-)hook or ShardedOptimizer owner added or removed (a
+    refused construction attaches nothing)."""
+    before = _untouched_state(m)
     with pytest.raises(exc, match=match):
         f()
-    assert {n: p.data_ptr() for n, p in m.named_parameters()} == ptrs
-    assert {n: t.data_ptr() for n, t in m.named_buffers()} == bptrs
-    assert all(getattr(mod, "_mxs_grad_hook", None) is None for mod in m.modules())
+    now = _untouched_state(m)
+    for k, a in before.items():
+        b = now[k]
+        if k == "owners":
+            assert all(b[n] is a[n] for n in a), f"a refused construction changed which optimizer owns a module: {b}"
+        elif k == "weights":
+            assert all(type(o._parameters.get("weight")).__name__ == "QuantMaster" and o._parameters["weight"] is w
+                       for o, w in ((dict(m.named_modules())[n], w) for n, w in a.items())), \
+                "a refused construction left a converted weight replaced"
+        else:
+            assert a == b, f"a refused construction changed the model's {k}"

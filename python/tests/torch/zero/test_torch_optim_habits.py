@@ -7,7 +7,14 @@ into the model's weights are refused until the optimizer is told;
 torch.distributed.checkpoint's state_dict helpers, inner optimizers that are
 not elementwise and bad grad dtypes raise, naming what to use; bf16 gradient
 buffers; a failed construction leaves nothing alive. The same across gloo
-ranks: test_torch_optim.py (torch_optim_habit_cases)."""
+ranks: test_torch_optim.py (torch_optim_habit_cases).
+
+Under the thin ShardedOptimizer a converted linear's weight is a replicated
+GatheredWeight Parameter: its gradient arrives in weight.grad (autograd) and
+goes into the rank-major buffers opt._grad[b] (this rank's reduced part:
+opt._shard[b]; the masters: opt._master[b], an item's rows
+opt.buckets[b].view(buf, pos, rank)); a write into a converted weight is
+model.load_state_dict(...) then opt.masters_from_model()."""
 import contextlib
 import copy
 import gc
@@ -95,18 +102,33 @@ def test_zero_grad_honours_set_to_none(C):
     o = ShardedOptimizer(m, _adamw, bucket_size=2500)
     g = torch.ones_like(m.ln.weight)
     m.ln.weight.grad = g                      # a gradient set outside the hooks
-    m.b.main_grad.fill_(1.0)
+    gb = torch.ones(m.b.weight.shape)         # a converted weight's, set outside the hooks (was main_grad)
+    m.b.weight.grad = gb
+    for t in o._grad:                         # what the hooks add during a backward
+        t.fill_(1.0)
+    for t in o._shard:
+        t.fill_(1.0)
     o.zero_grad(set_to_none=False)
     assert m.ln.weight.grad is g and not g.any(), "set_to_none=False must zero .grad in place"
-    assert not m.b.main_grad.any() and all(not bk.grad.any() for bk in o._buckets)
+    assert m.b.weight.grad is gb and not gb.any(), "set_to_none=False must zero a converted weight's .grad in place"
+    assert all(not t.any() for t in o._grad) and all(not t.any() for t in o._shard)
+    # a gradient the hooks took (HeldGrad) goes: the bucket holds it, and the bucket was zeroed
+    C.inject(m, 0, 0)
+    o.step()
+    m.h.grad = torch.ones_like(m.h)
+    o._flush([])
+    assert type(m.h.grad).__name__ == "HeldGrad" and any(t.any() for t in o._grad)
+    o.zero_grad(set_to_none=False)
+    assert m.h.grad is None and all(not t.any() for t in o._grad)
     o.zero_grad()
-    assert m.ln.weight.grad is None
+    assert m.ln.weight.grad is None and m.b.weight.grad is None
 
 
 def test_step_without_gradient_changes_nothing(C, HC):
     """No gradient written since zero_grad() (or since the last step): step()
     changes nothing. A gradient written straight into main_grad (no hook)
-    counts. Granularity is the step: an item without gradient in a step
+    counts (was: written into main_grad; now: a converted weight's .grad set outside the hooks).
+    Granularity is the step: an item without gradient in a step
     where others have one is stepped with a zero gradient (weight decay)."""
     import torch
     from mxshard.torch import ShardedOptimizer
@@ -123,10 +145,10 @@ def test_step_without_gradient_changes_nothing(C, HC):
     o.zero_grad()
     o.step()
     assert not HC.same(after_one, HC.snapshot(m, o))
-    m.c.main_grad.copy_(torch.full_like(m.c.main_grad, 2.0 ** -10))   # only c, no hook fired
+    m.c.weight.grad = torch.full(m.c.weight.shape, 2.0 ** -10)   # only c, no hook fired
     h_before = m.h.detach().clone()
     o.step()
-    assert o.steps == 2, "a gradient written straight into main_grad did not count"
+    assert o.steps == 2, "a gradient set straight into a converted weight's .grad did not count"
     assert not torch.equal(m.h.detach(), h_before), "an item without gradient is stepped (weight decay)"
 
 
@@ -135,59 +157,98 @@ def test_writes_into_the_model_are_refused_until_told_nvfp4(C, HC):
     model.load_state_dict() -> step() raises and changes nothing;
     masters_from_model() -> the loaded primaries, dequantized, are the masters."""
     import torch
-    import torch_nvfp4_cases as N
     from mxshard.torch import ShardedOptimizer
-    m = N.build_model(modules=N.NV_MODULES[:4] + N.NV_MODULES[8:10])
+    m = _nv_model()
     o = ShardedOptimizer(m, _adamw, bucket_size=1000)
-    N.inject(m, 0, 0, 1)
+    assert {it.kind for it in o.items} >= {"nvfp4_row", "nvfp4_both", "mxfp8_both", "dense"}
+    C.inject(m, 0, 0)
     o.step()
     o.zero_grad()
-    m.load_state_dict(N.build_model(seed=3, modules=N.NV_MODULES[:4] + N.NV_MODULES[8:10]).state_dict())
+    sd3 = _nv_model(seed=3).state_dict()
+    m.load_state_dict(sd3)
     before = HC.snapshot(m, o)
-    N.inject(m, 1, 0, 1)
-    with pytest.raises(RuntimeError, match="masters_from_model"):
+    C.inject(m, 1, 0)
+    with pytest.raises(RuntimeError, match=r"^ShardedOptimizer.step: call opt.masters_from_model\(\)"):
         o.step()
     assert not HC.same(before, HC.snapshot(m, o))
-    loaded = {n: (obj.master_init() if hasattr(obj, "master_init") else obj.detach()).float().reshape(-1).clone()
-              for n, obj in C.item_table(m)}
+    # the loaded values: a converted weight's is the saved row plane dequantized (what state_dict() holds)
+    loaded = {n: sd3[n].float().reshape(-1).clone() for n, _ in C.item_table(m)}
     o.masters_from_model()
-    full = N.full_masters(o)
+    assert all(getattr(x, "_mxs_loaded", None) is None for x in m.modules()), "masters_from_model kept a copy"
+    full = C.full_masters(o)
     for n, v in loaded.items():   # (the writeback then quantizes them: NVFP4 values may move by one rounding)
         assert torch.equal(full[n], v), f"{n}: the master is not the loaded (dequantized) value"
     o.zero_grad()
-    N.inject(m, 2, 0, 1)
+    C.inject(m, 2, 0)
     o.step()
     assert o.steps == 2
 
 
-def test_dcp_state_dict_helpers_raise_naming_save_checkpoint(C, HC):
+# every plane set x block x layout of torch_nvfp4_cases.NV_MODULES[:4] + [8:10] (that module still
+# imports the removed zero.layout): (planes, block, layout, (in, out))
+_NV = [("row", "1x16", "compact", (33, 17)), ("row", "1x16", "padded", (16, 8)), ("row", "1x16", "swizzled", (40, 3)),
+       ("row", "16x16", "compact", (9, 5)), ("both", "1x16", "swizzled", (32, 32)),
+       ("both", "16x16", "compact", (1, 1))]
+
+
+def _nv_model(seed=0):
+    """NVFP4 linears of odd shapes, an MXFP8 one, an Embedding, a LayerNorm, a bf16 parameter
+    and a frozen one (torch_nvfp4_cases.build_model's)."""
     import torch
+    from torch import nn
+    from mxshard.torch import MXFP8Linear, NVFP4Linear
+    torch.manual_seed(seed)
+    m = nn.Module()
+    m.emb = nn.Embedding(5, 12)
+    for i, (planes, block, layout, (inf, outf)) in enumerate(_NV):
+        setattr(m, f"nv{i}", NVFP4Linear(inf, outf, bias=i % 3 != 0, planes=planes, block=block, layout=layout))
+    m.mx = MXFP8Linear(40, 9, planes="both", layout="padded")
+    m.ln = nn.LayerNorm(17)
+    m.h = nn.Parameter(torch.randn(3, 5).to(torch.bfloat16))
+    m.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+    return m
+
+
+def test_dcp_state_dict_helpers_raise_naming_save_checkpoint(C, HC):
+    """torch.distributed.checkpoint.state_dict's get_state_dict / set_state_dict map the optimizer's
+    parameters to the model's by identity (ShardedOptimizer's are master shards: a KeyError deep in
+    torch): they raise, naming mxt.save_checkpoint / load_checkpoint, and change nothing. Changed by
+    design: dcp.save / dcp.load of {"optim": opt} (a Stateful whose state_dict() is DCP's form) work:
+    the load restores the saved masters, inner state, steps and weights bit for bit."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from mxshard.torch import ShardedOptimizer
     m = C.build_model()
     o = ShardedOptimizer(m, _adamw, bucket_size=2500)
     for stepped in (False, True):
         before = HC.snapshot(m, o)
-        with pytest.raises(NotImplementedError, match="mxt.save_checkpoint"):
+        with pytest.raises(NotImplementedError) as e:
             get_state_dict(m, o)
+        assert HC.first_sentence(e.value).startswith("Use mxt.save_checkpoint(path, model, opt) / "
+                                                     "mxt.load_checkpoint(path, model, opt)"), e.value
+        assert "get_state_dict" in str(e.value), e.value
         assert not HC.same(before, HC.snapshot(m, o)), "get_state_dict changed the optimizer"
         C.inject(m, 0, 0)
         o.step()
         o.zero_grad()
-    with pytest.raises(NotImplementedError, match="mxt.load_checkpoint"):
+    before = HC.snapshot(m, o)
+    with pytest.raises(NotImplementedError, match=r"^Use mxt.save_checkpoint.*mxt.load_checkpoint"):
         set_state_dict(m, o, model_state_dict=m.state_dict(), optim_state_dict={"state": {}, "param_groups": []})
+    assert not HC.same(before, HC.snapshot(m, o)), "set_state_dict changed the optimizer"
     assert o.steps == 2
-    # dcp.save / dcp.load of the optimizer (a Stateful): its state_dict() is this rank's shards, which
-    # DCP would keep from one rank only; both raise before writing or reading anything
     import torch.distributed.checkpoint as dcp
-    with tempfile.TemporaryDirectory() as d:
-        before = HC.snapshot(m, o)
-        with pytest.raises(NotImplementedError, match="mxt.save_checkpoint"):
-            dcp.save({"optim": o}, checkpoint_id=d)
-        assert not os.listdir(d)
-        with pytest.raises(NotImplementedError, match="mxt.load_checkpoint"):
-            dcp.load({"optim": o}, checkpoint_id=d)
-        assert not HC.same(before, HC.snapshot(m, o)), "dcp.save / dcp.load changed the optimizer"
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (no process group: DCP saves in a single process)
+        saved = HC.snapshot(m, o)
+        dcp.save({"optim": o}, checkpoint_id=d)
+        assert ".metadata" in os.listdir(d)
+        assert not HC.same(saved, HC.snapshot(m, o)), "dcp.save changed the optimizer"
+        C.inject(m, 1, 0)
+        o.step()
+        o.zero_grad()
+        assert HC.same(saved, HC.snapshot(m, o)), "the step after the save moved nothing"
+        dcp.load({"optim": o}, checkpoint_id=d)
+        diff = HC.same(saved, HC.snapshot(m, o))
+        assert not diff, f"dcp.load did not restore {diff}"
 
 
 def test_inner_optimizer_must_be_elementwise(C):
@@ -238,17 +299,21 @@ def test_allowed_inner_optimizers_are_elementwise():
 def test_grad_dtype(C, HC):
     """bf16 gradient buffers: exact against the fp32 reference (dyadic
     gradients); a real backward through dense layers gives the same masters
-    as fp32 buffers (the gradients are bf16 already); a quantized linear that
-    does not accumulate into a bf16 main_grad is refused, naming the fix."""
+    as fp32 buffers (the gradients are bf16 already); grad_dtype=float16 is
+    refused. Changed by design: a converted linear's weight is a Parameter of
+    grad_dtype (its wgrad arrives in bf16), so bf16 buffers are accepted with
+    converted linears and a real backward through them steps (the removed
+    linear refused them unless its MAIN_GRAD_DTYPES had bf16)."""
     import torch
     from torch import nn
     from mxshard.torch import MXFP8Linear, ShardedOptimizer
-    with HC.bf16_main_grads():
-        C.case_exact(0, 1, grad_dtype=torch.bfloat16, opt="sgd", max_grad_norm=0.05, steps=2)
-        o16 = ShardedOptimizer(C.build_model(), _adamw, bucket_size=2500, grad_dtype=torch.bfloat16)
+    C.case_exact(0, 1, grad_dtype=torch.bfloat16, opt="sgd", max_grad_norm=0.05, steps=2)
+    o16 = ShardedOptimizer(C.build_model(), _adamw, bucket_size=2500, grad_dtype=torch.bfloat16)
     o32 = ShardedOptimizer(C.build_model(), _adamw, bucket_size=2500)
     assert o16.buffer_bytes()["grad"] * 2 == o32.buffer_bytes()["grad"]
-    assert all(bk.grad.dtype == torch.bfloat16 for bk in o16._buckets)
+    assert o16.buffer_bytes()["master"] == o32.buffer_bytes()["master"]
+    assert all(t.dtype == torch.bfloat16 for t in o16._grad + o16._shard)
+    assert all(t.dtype == torch.float32 for t in o32._grad + o32._shard)
     masters = []
     for gd in (torch.float32, torch.bfloat16):
         torch.manual_seed(0)
@@ -256,22 +321,26 @@ def test_grad_dtype(C, HC):
         o = ShardedOptimizer(net, lambda g: torch.optim.SGD(g, lr=0.5), grad_dtype=gd)
         net(torch.randn(3, 12, dtype=torch.bfloat16)).float().pow(2).sum().backward()
         o.step()
-        masters.append(o._buckets[0].master.clone())
+        masters.append(o._master[0].clone())
         # (after a step the inner parameters keep no gradient tensor, the upcast bf16 shards included: a
         # HeldGrad placeholder, no storage)
-        assert o._buckets[0].grad.dtype == gd and all(type(v.grad).__name__ == "HeldGrad" for v in o._views)
+        assert o._grad[0].dtype == gd and all(type(v.grad).__name__ == "HeldGrad" for v, _, _ in o._views)
     assert torch.equal(masters[0], masters[1])
     m = C.build_model()
     raises_untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.float16), ValueError, "grad_dtype")
-    if torch.bfloat16 not in getattr(MXFP8Linear, "MAIN_GRAD_DTYPES", (torch.float32,)):
-        raises_untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.bfloat16), ValueError,
-                   "grad_dtype=torch.float32")
-    else:  # the linear accumulates into bf16: a real backward through it steps
-        mlp = C.MLP("padded")
-        o = ShardedOptimizer(mlp, _adamw, grad_dtype=torch.bfloat16)
-        mlp(torch.randn(4, 40)).pow(2).sum().backward()
-        o.step()
-        assert o.steps == 1
+    raises_untouched(m, lambda: ShardedOptimizer(m, _adamw, grad_dtype=torch.int8), ValueError,
+                     r"^ShardedOptimizer: pass grad_dtype=torch.float32 or torch.bfloat16")
+    # converted linears with bf16 buffers: a real backward through them steps
+    mlp = C.MLP("padded")
+    assert any(isinstance(x, MXFP8Linear) for x in mlp.modules())
+    o = ShardedOptimizer(mlp, _adamw, grad_dtype=torch.bfloat16)
+    conv = [x for x in mlp.modules() if isinstance(x, MXFP8Linear)]
+    assert all(x.weight.dtype == torch.bfloat16 for x in conv), "a converted weight's gradient is not bf16"
+    before = [t.clone() for t in o._master]
+    mlp(torch.randn(4, 40)).pow(2).sum().backward()
+    assert all(type(x.weight.grad).__name__ == "HeldGrad" for x in conv) and any(t.any() for t in o._grad)
+    o.step()
+    assert o.steps == 1 and all(not torch.equal(a, b) for a, b in zip(before, o._master))
 
 
 def test_failed_construction_leaves_nothing_alive(C, HC):
@@ -325,101 +394,6 @@ def test_tie_made_after_convert_is_refused(C, HC):
     o.close()
 
 
-def test_ema_of_a_sharded_model_raises_and_copies_evaluate(C, HC):
-    """torch.optim.swa_utils.AveragedModel made after the optimizer: its update_parameters raises
-    (default: it would copy the model's planes over the average; use_buffers=True: it would
-    average FP8 / FP4 bytes), saying what to do, and leaves the model and optimizer alone. A deep
-    copy evaluates like the model, is outside the optimizer (a backward through it reaches none
-    of the optimizer's gradients) and its planes refuse in-place writes, views included."""
-    import copy
-    import torch
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-    from mxshard.torch import ShardedOptimizer
-    for fmt, policy in (("mxfp8", "row"), ("mxfp8", "both"), ("nvfp4", "row")):
-        m = HC.converted(fmt, policy)
-        o = ShardedOptimizer(m, _adamw)
-        HC.backward(m, 0, 0)
-        o.step()
-        o.zero_grad()
-        for use_buffers in (False, True):
-            ema = AveragedModel(m, multi_avg_fn=get_ema_multi_avg_fn(0.5), use_buffers=use_buffers)
-            HC.backward(m, 0, 1)
-            o.step()
-            o.zero_grad()
-            before = HC.snapshot(m, o)
-            planes = {k: v.clone() for k, v in ema.module.state_dict().items() if not k.endswith("bias")}
-            with pytest.raises(RuntimeError) as e:
-                ema.update_parameters(m)
-            assert HC.first_sentence(e.value).startswith("Keep an EMA (or any average) of a model trained by "
-                                                         "ShardedOptimizer yourself from each quantized linear's "
-                                                         "module.weight"), e.value
-            assert not HC.same(before, HC.snapshot(m, o)), "update_parameters changed the model or optimizer"
-            assert all(torch.equal(v, ema.module.state_dict()[k]) for k, v in planes.items()), \
-                "update_parameters wrote into the EMA's planes"
-        c = copy.deepcopy(m)
-        x = torch.randn(4, 64)
-        with torch.no_grad():
-            assert torch.equal(c(x), m(x))
-        grads = [bk.grad.clone() for bk in o._buckets]
-        c(x).pow(2).sum().backward()
-        assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets)), "a copy's backward reached the optimizer"
-        assert c[0].main_grad is not None and c[0].main_grad.data_ptr() != m[0].main_grad.data_ptr()
-        for write in (lambda p: p.copy_(torch.zeros_like(p)), lambda p: p.data.add_(1), lambda p: p[0].zero_(),
-                      lambda p: torch._foreach_mul_([p.detach()], 2)):
-            with pytest.raises(RuntimeError, match="Keep an EMA"):
-                write(c[0].row_data)
-        assert torch.equal(c[0].row_data, m[0].row_data)
-        c[0].set_master_(torch.zeros(96, 64))      # a copy's weight is its own to set
-        assert not c[0].weight.any() and m[0].weight.any()
-        o.close()
-
-
-def test_ema_made_before_the_optimizer_raises_instead_of_averaging_a_bias_into_a_weight(C, HC):
-    """AveragedModel built on the converted model before ShardedOptimizer: the optimizer takes the
-    converted weights out of model.parameters(), so update_parameters pairs each EMA weight with
-    the next parameter (a bias). Square layers broadcast the bias over the weight silently; the
-    EMA's master refuses that write (nothing written) and says what to do."""
-    import torch
-    from torch import nn
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-    import mxshard.torch as mxt
-    from mxshard.torch import ShardedOptimizer
-    for fmt, ema_fn in (("mxfp8", None), ("nvfp4", get_ema_multi_avg_fn(0.5))):
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
-        mxt.convert(m, "row", format=fmt)
-        ema = AveragedModel(m, multi_avg_fn=ema_fn) if ema_fn else AveragedModel(m)
-        o = ShardedOptimizer(m, _adamw)
-        m(torch.randn(8, 64)).pow(2).sum().backward()
-        o.step()
-        o.zero_grad()
-        before = [p.detach().clone() for p in ema.module.parameters()]
-        for _ in range(2):   # the first update copies, later ones average
-            with pytest.raises(RuntimeError) as e:
-                ema.update_parameters(m)
-            assert HC.first_sentence(e.value).startswith("mxshard: write a tensor of 0.weight's shape (64, 64) "
-                                                         "into it, not one of shape (64,) broadcast over it"), e.value
-            assert "AveragedModel" in str(e.value) and "module.weight" in str(e.value)
-            assert all(torch.equal(a, b.detach()) for a, b in zip(before, ema.module.parameters()))
-        o.close()
-
-
-def test_cast_after_construction_says_to_cast_before(C, HC):
-    import torch
-    from mxshard.torch import ShardedOptimizer
-    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
-        m = HC.converted()
-        o = ShardedOptimizer(m, _adamw)
-        masters = [bk.master.clone() for bk in o._buckets]
-        cast(m)
-        with pytest.raises(RuntimeError) as e:
-            o.step()
-        assert HC.first_sentence(e.value).startswith("ShardedOptimizer.step: Cast or move the model"), e.value
-        assert "2.bias" in str(e.value) and "now torch." in str(e.value), e.value
-        assert all(torch.equal(a, bk.master) for a, bk in zip(masters, o._buckets)) and o.steps == 0
-        o.close()
-
-
 def test_held_gradient_messages_name_the_way_out(C, HC):
     """A dense .grad under ShardedOptimizer: clip_grad_value_ says value clipping is not available
     (norm clipping is: max_grad_norm); an out= function reading it (DistributedDataParallel's
@@ -430,7 +404,8 @@ def test_held_gradient_messages_name_the_way_out(C, HC):
     o = ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1))
     HC.backward(m, 0, 0)
     before = HC.snapshot(m, o)
-    grads = [bk.grad.clone() for bk in o._buckets]
+    grads = [t.clone() for t in o._grad]
+    assert all(type(p.grad).__name__ == "HeldGrad" for p in m.parameters())   # (the converted weights' too)
     with pytest.raises(RuntimeError) as e:
         torch.nn.utils.clip_grad_value_(m.parameters(), 1e-4)
     assert HC.first_sentence(e.value).startswith("ShardedOptimizer: gradient value clipping "
@@ -445,7 +420,7 @@ def test_held_gradient_messages_name_the_way_out(C, HC):
         torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
     assert HC.first_sentence(e.value).startswith("ShardedOptimizer: clip with ShardedOptimizer(..., "
                                                  "max_grad_norm=...)"), e.value
-    assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets)) and not HC.same(before, HC.snapshot(m, o))
+    assert all(torch.equal(g, t) for g, t in zip(grads, o._grad)) and not HC.same(before, HC.snapshot(m, o))
     o.close()
 
 
@@ -465,7 +440,7 @@ def test_the_inner_parameters_gradients_refuse_clipping_and_grad_scaler(C, HC, g
     for step in range(2):
         HC.backward(m, 0, step)
         before = HC.snapshot(m, o)
-        grads = [bk.grad.clone() for bk in o._buckets]
+        grads = [t.clone() for t in o._grad]
         with pytest.raises(RuntimeError) as e:
             torch.nn.utils.clip_grad_norm_(inner, 1.0)
         assert HC.first_sentence(e.value).startswith("ShardedOptimizer: clip with ShardedOptimizer(..., "
@@ -476,7 +451,7 @@ def test_the_inner_parameters_gradients_refuse_clipping_and_grad_scaler(C, HC, g
             scaler.step(o)
         assert HC.first_sentence(e.value).startswith("ShardedOptimizer: drop torch.amp.GradScaler and train in "
                                                      "bfloat16"), e.value
-        assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets))
+        assert all(torch.equal(g, t) for g, t in zip(grads, o._grad))
         assert not HC.same(before, HC.snapshot(m, o))
         o.step()
         o.zero_grad()
@@ -485,9 +460,12 @@ def test_the_inner_parameters_gradients_refuse_clipping_and_grad_scaler(C, HC, g
 
 
 def test_load_state_dict_of_another_configuration_or_rank_says_what_to_do(C, HC):
-    """opt.load_state_dict of a state dict saved with another lr, or by another rank (what
-    torch.distributed.checkpoint.save of opt.state_dict() gives back: one rank's copy), names what
-    to do and the first difference; it said "fingerprint N differs" or "rank 1 differs"."""
+    """opt.load_state_dict. Changed by design (its state dict is DCP's form, keyed by item names;
+    the fingerprint and rank checks went): a state dict saved with another lr loads as
+    torch.optim's does, restoring the saved lr, masters, state and step, and the model's weights
+    are rewritten from the loaded masters. One of another world size or rank (other rows of each
+    master: what one rank's copy of a DCP save is), or of another model, is refused, naming what
+    to do, and changes nothing."""
     import torch
     from mxshard.torch import ShardedOptimizer
     m = HC.converted()
@@ -495,18 +473,28 @@ def test_load_state_dict_of_another_configuration_or_rank_says_what_to_do(C, HC)
     HC.backward(m, 0, 0)
     o.step()
     sd = o.state_dict()
+    saved = HC.snapshot(m, o)
     o.close()
     m2 = HC.converted(seed=1)
     o2 = ShardedOptimizer(m2, lambda g: torch.optim.AdamW(g, lr=1e-3))
     before = HC.snapshot(m2, o2)
+    half = dict(sd, masters={k: v[:(v.shape[0] + 1) // 2] for k, v in sd["masters"].items()})
     with pytest.raises(ValueError) as e:
-        o2.load_state_dict(sd)
-    msg = str(e.value)
-    assert msg.startswith("load_state_dict: build the ShardedOptimizer as the one that saved the state dict"), msg
-    assert "mxt.load_checkpoint" in HC.first_sentence(e.value) and "lr" in msg.split("saved", 2)[-1], msg
-    with pytest.raises(ValueError, match=r"^load_state_dict: load this rank's own state dict"):
-        o2.load_state_dict(dict(sd, rank=1))
-    assert not HC.same(before, HC.snapshot(m2, o2))
+        o2.load_state_dict(half)
+    assert "mxt.load_checkpoint" in str(e.value) and "0.weight" in str(e.value), e.value
+    assert not HC.same(before, HC.snapshot(m2, o2)), "a refused load changed the optimizer"
+    other = dict(sd, masters={("x" + k if k == "2.bias" else k): v for k, v in sd["masters"].items()})
+    with pytest.raises(ValueError, match=r"ShardedOptimizer.load_state_dict: build the"):
+        o2.load_state_dict(other)
+    assert not HC.same(before, HC.snapshot(m2, o2)), "a refused load changed the optimizer"
+    o2.load_state_dict(sd)
+    assert o2.inner.param_groups[0]["lr"] == 1e-2 and o2.steps == 1
+    diff = HC.same(dict(saved, inner={}), dict(HC.snapshot(m2, o2), inner={}))   # (inner: keyed by id(view))
+    assert not diff, f"the load did not restore {diff}"
+    assert len(o2.inner.state) == len(o2._views) and all(
+        torch.equal(o2.inner.state[v][k], sd["state"][o2.buckets[b].items[pos].name][k])
+        for v, b, pos in o2._views for k in ("exp_avg", "exp_avg_sq", "step"))
+    C.check_weights(m2, C.full_masters(o2))
     o2.close()
 
 
@@ -517,42 +505,29 @@ def test_frozen_quantized_weight_refused_at_construction(C, HC):
     from mxshard.torch import ShardedOptimizer
     m = HC.converted()
     o = ShardedOptimizer(m, _adamw)
-    with pytest.raises(ValueError, match="already managed by another ShardedOptimizer"):
-        ShardedOptimizer(m, _adamw)
+    raises_untouched(m, lambda: ShardedOptimizer(m, _adamw), ValueError,
+                     r"^ShardedOptimizer: close the ShardedOptimizer that trains 0 first \(opt.close\(\)\)")
     o.close()
     m[0].weight.requires_grad_(False)
-    raises_untouched(m, lambda: ShardedOptimizer(m, _adamw), ValueError, r"0.weight is frozen \(requires_grad_")
+    raises_untouched(m, lambda: ShardedOptimizer(m, _adamw), ValueError,
+                     r"^ShardedOptimizer: keep frozen linears dense \(convert\(..., skip=...\)\) or unfreeze "
+                     r"0.weight: it is frozen \(requires_grad=False\)")
     m[0].requires_grad_(True)
     ShardedOptimizer(m, _adamw).close()
 
 
-def test_reset_parameters_of_an_owned_linear_is_a_write(C, HC):
-    """module.reset_parameters() (an HF-style re-init) on a linear the optimizer owns quantizes new
-    planes: the next step raises (nothing changes), and masters_from_model() takes the new values
-    as the masters (nothing else kept on the module)."""
-    import torch
-    from mxshard.torch import ShardedOptimizer
-    m = HC.converted()
-    o = ShardedOptimizer(m, _adamw)
-    m[2].reset_parameters()
-    masters = [bk.master.clone() for bk in o._buckets]
-    HC.backward(m, 0, 0)
-    with pytest.raises(RuntimeError, match=r"^ShardedOptimizer.step: Right after writing into the model's weights, "
-                                           r"call opt.masters_from_model\(\) on every rank"):
-        o.step()
-    assert all(torch.equal(a, bk.master) for a, bk in zip(masters, o._buckets)) and o.steps == 0
-    new = m[2].weight.clone()
-    o.masters_from_model()
-    assert m[2]._master_init is None and torch.equal(C.full_masters(o)["2.weight"], new.reshape(-1))
-    o.zero_grad()
-    HC.backward(m, 0, 1)
-    o.step()
-    assert o.steps == 1
-    o.close()
+_SECOND_ADAMW_BUG = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="library bug: an AdamW built over model.parameters() after ShardedOptimizer decays the replicated "
+           "converted weight in place first; GatheredWeight refuses aten.mul_ with NotImplementedError saying to "
+           "write through load_state_dict, not to step only the ShardedOptimizer")
 
 
-@pytest.mark.parametrize("inner", ["sgd_wd", "adamw", "adamw_foreach"])
-def test_torch_optimizer_over_the_model_raises_saying_step_only_sharded(C, HC, inner):
+@pytest.mark.parametrize("inner,who", [("sgd_wd", "before"), ("sgd_wd", "second"), ("adamw", "before"),
+                                       pytest.param("adamw", "second", marks=_SECOND_ADAMW_BUG),
+                                       ("adamw_foreach", "before"),
+                                       pytest.param("adamw_foreach", "second", marks=_SECOND_ADAMW_BUG)])
+def test_torch_optimizer_over_the_model_raises_saying_step_only_sharded(C, HC, inner, who):
     """A torch.optim optimizer over model.parameters() (a second optimizer, or one built before
     ShardedOptimizer) stepping a model ShardedOptimizer owns raises, its first sentence saying to
     step only the ShardedOptimizer, and leaves the buckets' gradients alone (SGD's weight decay
@@ -567,17 +542,20 @@ def test_torch_optimizer_over_the_model_raises_saying_step_only_sharded(C, HC, i
     o = ShardedOptimizer(m, lambda g: torch.optim.SGD(g, lr=0.1))
     second = make(list(m.parameters()))
     HC.backward(m, 0, 0)
-    grads = [bk.grad.clone() for bk in o._buckets]
-    dense = {n: p.detach().clone() for n, p in m.named_parameters()}
-    for t in (before_opt, second):
-        with pytest.raises(RuntimeError) as e:
-            t.step()
-        first = HC.first_sentence(e.value)
-        assert first.startswith("ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...)"), e.value
-        assert "step only the ShardedOptimizer (it owns the gradients" in first, e.value
-        assert all(torch.equal(g, bk.grad) for g, bk in zip(grads, o._buckets)), "the gradient buckets changed"
-        if inner == "sgd_wd":   # (AdamW decays the parameter in place before it reads .grad)
-            assert all(torch.equal(v, dict(m.named_parameters())[n]) for n, v in dense.items())
+    grads = [t.clone() for t in o._grad]
+    before = HC.snapshot(m, o)
+    t = before_opt if who == "before" else second
+    try:
+        t.step()
+        raise AssertionError("a torch.optim optimizer over the model stepped")
+    except Exception as e:  # noqa: BLE001 - the type is asserted
+        assert isinstance(e, RuntimeError), repr(e)
+        first = HC.first_sentence(e)
+        assert first.startswith("ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...)"), e
+        assert "step only the ShardedOptimizer (it owns the gradients" in first, e
+    assert all(torch.equal(g, x) for g, x in zip(grads, o._grad)), "the gradient buckets changed"
+    if inner == "sgd_wd":   # (AdamW decays the parameter in place before it reads .grad)
+        assert not HC.same(before, HC.snapshot(m, o))
     o.model_from_masters()   # (undoes AdamW's decay of the dense parameters)
     o.step()
     assert o.steps == 1
@@ -603,15 +581,17 @@ def test_autograd_grad_wrt_input_leaves_the_buckets(C, HC):
         for _ in range(2):
             loss = F.mse_loss(m(x).float(), y)
             if pre:
-                versions = [bk.grad._version for bk in o._buckets]
-                grads = [bk.grad.clone() for bk in o._buckets]
+                versions = [t._version for t in o._grad]
+                grads = [t.clone() for t in o._grad]
                 ctx = o.no_sync() if nosync else contextlib.nullcontext()
                 with ctx:
                     gx, = torch.autograd.grad(loss, x, retain_graph=True)
                 assert gx.shape == x.shape and gx.abs().sum() > 0
-                assert [bk.grad._version for bk in o._buckets] == versions, "autograd.grad wrote a bucket"
-                assert all(torch.equal(a, bk.grad) for a, bk in zip(grads, o._buckets))
-                assert all(not bk.seen and bk.work is None for bk in o._buckets), "autograd.grad reported items"
+                assert [t._version for t in o._grad] == versions, "autograd.grad wrote a bucket"
+                assert all(torch.equal(a, t) for a, t in zip(grads, o._grad))
+                assert all(not seen for seen in o._seen) and all(w is None for w in o._work), \
+                    "autograd.grad reported items"
+                assert all(p.grad is None for p in m.parameters()), "autograd.grad left a .grad"
                 snap = HC.snapshot(m, o)
                 if not nosync:
                     o.step()   # nothing arrived: changes nothing
@@ -619,7 +599,7 @@ def test_autograd_grad_wrt_input_leaves_the_buckets(C, HC):
             loss.backward()
             o.step()
             o.zero_grad()
-        out = [bk.master.clone() for bk in o._buckets]
+        out = [t.clone() for t in o._master]
         o.close()
         return out
     ref = run(False)
@@ -629,9 +609,11 @@ def test_autograd_grad_wrt_input_leaves_the_buckets(C, HC):
 
 
 def test_a_linear_used_twice_in_one_forward_says_overlap_false(C):
-    """A converted linear applied twice in one forward, its bucket complete after the first use's
-    gradient: the second arrives after the reduction started. step() raised naming no_sync first
-    (the fix for a second backward); it now says to pass overlap=False, which trains it."""
+    """A converted linear applied twice in one forward (bucket_size=1: each item its own bucket).
+    The old linear reported each use's gradient, so the second arrived after the reduction
+    started and step() raised, saying to pass overlap=False. Changed by design: the weight is one
+    leaf Parameter, autograd sums both uses before its post-accumulate-grad hook runs once, so
+    overlap=True trains it, bit-identical to overlap=False, and the reduction saw the sum."""
     import torch
     from mxshard.torch import ShardedOptimizer, convert
 
@@ -642,26 +624,27 @@ def test_a_linear_used_twice_in_one_forward_says_overlap_false(C):
 
         def forward(self, x):
             return self.out(self.shared(self.shared(x)))
+    got = {}
     for overlap in (True, False):
         torch.manual_seed(0)
         m = convert(Twice(), "row")
+        x = torch.randn(4, 64)
         with ShardedOptimizer(m, _adamw, bucket_size=1, overlap=overlap) as o:
-            m(torch.randn(4, 64)).sum().backward()
-            if overlap:
-                with pytest.raises(RuntimeError, match=r"^ShardedOptimizer.step: pass overlap=False to "
-                                                       r"ShardedOptimizer: shared.weight is used more than once"):
-                    o.step()
-            else:
-                before = o._buckets[0].master.clone()
-                o.step()
-                assert not torch.equal(before, o._buckets[0].master)
+            assert [it.name for it in o.items] == ["shared.weight", "out.weight"] and len(o.buckets) == 2
+            m(x).sum().backward()
+            assert (o._work[0] is not None) == overlap, "the bucket was not launched from the hook"
+            before = o._master[0].clone()
+            o.step()
+            assert not torch.equal(before, o._master[0]) and o.steps == 1
+            got[overlap] = [t.clone() for t in o._master]
+    assert all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got[True], got[False]))
 
 
 def test_module_hooks_on_converted_linears_survive_the_optimizer(C):
     """Forward and backward hooks registered on convert()'s linears before ShardedOptimizer took
-    them over stopped running (the optimizer swaps in its own linear): a forward hook captured
-    nothing and a backward pre-hook zeroing a gradient was ignored, silently. They move to the
-    optimizer's linear; a failed construction moves them back."""
+    them over stopped running under the old optimizer (it swapped in its own linear). Changed by
+    design: the model keeps convert()'s linears (MXFP8ParamLinear), so the hooks stay where they
+    were and run, once per forward; a failed construction leaves them there too."""
     import torch
     from mxshard.torch import ShardedOptimizer, convert
     torch.manual_seed(0)
@@ -671,9 +654,15 @@ def test_module_hooks_on_converted_linears_survive_the_optimizer(C):
     m[2].register_full_backward_pre_hook(lambda mod, go: (torch.zeros_like(go[0]),))
     with pytest.raises(RuntimeError, match="no optimizer"):
         ShardedOptimizer(m, lambda g: (_ for _ in ()).throw(RuntimeError("no optimizer")))
+    mods = list(m.modules())
     m(torch.randn(2, 64))
     assert seen == ["MXFP8ParamLinear"]
     with ShardedOptimizer(m, _adamw) as o:
+        assert list(m.modules()) == mods, "the optimizer swapped a module"
         m(torch.randn(4, 64)).sum().backward()
-        assert seen[-1] == "MXFP8Linear"
-        assert all(bk.grad.abs().sum() == 0 for bk in o._buckets), "the backward pre-hook was dropped"
+        assert seen == ["MXFP8ParamLinear"] * 2
+        grads = {it.name: o.buckets[it.bucket].view(o._grad[it.bucket], [x.name for x in
+                 o.buckets[it.bucket].items].index(it.name), 0) for it in o.items}
+        assert grads["2.weight"].abs().sum() == 0 and grads["2.bias"].abs().sum() == 0, \
+            "the backward pre-hook was dropped"
+        assert grads["0.weight"].abs().sum() == 0   # (nothing flows below a zeroed output gradient)
