@@ -6,12 +6,12 @@
     load_safetensors("model.safetensors", plain_model)    # nn.Linear: the weights dequantized
 
 The file. Every tensor of model.state_dict() under its name, in its dtype,
-except the quantized modules' byte buffers, which go as the code they hold
-(zero.byte_buffers.stored_dtype, the checkpoint's rule):
+except each converted linear's weight, which goes as the planes its forward
+multiplies by, each as the code it holds (stored_dtype):
 
-    MXFP8Linear   <m>.row_data   F8_E4M3 [out, in]        <m>.row_scale  U8 (E8M0), the layout's shape
-    NVFP4Linear   <m>.row_data   U8 (packed E2M1)         <m>.row_scale  F8_E4M3     <m>.amax  F32 [1]
-                  col_data / col_scale likewise for planes="both" (NVFP4: the transposed plane)
+    MXFP8   <m>.row_data   F8_E4M3 [out, in]        <m>.row_scale  U8 (E8M0), the layout's shape
+    NVFP4   <m>.row_data   U8 (packed E2M1)         <m>.row_scale  F8_E4M3     <m>.amax  F32 [1]
+            col_data / col_scale likewise for planes="both" (NVFP4: the transposed plane)
 
 A tensor stored under several names (a tied embedding and LM head, a
 buffer shared by layers: the same view of the same storage) is stored once,
@@ -21,12 +21,9 @@ under its first name; the metadata's "aliases" maps every other name to it
 planes, layout and rounding or block), "aliases" (JSON {alias: name}).
 
 Reading it back:
-  - model.load_state_dict(safetensors.torch.load_file(path)) into
-    ShardedOptimizer's linears is exact: the quantized modules' load_state_dict
-    pre-hook (zero.byte_buffers) takes the F8_E4M3 tensors as bytes. A tied
-    model lacks the alias keys: strict=True names them missing; use
-    load_safetensors, safetensors.torch.load_model (which knows shared
-    tensors), or strict=False (the tie loads them).
+  - model.load_state_dict(safetensors.torch.load_file(path)) into a converted
+    model is refused by its converted linears, naming load_safetensors (the
+    planes are no weight values).
   - load_safetensors(path, model) checks the file against the model first
     (quantized modules: the same format, shape, planes, layout and block;
     every key and shape), then restores the ties the file records and loads:
@@ -44,12 +41,19 @@ import torch
 from torch import nn
 
 from ... import formats as _formats
-from ..zero.byte_buffers import stored_dtype
 from ..zero.grads import module_owner
 from .errors import CheckpointError, CheckpointMismatchError
 from ..fsdp.linear import is_param_linear
 from ..fsdp.units import WeightUnit
 
+
+
+def stored_dtype(fmt, name):
+    """The dtype the file stores plane `name` of a `fmt` weight as: its E4M3 planes float8_e4m3fn,
+    NVFP4's amax float32, the rest uint8."""
+    if name == "amax":
+        return torch.float32
+    return torch.float8_e4m3fn if name in _formats.get(fmt).e4m3_buffers else torch.uint8
 
 
 __all__ = ["export_safetensors", "load_safetensors", "EXPORT_FORMAT"]

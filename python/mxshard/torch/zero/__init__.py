@@ -8,5 +8,4 @@ converted model and FSDP2's pieces (fsdp.units.WeightUnit, fsdp.gathered.Gathere
     grads.py          the gradient path (hooks, reductions, zeroing);  held_grad.py: a .grad's placeholder
     refresh.py        the writeback: WeightUnits, ONE MAX reduction, one all_gather per bucket
     comm.py           its group's collectives (through mxshard.collectives)
-    byte_buffers.py   the stored dtypes of quantized planes (export)
 """

@@ -17,7 +17,8 @@ import torch
 from ... import _lib as L
 
 
-__all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "plan_mismatch"]
+__all__ = ["ELEMENTWISE", "FACTORY_NOTE", "check_elementwise", "check_not_ddp", "plan_mismatch",
+           "refuse_dcp_helpers"]
 
 # torch.optim's elementwise optimizers: the update of an element depends only on its own
 # gradient and state and on scalars (step count, hyper-parameters), so stepping a vector
@@ -56,6 +57,26 @@ def check_not_ddp(model):
                              f"gradients itself (its backward hooks reduce each bucket); DDP would reduce them a "
                              f"second time. Build the optimizer on the bare model and do not wrap it in DDP "
                              f"(DDP's no_sync(): use opt.no_sync())")
+
+
+def refuse_dcp_helpers(depth=6):
+    """Raises NotImplementedError when one of the `depth` callers of our caller is in
+    torch.distributed.checkpoint.state_dict: its get_state_dict / set_state_dict (and the
+    optimizer-only ones) map the optimizer's parameters to the model's by identity, and
+    ShardedOptimizer's are this rank's rows of the fp32 masters (a KeyError deep in torch)."""
+    import sys
+    f = sys._getframe(2)
+    for _ in range(depth):
+        if f is None:
+            return
+        if f.f_globals.get("__name__") == "torch.distributed.checkpoint.state_dict":
+            raise NotImplementedError(
+                "Use mxt.save_checkpoint(path, model, opt) / mxt.load_checkpoint(path, model, opt) for a "
+                "ShardedOptimizer (or dcp.save / dcp.load of {'optim': opt}: its state_dict() is DCP's form). "
+                "torch.distributed.checkpoint.state_dict's helpers (get_state_dict, set_state_dict, "
+                "get_optimizer_state_dict, set_optimizer_state_dict) name the optimizer's parameters by the model's, "
+                "and its parameters are this rank's rows of the fp32 masters, not the model's parameters")
+        f = f.f_back
 
 
 def plan_mismatch(rank, diff):

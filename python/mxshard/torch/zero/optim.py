@@ -57,6 +57,7 @@ from .comm import Comm
 from .grads import GRAD_DTYPES, Gradients, _Into, grad_hook, module_owner, sum_squares, zero_pending_hook
 from .held_grad import HeldGrad
 from .items import FSDP_ADVICE as _FSDP_ADVICE, buckets, collect, fingerprint, fsdp_touched, plain, resolve_groups
+from .items import Item, _ParamLinear
 from .refresh import Refresh
 
 __all__ = ["ShardedOptimizer", "FORMAT", "ItemRow"]
@@ -173,6 +174,12 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         for it in items:
             if it.module is not None:
                 self._check_converted(it, holders.get(id(it.param), set()))
+        converted = {id(it.param) for it in items if it.module is not None}
+        for mname, m in model.named_modules():   # a converted weight tied into a module that comes first
+            w = m._parameters.get("weight") if isinstance(m, _ParamLinear) else None   # (emb.weight = fc.weight)
+            if w is not None and id(w) not in converted:
+                self._check_converted(Item(f"{mname}.weight", w.shape, w.dtype, module=m, param=w),
+                                      holders.get(id(w), set()))
         devs = {str(it.param.device) for it in items}
         if len(devs) > 1:
             raise ValueError(f"ShardedOptimizer: move the model to one device (model.to(device)); its parameters are "
@@ -249,8 +256,8 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
             raise ValueError(f"ShardedOptimizer: {name}'s weight was replaced ({type(w).__name__}); convert the model "
                              f"again")
         if not w.requires_grad:
-            raise ValueError(f"ShardedOptimizer: {name}.weight is frozen (requires_grad=False). Keep frozen linears "
-                             f"dense (convert(..., skip=...)) or unfreeze them: ShardedOptimizer trains every "
+            raise ValueError(f"ShardedOptimizer: keep frozen linears dense (convert(..., skip=...)) or unfreeze "
+                             f"{name}.weight: it is frozen (requires_grad=False), and ShardedOptimizer trains every "
                              f"converted weight")
         if not _closed_optimizers_weight(w) and (getattr(w, "_backward_hooks", None)
                                                  or getattr(w, "_post_accumulate_grad_hooks", None)):
@@ -362,6 +369,10 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
             if not now[0]:
                 errs.append(f"{it.name} was replaced (a new Parameter or module) after the optimizer was built; "
                             f"build the ShardedOptimizer after changing the model")
+            elif it.module is None and (it.param.dtype != it.dtype or it.param.device != self.device):
+                errs.append(f"Cast or move the model before building the ShardedOptimizer (model.to(...), then "
+                            f"ShardedOptimizer(model, ...)): {it.name} is now {it.param.dtype} on {it.param.device}, "
+                            f"it was {it.dtype} on {self.device}")
             elif now[1:] != was[1:]:
                 errs.append(f"call opt.masters_from_model() (train on from what was written) or "
                             f"opt.model_from_masters() (undo it) on every rank: {it.name} was written from outside "
@@ -563,6 +574,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         """{"format", "step", "masters": {item name: DTensor}, "state": {item name: {key: DTensor or
         scalar}}, "param_groups": [options, "params": [item names]]}: every rank's part of the same
         tensors (DCP saves and reshards it: mxt.save_checkpoint / dcp.save({"optim": opt}))."""
+        compat.refuse_dcp_helpers()
         names = {id(v): self._geoms[b].items[pos] for v, b, pos in self._views}
         state = {}
         for v, st in self.inner.state.items():
@@ -600,6 +612,7 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         rebuilds the model's weights. Collective: every rank calls it; a rank whose checks fail
         makes every rank raise before anything is loaded anywhere."""
         self._check_open("load_state_dict")
+        compat.refuse_dcp_helpers()
         err, plan = None, None
         try:
             plan = self._load_plan(state_dict)

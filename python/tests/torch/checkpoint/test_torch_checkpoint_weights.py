@@ -6,6 +6,7 @@ trained model's exactly) and into a plain model (the same values); a model of ot
 shapes raises CheckpointMismatchError, one a ShardedOptimizer holds CheckpointError, saying what to
 do, and nothing is written. Skips without torch, gloo or the host library."""
 import datetime
+import io
 import os
 import traceback
 
@@ -79,8 +80,10 @@ def _worker(rank, world, port, jobs, q):
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
         torch.set_num_threads(1)
-        for fmt, path in jobs:
-            q.put((rank, fmt, "ok", _train_and_save(rank, world, fmt, path)))
+        for fmt, path in jobs:   # (as bytes: a tensor in the queue is a shared-memory handle, gone when this exits)
+            buf = io.BytesIO()
+            torch.save(_train_and_save(rank, world, fmt, path), buf)
+            q.put((rank, fmt, "ok", buf.getvalue()))
     except BaseException:  # noqa: BLE001 - the parent reports it
         q.put((rank, "?", "error", traceback.format_exc()))
     finally:
@@ -97,6 +100,7 @@ def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("ckw")
     jobs = [(fmt, str(root / fmt)) for fmt in FMTS]
     res = spawn_ranks(2, _worker, lambda r, port: (r, 2, port, jobs), 2 * len(jobs), 180, stop_on_error=True)
+    res = {k: torch.load(io.BytesIO(v)) for k, v in res.items()}
     return {fmt: (path, res[(0, fmt)], res[(1, fmt)]) for fmt, path in jobs}
 
 
