@@ -411,8 +411,9 @@ def test_a_sharded_optimizer_checkpoint_continues_under_torch_optim_exactly(fmt,
     """Trained under ShardedOptimizer (a world of one) and saved with save_checkpoint, the weights go
     into a fresh convert()ed model with load_checkpoint_weights: its masters are bit for bit those
     of the same steps under torch.optim (the optimizer's exactness rule), and AdamW trains on from
-    there; a plain model gets the same values; a model a ShardedOptimizer holds, one of other
-    names, and a folder that is not a checkpoint each raise, saying what to do."""
+    there; a plain model gets the same values, and so does the model of a closed optimizer; a model a
+    live ShardedOptimizer holds, one of other names, and a folder that is not a checkpoint each raise,
+    saying what to do."""
     pytest.importorskip("torch.distributed.checkpoint")
     xs = [torch.randn(4, 32, generator=torch.Generator().manual_seed(s)) for s in range(3)]
 
@@ -442,9 +443,18 @@ def test_a_sharded_optimizer_checkpoint_continues_under_torch_optim_exactly(fmt,
     fresh(x).pow(2).sum().backward()
     o.step()
     assert not torch.equal(fresh[0].weight.detach()._data, before)
+    held = mxt.convert(net(seed=7), "row", format=fmt)
+    hopt = mxt.ShardedOptimizer(held, lambda g: torch.optim.AdamW(g, lr=1e-2))
     with pytest.raises(mxt.CheckpointError, match=r"^load_checkpoint_weights: load into a model that convert\(\) "
                                                   r"made \(or a plain one\), not one a ShardedOptimizer holds"):
-        mxt.load_checkpoint_weights(tmp_path / "ck", m)
+        mxt.load_checkpoint_weights(tmp_path / "ck", held)
+    hopt.close()
+    # the closed optimizer's model is nobody's now: its converted weights take the checkpoint's values
+    # as their masters (and train on under torch.optim)
+    mxt.load_checkpoint_weights(tmp_path / "ck", m)
+    for (n, a), (_, b) in zip(m.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert torch.equal(m(x), ref(x))
     with pytest.raises(mxt.CheckpointMismatchError, match=r"^load_checkpoint_weights: build the model the "
                                                           r"checkpoint was saved from"):
         mxt.load_checkpoint_weights(tmp_path / "ck", nn.Sequential(nn.Linear(32, 48)))

@@ -94,6 +94,10 @@ class GatheredWeight(torch.Tensor):
                     raise RuntimeError(f"mxshard: a gathered quantized weight {tuple(t.shape)} cannot be viewed "
                                        f"as {shape}")
             return GatheredWeight(t.shape, t.dtype, t.device, t._box)
+        if func is torch.ops.aten.clone.default and args[0]._box.mesh is None:
+            t = args[0]   # (copy.deepcopy of a model under ShardedOptimizer: the copy holds its own planes)
+            _refuse_wrapper(t)
+            return GatheredWeight(t.shape, t.dtype, t.device, _copy_box(t._box))
         if func.namespace == "mxshard":  # the converted linear's own ops (fsdp.ops) read the planes themselves
             return func(*_stand_ins(args), **_stand_ins(kwargs or {}))
         from torch.utils._pytree import tree_leaves
@@ -147,30 +151,55 @@ class GatheredWeight(torch.Tensor):
         return self._box.source
 
 
-_WRAPPERS = (("torch.nn.parallel.distributed",
+_WRAPPERS = (("torch.nn.parallel.distributed", None,
               "mxshard: if the model is wrapped in DistributedDataParallel, unwrap it: ShardedOptimizer reduces the "
               "gradients itself (build it on the bare model; opt.no_sync() for accumulation). DDP cannot flatten "
               "{what}: it is ShardedOptimizer's replicated quantized weight, planes, not values"),
-             ("torch.distributed.fsdp",
+             ("torch.distributed.fsdp", None,
               "Use ShardedOptimizer or FSDP2's fully_shard for a model, not both: fully_shard cannot shard "
               "{what}, ShardedOptimizer's replicated quantized weight (it shards the same masters another way). To "
               "use FSDP2, build the model again (convert(), then fully_shard) with a torch.optim optimizer; to use "
-              "ShardedOptimizer, do not call fully_shard on its model"))
+              "ShardedOptimizer, do not call fully_shard on its model"),
+             ("torch.optim.swa_utils", None,
+              "Keep an EMA (or any average) of a model trained by ShardedOptimizer yourself from each quantized "
+              "linear's module.weight values (mxshard.torch.dequantized_weight(module)), or train under torch.optim "
+              "/ FSDP2, where converted weights hold their masters. {what} is ShardedOptimizer's replicated "
+              "quantized weight (the FP32 masters are its shards): averaging its FP8 / FP4 bytes, or copying them "
+              "over an average, would be silently wrong"),
+             ("torch.optim", None,
+              "ShardedOptimizer: clip with ShardedOptimizer(..., max_grad_norm=...) (the norm: opt.last_grad_norm), "
+              "and step only the ShardedOptimizer (it owns the gradients and the masters: a torch.optim optimizer "
+              "over model.parameters(), a second one or one built before it, cannot step {what}, its replicated "
+              "quantized weight; give parameters their own settings with ShardedOptimizer(..., param_groups=...))"),
+             ("torch.nn.modules.module", "_apply",
+              "Cast or move the model before building the ShardedOptimizer (model.to(...), then "
+              "ShardedOptimizer(model, ...)): {what} is its replicated quantized weight, whose planes keep their "
+              "codes and device"))
 
 
 def _refuse_wrapper(g):
-    """Raises what to do when DistributedDataParallel or fully_shard (found among the callers) takes
-    ShardedOptimizer's replicated weight `g`; returns otherwise."""
+    """Raises what to do when DistributedDataParallel, fully_shard, an EMA, a torch.optim optimizer
+    or a cast (found among the callers) takes ShardedOptimizer's replicated weight `g`; returns
+    otherwise."""
     import sys
     meta = g._box.source._meta
     what = f"{meta.name}.weight" if meta.name else "this converted weight"
     f = sys._getframe(1)
-    while f is not None:
+    while f is not None and g._box.mesh is None:
         mod = f.f_globals.get("__name__", "")
-        for prefix, msg in _WRAPPERS:
-            if mod.startswith(prefix) and g._box.mesh is None:
+        for prefix, fn, msg in _WRAPPERS:
+            if mod.startswith(prefix) and (fn is None or f.f_code.co_name == fn):
                 raise RuntimeError(msg.format(what=what))
         f = f.f_back
+
+
+def _copy_box(box):
+    """A deep copy of ShardedOptimizer's replicated weight (copy.deepcopy of its model): the same
+    planes' bytes, owned by the copy (no optimizer writes them)."""
+    import copy
+    new = _Box(box.source, None)
+    new.planes = copy.deepcopy(box.planes)
+    return new
 
 
 def _stand_ins(tree):

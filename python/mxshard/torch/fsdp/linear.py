@@ -193,8 +193,14 @@ class _ParamLinear(nn.Linear):
                                   f"{tuple(getattr(t, 'shape', ()))} from checkpoint, the shape in current model is "
                                   f"{tuple(w.shape)}.")
                 return
-            self._mxs_loaded = t.detach().to(torch.float32, copy=True)
-            self._mxs_loads = getattr(self, "_mxs_loads", 0) + 1
+            owner = getattr(self, "_mxs_owner", None)
+            if owner is None or owner() is None:
+                # nobody's replicated weight (a copy, or the optimizer closed): the loaded values are its master
+                self.weight = master_parameter(t.detach().to(torch.float32, copy=True).contiguous(), self.meta,
+                                               w.requires_grad)
+            else:
+                self._mxs_loaded = t.detach().to(torch.float32, copy=True)
+                self._mxs_loads = getattr(self, "_mxs_loads", 0) + 1
             rest = {k: v for k, v in state_dict.items() if k != key}
             meta = dict(local_metadata, assign_to_params_buffers=False)
             super()._load_from_state_dict(rest, prefix, meta, strict, missing_keys, unexpected_keys, error_msgs)
@@ -295,6 +301,12 @@ class _ParamLinear(nn.Linear):
         super().__setstate__(state)
         if "_plan" in state:
             self._plan = _ops.register(self)
+        if state.get("_mxs_owner") is not None:
+            # a copy of a linear ShardedOptimizer trains: the copy is nobody's (its replicated weight is
+            # its own planes), and the optimizer's forward pre-hooks stay with the original
+            self._mxs_owner = None
+            for k in [k for k, h in self._forward_pre_hooks.items() if getattr(h, "_mxs_owner", None) is not None]:
+                del self._forward_pre_hooks[k]
         if state.get("_group") is not None:   # (the group's copy lists the copied members only)
             state["_group"].members.append((self.meta.name, self))
 

@@ -516,17 +516,8 @@ def test_frozen_quantized_weight_refused_at_construction(C, HC):
     ShardedOptimizer(m, _adamw).close()
 
 
-_SECOND_ADAMW_BUG = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="library bug: an AdamW built over model.parameters() after ShardedOptimizer decays the replicated "
-           "converted weight in place first; GatheredWeight refuses aten.mul_ with NotImplementedError saying to "
-           "write through load_state_dict, not to step only the ShardedOptimizer")
-
-
 @pytest.mark.parametrize("inner,who", [("sgd_wd", "before"), ("sgd_wd", "second"), ("adamw", "before"),
-                                       pytest.param("adamw", "second", marks=_SECOND_ADAMW_BUG),
-                                       ("adamw_foreach", "before"),
-                                       pytest.param("adamw_foreach", "second", marks=_SECOND_ADAMW_BUG)])
+                                       ("adamw", "second"), ("adamw_foreach", "before"), ("adamw_foreach", "second")])
 def test_torch_optimizer_over_the_model_raises_saying_step_only_sharded(C, HC, inner, who):
     """A torch.optim optimizer over model.parameters() (a second optimizer, or one built before
     ShardedOptimizer) stepping a model ShardedOptimizer owns raises, its first sentence saying to
