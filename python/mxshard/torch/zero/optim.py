@@ -128,7 +128,10 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         self.comm.counts = self.collectives
         self._zero_grads(True)
         self._hold_view_grads()
-        weakref.finalize(self, gc.collect)
+        if self.comm.dist is not None:
+            # at interpreter exit (an optimizer still alive, close() not called): one gc pass while the
+            # interpreter is whole, so that what still holds the process group goes first
+            weakref.finalize(self, gc.collect)
 
     # ---- construction --------------------------------------------------------------------
 
@@ -698,8 +701,10 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
         """Release what holds the process group (hooks, pending reductions); the model keeps its
         last weights. Call it (or use `with ShardedOptimizer(...) as opt:`) before
         dist.destroy_process_group()."""
+        live = self.comm.dist is not None
         self._release()
-        gc.collect()
+        if live:   # (cycles that reach the group's tensors go while the group is alive; no group: none)
+            gc.collect()
 
     def __enter__(self):
         return self
