@@ -695,16 +695,14 @@ class ShardedOptimizer(Gradients, torch.optim.Optimizer):
                 it.module._mxs_owner = None
         self._work = [None] * len(self._geoms)
         self.comm.group, self.comm.active = None, False
+        self._dm = None   # (the DeviceMesh of state_dict()'s DTensors holds the group too)
         self._closed = True
 
     def close(self):
         """Release what holds the process group (hooks, pending reductions); the model keeps its
         last weights. Call it (or use `with ShardedOptimizer(...) as opt:`) before
         dist.destroy_process_group()."""
-        live = self.comm.dist is not None
         self._release()
-        if live:   # (cycles that reach the group's tensors go while the group is alive; no group: none)
-            gc.collect()
 
     def __enter__(self):
         return self
