@@ -220,21 +220,10 @@ for t in json.load(sys.stdin):
             sys.exit(0)
         out.append(os.path.relpath(exe, b))
 print(" ".join(out))' "$builddir" 2>/dev/null || true)
-  # built with them: the project's libraries (the long CUDA units), so that the cores are busy
-  # while the slow programs compile (test_sim.c alone: 20 s of one core)
-  libs=$(meson introspect --targets "$builddir" | python3 -c '
-import json, os, sys
-src = os.path.realpath(sys.argv[1])
-out = []
-for t in json.load(sys.stdin):
-    if t["type"] in ("shared library", "static library") and not t.get("subproject"):
-        d = os.path.relpath(os.path.dirname(os.path.realpath(t["defined_in"])), src)
-        out.append("%s%s:%s" % ("" if d == "." else d + "/", t["name"], t["type"].replace(" ", "_")))
-print(" ".join(out))' . 2>/dev/null || true)
   if [ -n "$slow_exes" ]; then
     t0=$SECONDS
     # shellcheck disable=SC2086
-    "${bg[@]}" meson compile -C "$builddir" $slow_exes $libs
+    "${bg[@]}" meson compile -C "$builddir" $slow_exes
     slow_log=$builddir/meson-test-slow.log
     slow_t0=$SECONDS
     slow_nice=()
@@ -245,7 +234,7 @@ print(" ".join(out))' . 2>/dev/null || true)
     slow_pid=$!
     slow_bg=1
     rest_test=(--no-suite slow)
-    say "suite slow and the libraries: built in $((SECONDS - t0)) s; suite slow started beside the rest of the build (log: $slow_log)"
+    say "suite slow: built in $((SECONDS - t0)) s; its tests started beside the build (log: $slow_log)"
   fi
 fi
 
