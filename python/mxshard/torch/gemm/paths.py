@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: MIT
-"""The GEMMs of a quantized linear, in one place (MXFP8Linear, NVFP4Linear and
-the FSDP2 linears of mxshard.torch.fsdp all call these).
+"""The GEMMs of a quantized linear, in one place (convert()'s linears, under every loop,
+call these).
 
     y  = x  @ W^T + b      linear_fwd(x, primary, b, dt)            W: the row plane
     gx = gy @ W            linear_dgrad(gy, primary, plane, dt)     W: the plane the module's dgrad reads
-    gw = gy^T @ x          linear_wgrad(gy2, x2, acc=None|fp32 [out, in], dtype=...)
+    gw = gy^T @ x          linear_wgrad(gy2, x2, dtype=...)
 
 `primary` is an mxshard.MXFP8Weight or NVFP4Weight holding at least the plane
 asked for; dt is the compute dtype (the dtype of the weight operand as the
@@ -44,10 +44,10 @@ the primary's tensors are the same objects at the same addresses; Triton
 kernels are launched through their compiled handle (gemm.triton's
 FAST_LAUNCH).
 
-linear_wgrad accumulates in fp32 inside the GEMM: acc += gy^T x with the
-exact products of the bf16/f16 inputs summed in fp32 (CUDA: cuBLAS with an fp32
-C, `addmm(..., out_dtype=float32)`; CPU: the same products, upcast to fp32, by
-addmm_), so no bf16 rounding of the gradient comes first.
+linear_wgrad with dtype=float32 (a float32 weight's gradient) sums the exact
+products of the bf16/f16 inputs in fp32 inside the GEMM (CUDA: cuBLAS with
+`mm(..., out_dtype=float32)`; CPU: the same products, upcast to fp32), so no
+bf16 rounding of the gradient comes first.
 """
 from __future__ import annotations
 
@@ -481,27 +481,11 @@ def input_and_bias_grads(gy, dt, need_gx, need_gb, primary_of, plane):
     return gy2, gx, (gy2.sum(0) if need_gb else None)
 
 
-def linear_wgrad(gy2, x2, acc=None, dtype=None):
-    """gy2^T @ x2 for 2-D gy2 [tokens, out], x2 [tokens, in] (both in the compute dtype).
-    acc given (a float32 [out, in] tensor): acc += the product, accumulated in fp32 inside the
-    GEMM (the exact products of the inputs summed in fp32, no rounding of the product to the
-    inputs' dtype first); returns acc. Else returns the product in `dtype` (default: the
-    inputs' dtype); dtype=float32 is the fp32 accumulation without an acc."""
+def linear_wgrad(gy2, x2, dtype=None):
+    """gy2^T @ x2 for 2-D gy2 [tokens, out], x2 [tokens, in] (both in the compute dtype), in
+    `dtype` (default: the inputs' dtype); dtype=float32 sums the exact products in fp32 inside
+    the GEMM (no rounding of the product to the inputs' dtype first)."""
     exact = gy2.dtype in (torch.bfloat16, torch.float16)   # their products are exact in fp32
-    if acc is not None:
-        if acc.dtype != torch.float32:
-            raise ValueError(f"linear_wgrad: acc must be float32, got {acc.dtype}")
-        if acc.is_cuda and exact:
-            try:
-                torch.addmm(acc, gy2.t(), x2, out_dtype=torch.float32, out=acc)
-                _tally(_WGRAD_ADDMM)
-                return acc
-            except RuntimeError as e:  # a torch without addmm(out_dtype=) for these inputs
-                _count("wgrad", "upcast addmm_", f"addmm(out_dtype=float32): {str(e)[:120]}")
-        else:
-            _count("wgrad", "upcast addmm_", "CPU tensors or float32 inputs")
-        acc.addmm_(gy2.t().float(), x2.float())
-        return acc
     if dtype == torch.float32:
         if gy2.is_cuda and exact:
             try:
