@@ -75,12 +75,13 @@ class Refresh:
                     layout.append((it, None, piece))
             send = torch.zeros(max(at, 1), dtype=torch.uint8, device=device)
             for it, u, planes in layout:
-                if u is None:
+                if u is None:   # the gathered rows of a dense item (every rank's chunk, padded)
+                    planes.out = torch.empty(world, planes.n, dtype=torch.uint8, device=device)
                     continue
                 for ps in planes.values():
                     for pc in ps:   # the gathered bytes of this send: the primary's storage (replicated)
                         pc.out = torch.empty(world * pc.n, dtype=torch.uint8, device=device)
-            self.buckets.append((send, layout, at))
+            self.buckets.append((send, layout, at, _copies(send, layout, at, world, device)))
         self.counts = [shared_entry_count(u.spec, u.rows, u.cols, world) for _, u in self.units]
         self.scratch = {id(u): {p: torch.empty(scratch_bytes(u.spec, u.rows, u.cols), dtype=torch.uint8,
                                                device=device) for p in u.planes} for _, u in self.units}
@@ -120,43 +121,60 @@ class Refresh:
             at += c
             u.apply(u.local._version)
         out = {}
-        for send, layout, size in self.buckets:
-            for it, u, piece in layout:
-                if u is None:   # this rank's rows in the parameter's dtype, at their place
-                    src = piece.src.reshape(-1)
-                    if src.numel():
-                        send[piece.at:piece.at + piece.n].view(it.dtype)[:src.numel()].copy_(src)
-                    continue
-                for p, ps in piece.items():   # the unit's sends (its fragments and scale windows)
-                    for pc, t in zip(ps, u.send(p)):
-                        send[pc.at:pc.at + pc.n].copy_(t.reshape(-1))
+        for send, layout, size, (ins, srcs, sizes, outs) in self.buckets:
+            if ins:   # every send of the bucket into its buffer: one multi-tensor copy
+                torch._foreach_copy_(ins, srcs)
             if comm.active:
                 got = torch.empty(self.world * send.numel(), dtype=torch.uint8, device=self.device)
                 comm.all_gather_into(got, send, "all_gather")
             else:
                 got = send
-            g = got.view(self.world, -1)
+            if sizes:   # every piece out of the gathered [world, B] bytes: one copy kernel
+                torch.split_with_sizes_copy(got.view(self.world, -1)[:, :sum(sizes)], sizes, dim=1, out=outs)
+            dense_dst, dense_src = [], []
             for it, u, planes in layout:
                 if u is None:
-                    _dense_into(it, g, planes, self.world)
+                    ch = -(-it.rows // self.world)
+                    dense_src.append(planes.out.view(it.dtype).view(self.world * ch, it.cols)[:it.rows])
+                    dense_dst.append(it.param.data.view(it.rows, it.cols))
                     continue
                 prims = {}
                 for p, ps in planes.items():
-                    outs = []
-                    for pc in ps:
-                        pc.out.view(self.world, pc.n).copy_(g[:, pc.at:pc.at + pc.n])
-                        outs.append(pc.out)
-                    prims[p] = u.assemble(p, tuple(outs), self.scratch[id(u)][p])
+                    prims[p] = u.assemble(p, tuple(pc.out for pc in ps), self.scratch[id(u)][p])
                 out[it.name] = prims
+            if dense_dst:
+                with torch.no_grad():
+                    torch._foreach_copy_(dense_dst, dense_src)
         return out
 
 
-def _dense_into(it, g, piece, world):
-    """Every rank's rows of dense item `it` from the gathered [world, B] bytes into p.data."""
-    ch = -(-it.rows // world)
-    rows = g[:, piece.at:piece.at + piece.n].contiguous().view(it.dtype).view(world * ch, it.cols)[:it.rows]
-    with torch.no_grad():
-        it.param.data.view(it.rows, it.cols).copy_(rows)
+def _copies(send, layout, end, world, device):
+    """The bucket's prepared copies: (send views, their sources) of the copy in, and (sizes, outs)
+    of torch.split_with_sizes_copy out of the gathered [world, B] bytes (a gap between pieces, the
+    alignment, goes to a scratch output)."""
+    ins, srcs, pieces = [], [], []
+    for it, u, planes in layout:
+        if u is None:
+            src = planes.src.reshape(-1)
+            if src.numel():
+                ins.append(send[planes.at:planes.at + planes.n].view(it.dtype)[:src.numel()])
+                srcs.append(src)
+            pieces.append((planes.at, planes.n, planes.out))
+            continue
+        for p, ps in planes.items():
+            for pc, t in zip(ps, u.send(p)):
+                ins.append(send[pc.at:pc.at + pc.n])
+                srcs.append(t.reshape(-1))
+                pieces.append((pc.at, pc.n, pc.out.view(world, pc.n)))
+    sizes, outs, at = [], [], 0
+    for a, n, o in sorted(pieces, key=lambda x: x[0]):
+        if a > at:
+            sizes.append(a - at)
+            outs.append(torch.empty(world, a - at, dtype=torch.uint8, device=device))
+        sizes.append(n)
+        outs.append(o)
+        at = a + n
+    return ins, srcs, sizes, outs
 
 
 def local_master(it, meta, view):
