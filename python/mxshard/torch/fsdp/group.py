@@ -50,7 +50,7 @@ from ... import _lib as L
 from ... import collectives as C
 from .gathered import GatheredWeight, _Box
 from .master import QuantMaster, _storage_id
-from .units import WeightUnit, scratch_bytes, shared_entry_count
+from .units import WeightUnit, apply_reduced, pack_partials, scratch_bytes, shared_entry_count
 
 __all__ = ["FSDPGroup"]
 
@@ -204,12 +204,7 @@ class FSDPGroup:
                     u = WeightUnit(local._meta, local._data, world, rank)
                     self.units[local._meta] = u
                 units.append(u)
-            at = 0
-            for u, c in zip(units, counts):
-                u.partial()
-                if c:
-                    wire[at:at + c] = u.entries()
-                at += c
+            pack_partials(units, counts, wire)
         except Exception as e:  # noqa: BLE001 - every rank learns of it through the status entry
             err = e
             wire.zero_()
@@ -226,12 +221,7 @@ class FSDPGroup:
             raise RuntimeError(_stale_message(stale))
         if status != 0:
             raise L.remote_error("mxshard FSDP2 refresh (another rank failed before the reduction)")
-        at = 0
-        for (_, local, _), u, c in zip(masters, units, counts):
-            if c:
-                u.set_entries(wire[at:at + c])
-            at += c
-            u.apply(local._data._version)
+        apply_reduced(units, counts, wire, [local._data._version for _, local, _ in masters])
         self.refreshes += 1
         self.refreshed = self.generation
 

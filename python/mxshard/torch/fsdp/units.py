@@ -34,7 +34,8 @@ import torch
 from ... import fsdp_geometry as G
 from ...nvfp4 import nvfp4_stage_to_col
 
-__all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported"]
+__all__ = ["WeightUnit", "shared_entry_count", "scratch_bytes", "check_supported", "pack_partials",
+           "apply_reduced"]
 
 _RT = {"bf16": "bf16", "f16": "f16", "none": None}
 _U8 = torch.uint8
@@ -247,6 +248,30 @@ class WeightUnit:
         r, c = planes["row"], planes["col"]
         return self.fmt.weight(R, C, layout=self.spec.layout, block=self.spec.block, amax=self.amax,
                                row_data=r.row_data, row_scale=r.row_scale, col_data=c.col_data, col_scale=c.col_scale)
+
+
+# ---- the ONE reduction of many units (FSDP2's refresh, ShardedOptimizer's writeback) ---------
+
+def pack_partials(units, counts, wire):
+    """Every unit's partial, then its `count` shared entries into `wire` in unit order: the
+    payload of the model's one MAX all-reduce (its last entry, the status, is the caller's)."""
+    at = 0
+    for u, c in zip(units, counts):
+        u.partial()
+        if c:
+            wire[at:at + c] = u.entries()
+        at += c
+
+
+def apply_reduced(units, counts, wire, versions):
+    """After the reduction: every unit's reduced entries back, then its apply (bytes of the master
+    version in `versions`)."""
+    at = 0
+    for u, c, v in zip(units, counts, versions):
+        if c:
+            u.set_entries(wire[at:at + c])
+        at += c
+        u.apply(v)
 
 
 # ---- the prepared assembly of one plane ------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 from ... import _lib as L
 from ... import collectives as C
 from ..fsdp.master import QuantMaster
-from ..fsdp.units import WeightUnit, scratch_bytes, shared_entry_count
+from ..fsdp.units import WeightUnit, apply_reduced, pack_partials, scratch_bytes, shared_entry_count
 
 __all__ = ["Refresh"]
 
@@ -95,14 +95,10 @@ class Refresh:
         raises this rank's error, or RemoteError when another rank failed."""
         n = sum(self.counts)
         wire = torch.zeros(n + 1, dtype=torch.int32, device=self.device)
+        units = [u for _, u in self.units]
         if err is None:
             try:
-                at = 0
-                for (_, u), c in zip(self.units, self.counts):
-                    u.partial()
-                    if c:
-                        wire[at:at + c] = u.entries()
-                    at += c
+                pack_partials(units, self.counts, wire)
             except Exception as e:  # noqa: BLE001 - every rank learns of it through the status entry
                 err = e
         if err is not None:
@@ -114,14 +110,9 @@ class Refresh:
             raise err
         if int(wire[n]) != 0:
             raise L.remote_error("ShardedOptimizer writeback (another rank failed)")
-        at = 0
-        for (_, u), c in zip(self.units, self.counts):
-            if c:
-                u.set_entries(wire[at:at + c])
-            at += c
-            u.apply(u.local._version)
+        apply_reduced(units, self.counts, wire, [u.local._version for u in units])
         out = {}
-        for send, layout, size, (ins, srcs, sizes, outs) in self.buckets:
+        for send, layout, _, (ins, srcs, sizes, outs) in self.buckets:
             if ins:   # every send of the bucket into its buffer: one multi-tensor copy
                 torch._foreach_copy_(ins, srcs)
             if comm.active:
@@ -130,7 +121,7 @@ class Refresh:
             else:
                 got = send
             if sizes:   # every piece out of the gathered [world, B] bytes: one copy kernel
-                torch.split_with_sizes_copy(got.view(self.world, -1)[:, :sum(sizes)], sizes, dim=1, out=outs)
+                torch.split_with_sizes_copy(got.view(self.world, -1), sizes, dim=1, out=outs)
             dense_dst, dense_src = [], []
             for it, u, planes in layout:
                 if u is None:
@@ -174,6 +165,9 @@ def _copies(send, layout, end, world, device):
         sizes.append(n)
         outs.append(o)
         at = a + n
+    if pieces and end > at:   # (the buffer's aligned tail: the sizes cover all of it)
+        sizes.append(end - at)
+        outs.append(torch.empty(world, end - at, dtype=torch.uint8, device=device))
     return ins, srcs, sizes, outs
 
 
