@@ -46,6 +46,13 @@ class _Into:
     def __init__(self, chunks, it, world):
         self.chunks, self.it, self.world = chunks, it, world
         self.shape = it.shape
+        self.held = None   # the HeldGrad the item's Parameter shows once its gradient is in here (attach)
+
+    def held_for(self, p):
+        """The HeldGrad Parameter `p` shows: the one made at attach, or, once p was cast or moved
+        (step() then raises, saying to cast before), one of p's dtype and device."""
+        h = self.held
+        return h if h.dtype == p.dtype and h.device == p.device else HeldGrad(p, self, self.it.name)
 
     def add_(self, g, alpha=1):
         add_rows(self.chunks, g if alpha == 1 else g * alpha, self.it.rows, self.it.cols, self.world)
@@ -64,7 +71,7 @@ def grad_hook(ref, b, pos):
             except Exception as e:  # noqa: BLE001 - surfaces in step(), never inside backward
                 opt._hook_errors.append(f"{into.it.name}: {e}")
                 return
-            p.grad = HeldGrad(p, into, into.it.name)
+            p.grad = into.held_for(p)
         opt._report(b, pos)
     hook._mxs_owner = ref
     return hook
@@ -126,7 +133,7 @@ class Gradients:
                 except Exception as e:  # noqa: BLE001
                     errs.append(f"{it.name}: {e}")
                     continue
-                it.live_param().grad = HeldGrad(it.live_param(), into[pos], it.name)
+                it.live_param().grad = into[pos].held_for(it.live_param())
 
     def _reduce_all(self):
         for b in range(len(self._geoms)):

@@ -104,7 +104,7 @@ class ShardedOptimizer(Gradients, StateDict, torch.optim.Optimizer):
         self._closed, self._sync, self._zero_pending = False, True, False
         self._geoms, self._items, self._handles, self._undo = [], [], [], []
         self._grad, self._shard, self._master, self._into = [], [], [], []
-        self._refresh, self._model_ref, self._described = None, None, []
+        self._refresh, self._model_ref, self._described, self._view_held = None, None, [], None
         self._reset()
         err = None
         try:
@@ -315,6 +315,7 @@ class ShardedOptimizer(Gradients, StateDict, torch.optim.Optimizer):
                         m._parameters["weight"] = old
                         m._mxs_owner = None
                     self._undo.append(undo)
+                self._into[b][pos].held = HeldGrad(it.live_param(), self._into[b][pos], it.name)
                 h = it.live_param().register_post_accumulate_grad_hook(grad_hook(ref, b, pos))
                 self._handles.append(h)
                 self._undo.append(h.remove)
@@ -329,8 +330,11 @@ class ShardedOptimizer(Gradients, StateDict, torch.optim.Optimizer):
     def _hold_view_grads(self):
         """Between steps the inner optimizer's parameters show a HeldGrad: clip_grad_norm_ over
         opt.param_groups, or GradScaler's unscale_, raises instead of reading nothing."""
-        for v, b, pos in self._views:
-            v.grad = HeldGrad(v, None, "ShardedOptimizer's master shards (opt.param_groups)")
+        if self._view_held is None:   # (made once: the views are fixed at construction)
+            self._view_held = [HeldGrad(v, None, "ShardedOptimizer's master shards (opt.param_groups)")
+                               for v, _, _ in self._views]
+        for (v, _, _), h in zip(self._views, self._view_held):
+            v.grad = h
 
     def _rollback(self):
         for f in reversed(self._undo):
