@@ -38,6 +38,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import mxshard.torch as mxt
+from torch_layer import grad_into_buffer   # (bench/ is on sys.path: the script's folder)
 
 
 def _sync(dev):
@@ -136,20 +137,6 @@ def part_overlap(dev, args):
         del m, opt
     out["shape"] = f"{n} x MXFP8 linear {d}x{d}, {args.tokens} tokens"
     return out
-
-
-def grad_into_buffer(lin):
-    """An fp32 buffer of the weight's shape (lin.grad_buffer) that a post-accumulate-grad hook
-    adds weight.grad into, then lets the gradient go: what ShardedOptimizer's hook does with a
-    converted weight's gradient (its bucket)."""
-    lin.grad_buffer = torch.zeros(lin.out_features, lin.in_features, dtype=torch.float32,
-                                  device=lin.weight.device)
-
-    def hook(p):
-        lin.grad_buffer.add_(p.grad)
-        p.grad = None
-    lin.weight.register_post_accumulate_grad_hook(hook)
-    return lin
 
 
 def plane_bytes(primary):

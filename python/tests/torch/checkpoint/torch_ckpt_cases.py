@@ -16,21 +16,15 @@ import time
 import torch
 import torch.distributed as dist
 
-import zlib
-
 import mxshard
 import torch_harness as H
-from torch import nn
-from mxshard.torch import (CheckpointError, CheckpointMismatchError, MXFP8Linear, ShardedOptimizer,
-                           export_safetensors, load_checkpoint, save_checkpoint)
+from mxshard.torch import (CheckpointError, CheckpointMismatchError, ShardedOptimizer, export_safetensors,
+                           load_checkpoint, save_checkpoint)
+from torch_dist_cases import MLP, _gather_obj, _live, build_model, grad_for, groups_of  # noqa: F401  (shared)
 
 WAIT = 60.0      # seconds a loading group waits for the DP=2 group's marker
 SAVE_WORLD = 2
 LR_CURVE = 1e-3
-
-
-def _live():
-    return dist.is_available() and dist.is_initialized()
 
 
 def _barrier():
@@ -71,14 +65,6 @@ def _wait(root, tag):
 
 
 # ---- full views (every rank's shards assembled) -------------------------------------------
-
-def _gather_obj(x):
-    if not _live():
-        return [x]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, x)
-    return out
-
 
 def _pieces(opt):
     """This rank's (item, first row, {"master": rows, inner state key: rows}) of every item."""
@@ -163,34 +149,6 @@ def local_digest(m, opt):
 
 # ---- models -------------------------------------------------------------------------
 
-def build_model(layout="padded", planes_c="both", seed=0, b_rows=33):
-    """MXFP8 linears of odd shapes (1x40, 33x65, 128x96), fp32 and bf16 dense parameters (an
-    Embedding, a LayerNorm, an fp32 bias, a bf16 bias, a bare bf16 parameter), a frozen parameter."""
-    torch.manual_seed(seed)
-    m = nn.Module()
-    m.emb = nn.Embedding(11, 40)
-    m.a = MXFP8Linear(40, 1, planes="row", layout=layout)
-    m.b = MXFP8Linear(65, b_rows, planes="both", layout=layout)
-    m.c = MXFP8Linear(96, 128, bias=False, planes=planes_c, layout=layout)
-    m.ln = nn.LayerNorm(33)
-    m.b.bias = nn.Parameter(m.b.bias.detach().to(torch.bfloat16))
-    m.h = nn.Parameter(torch.randn(5, 7).to(torch.bfloat16))
-    m.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
-    return m
-
-
-def groups_of(m):
-    """Two param groups (decay / no decay) naming items in every supported way."""
-    return [{"params": [m.a, "b", m.c, m.emb.weight, "h"], "weight_decay": 0.1},
-            {"params": [m.a.bias, m.b.bias, m.ln.weight, "ln.bias"], "weight_decay": 0.0}]
-
-
-def grad_for(name, shape, step, rank):
-    """Dyadic gradients (small integers * 2^-10): sums are exact in any order."""
-    g = torch.Generator().manual_seed(zlib.crc32(name.encode()) * 1000 + step * 17 + rank)
-    return torch.randint(-8, 9, tuple(shape), generator=g).float() * 2.0 ** -10
-
-
 def inject(opt, step, rank):
     """Every item's gradient through autograd into its live Parameter (the optimizer's hooks)."""
     ps = [it.live_param() for it in opt._items]
@@ -205,20 +163,6 @@ FACTORIES = {
                                                  foreach=fe)),
 }
 FACTORY = FACTORIES["adamw"](True)
-
-
-class MLP(nn.Module):
-    def __init__(self, layout):
-        super().__init__()
-        self.up = MXFP8Linear(40, 33, planes="both", layout=layout)
-        self.ln = nn.LayerNorm(33)
-        self.mid = nn.Linear(33, 20)
-        self.down = MXFP8Linear(20, 8, planes="row", layout=layout)
-
-    def forward(self, x):
-        h = torch.nn.functional.gelu(self.up(x).float())
-        h = self.mid(self.ln(h))
-        return self.down(h).float()
 
 
 def make(layout, planes_c, seed, bucket_size, factory=FACTORY, b_rows=33):

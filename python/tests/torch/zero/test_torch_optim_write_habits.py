@@ -7,28 +7,7 @@ weight is a replicated GatheredWeight Parameter; a write into it is
 model.load_state_dict(...) then opt.masters_from_model()."""
 import pytest
 
-from conftest import gloo_or_skip
-
-
-@pytest.fixture(scope="module")
-def C():
-    gloo_or_skip(host_lib=True)
-    import torch.distributed as dist
-    if dist.is_initialized():
-        pytest.skip("torch.distributed is initialised in the test process")
-    import torch_dist_cases
-    return torch_dist_cases
-
-
-@pytest.fixture(scope="module")
-def HC(C):
-    import torch_optim_habit_cases
-    return torch_optim_habit_cases
-
-
-def _adamw(g):
-    import torch
-    return torch.optim.AdamW(g, lr=1e-2, weight_decay=0.1)
+from test_torch_optim_habits import C, HC, _adamw  # noqa: F401  (the same fixtures: torch_dist_cases / habit cases)
 
 
 def test_ema_of_a_sharded_model_raises_and_copies_evaluate(C, HC):
