@@ -51,13 +51,13 @@ from torch import nn
 
 from ... import _lib as L
 from ..fsdp.gathered import GatheredWeight, _Box
+from ..fsdp.linear import _ParamLinear
 from ..fsdp.master import QuantMaster, WeightMeta
 from . import compat
 from .comm import Comm
 from .grads import GRAD_DTYPES, Gradients, _Into, grad_hook, module_owner, sum_squares, zero_pending_hook
 from .held_grad import HeldGrad
-from .items import FSDP_ADVICE as _FSDP_ADVICE, buckets, collect, fingerprint, fsdp_touched, plain, resolve_groups
-from .items import Item, _ParamLinear
+from .items import FSDP_ADVICE as _FSDP_ADVICE, Item, buckets, collect, fingerprint, fsdp_touched, plain, resolve_groups
 from .refresh import Refresh
 from .state import FORMAT, StateDict
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 
 from ... import _lib as L
-from ... import collectives as C
-from ..fsdp.master import QuantMaster
 from ..fsdp.units import WeightUnit, apply_reduced, pack_partials, scratch_bytes, shared_entry_count
 
 __all__ = ["Refresh"]
@@ -169,8 +167,3 @@ def _copies(send, layout, end, world, device):
         sizes.append(end - at)
         outs.append(torch.empty(world, end - at, dtype=torch.uint8, device=device))
     return ins, srcs, sizes, outs
-
-
-def local_master(it, meta, view):
-    """The QuantMaster of this rank's rows (a GatheredWeight's source: names in messages)."""
-    return QuantMaster(view, meta)
